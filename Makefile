@@ -1,0 +1,31 @@
+# torchmem's entry points. The two README commands are `make demo` and `make test`;
+# each installs what is missing first (torch only if it is not importable, so a
+# GPU machine keeps its own CUDA torch), then builds the extension in place.
+PYTHON ?= python3
+TORCH_SPEC ?= torch==2.14.1
+PIP := $(PYTHON) -m pip
+
+.PHONY: setup build demo test test-gpu bench-micro clean
+
+setup:
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
+	@$(PYTHON) tools/ensure_deps.py
+	@$(PYTHON) tools/build_if_stale.py
+
+# Force a rebuild of torchmem._C in place.
+build:
+	$(PIP) install -q --no-build-isolation --no-deps -e .
+
+# Main job: without a GPU, replay a bundled real trace under torchmem and a model
+# of PyTorch's native allocator, side by side; with a GPU, train with torchmem.
+demo: setup
+	$(PYTHON) -m torchmem demo
+
+test: setup
+	$(PYTHON) -m pytest -q
+
+test-gpu: setup
+	$(PYTHON) -m pytest -q -m gpu
+
+clean:
+	rm -rf build torchmem/_C*.so *.egg-info

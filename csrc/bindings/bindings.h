@@ -1,0 +1,18 @@
+// bindings.h: the pieces of the torchmem._C module, one function per concern.
+//
+// module.cpp owns the module and calls each binder; each binder lives in its own
+// file so a change to one recompiles only that file. Binders include pybind11
+// only (not torch/extension.h), which keeps each file quick to compile.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace torchmem::bindings {
+
+void bind_core(pybind11::module_& m);     // core_bindings.cpp: SimBackend, Pool, stats, snapshots
+void bind_replay(pybind11::module_& m);   // replay_bindings.cpp: trace replay, native allocator model
+#if TORCHMEM_WITH_CUDA
+void bind_runtime(pybind11::module_& m);  // runtime_bindings_cuda.cpp: the installed allocator
+#endif
+
+}  // namespace torchmem::bindings

@@ -1,0 +1,94 @@
+// backend.h: the contract between the pool and whatever provides memory.
+//
+// A Backend is a handful of primitives, in the manner of mimalloc's prim.h: the
+// pool (csrc/core/pool.h) holds all policy and calls these only to obtain,
+// place and give back physical memory and to order work on streams. Three
+// implementations exist: `vmm` (CUDA driver virtual memory, csrc/backend/
+// vmm_backend_cuda.cpp), `cuda_malloc` (cudaMalloc/cudaFree) and `sim` (fake
+// addresses with per-call costs, used for tests and trace replay).
+//
+// Threading: the pool calls a backend only under its own lock, so a backend
+// needs no locking of its own unless it is shared between pools of different
+// devices (it is not: one backend per device).
+//
+// Errors: running out of device memory is NOT an error here: the calls that can
+// run out return 0 and the pool climbs its OOM ladder. Everything else (a driver
+// failure, a bad argument) throws std::runtime_error with the call's name.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "core/types.h"
+
+namespace torchmem {
+
+// How many times each primitive was called, and the bytes it moved. Filled in by
+// every backend the same way so stats and replay reports can compare them.
+struct BackendCounters {
+  std::uint64_t reserve_calls = 0;
+  std::uint64_t create_calls = 0;   // granules created (cuMemCreate)
+  std::uint64_t release_calls = 0;  // granules released (cuMemRelease)
+  std::uint64_t map_calls = 0;      // granules mapped (cuMemMap + access)
+  std::uint64_t unmap_calls = 0;    // granules unmapped (cuMemUnmap)
+  std::uint64_t segment_alloc_calls = 0;  // cudaMalloc
+  std::uint64_t segment_free_calls = 0;   // cudaFree
+  std::uint64_t event_record_calls = 0;
+  std::uint64_t event_sync_calls = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // ---- capabilities --------------------------------------------------------
+  virtual std::string name() const = 0;  // "vmm", "cuda_malloc", "sim"
+  // True: the pool uses reserve/create/map/unmap and stitches granules.
+  // False: the pool uses allocate_segment/free_segment only (no stitching).
+  virtual bool supports_vmm() const = 0;
+  // Physical granule size in bytes: a power of two, a multiple of kMinBlockSize.
+  virtual std::size_t granularity() const = 0;
+  // Free and total device memory as the device reports them now.
+  virtual MemInfo mem_info() = 0;
+
+  // ---- virtual memory (only when supports_vmm()) ----------------------------
+  // Reserve `bytes` (a multiple of granularity()) of address space with no
+  // physical memory behind it. Returns 0 when the address space is unavailable.
+  virtual Addr reserve(std::size_t bytes) = 0;
+  virtual void unreserve(Addr base, std::size_t bytes) = 0;
+  // Create one physical granule. Returns 0 when the device is out of memory.
+  virtual GranuleHandle create_granule() = 0;
+  // Give a granule back to the device. It must not be mapped anywhere.
+  virtual void release_granule(GranuleHandle handle) = 0;
+  // Map `count` granules at consecutive granule-aligned addresses starting at
+  // `at` (inside a reserved range, currently unmapped) and make them readable
+  // and writable by the device. One call for a run lets the backend set access
+  // once over the whole run.
+  virtual void map(Addr at, const GranuleHandle* handles, std::size_t count) = 0;
+  // Unmap `count` granules starting at `at`. The caller guarantees no queued
+  // device work still touches them (see Note [Fences] in pool.h); the handles
+  // stay valid and can be mapped elsewhere.
+  virtual void unmap(Addr at, std::size_t count) = 0;
+
+  // ---- plain segments (only when !supports_vmm()) ----------------------------
+  // Returns 0 when the device is out of memory.
+  virtual Addr allocate_segment(std::size_t bytes) = 0;
+  virtual void free_segment(Addr base, std::size_t bytes) = 0;
+
+  // ---- stream ordering ------------------------------------------------------
+  // Record an event on `stream` that completes once all work queued on it so far
+  // completes. Never returns 0.
+  virtual EventHandle record_event(StreamId stream) = 0;
+  // Non-blocking poll.
+  virtual bool event_completed(EventHandle event) = 0;
+  // Block the host until the event completes.
+  virtual void synchronize_event(EventHandle event) = 0;
+  virtual void destroy_event(EventHandle event) = 0;
+
+  const BackendCounters& counters() const { return counters_; }
+
+ protected:
+  BackendCounters counters_;
+};
+
+}  // namespace torchmem

@@ -1,0 +1,125 @@
+# setup.py: builds torchmem's one extension module, torchmem._C.
+#
+# Why it looks like this: the CUDA parts are decided by the installed torch
+# (torch.version.cuda) and a CUDA toolkit found on disk, never by
+# torch.cuda.is_available(), because build machines usually have no GPU. With no
+# CUDA, the core and the simulated backend still build, so trace replay and the
+# CPU tests work everywhere.
+#
+# Layout rule (so adding a file needs no edit here): every .cpp under csrc/ is
+# compiled, except that csrc/shim/ and any file named *_cuda.cpp are compiled only
+# in CUDA builds, which also define TORCHMEM_WITH_CUDA=1.
+#
+# Environment: CUDA_HOME (toolkit root), TORCH_CUDA_ARCH_LIST (default below),
+# DEBUG=1 (-O0 -g, expensive invariant checks on), TORCHMEM_FORCE_CPU=1 (skip the
+# CUDA parts), TORCHMEM_BUILD_DIR (ninja's object directory, default build/).
+
+import glob
+import os
+import sys
+
+from setuptools import setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _has_cuda_headers(root):
+    return bool(root) and os.path.isfile(os.path.join(root, "include", "cuda_runtime_api.h"))
+
+
+def find_cuda_home():
+    """The CUDA toolkit root: $CUDA_HOME if set, else the first directory that
+    holds include/cuda_runtime_api.h. torch guesses the root from where `nvcc`
+    sits on PATH, which is wrong when nvcc is a wrapper script (as on our build
+    machines), so we look for the headers instead."""
+    explicit = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if explicit:
+        return explicit if _has_cuda_headers(explicit) else None
+    candidates = ["/usr/local/cuda"] + sorted(glob.glob("/usr/local/cuda-*"), reverse=True)
+    for path_dir in os.environ.get("PATH", "").split(os.pathsep):
+        nvcc = os.path.join(path_dir, "nvcc")
+        if os.path.isfile(nvcc):
+            candidates.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+            try:  # a wrapper script: `exec /usr/local/cuda-13.0/bin/nvcc "$@"`
+                with open(nvcc, "rb") as f:
+                    head = f.read(4096).decode("utf-8", "replace")
+                for word in head.split():
+                    if word.endswith("/bin/nvcc"):
+                        candidates.append(os.path.dirname(os.path.dirname(word)))
+            except OSError:
+                pass
+    for candidate in candidates:
+        if _has_cuda_headers(candidate):
+            return candidate
+    return None
+
+
+# torch.utils.cpp_extension reads CUDA_HOME when imported, so settle it first.
+CUDA_HOME = None if os.environ.get("TORCHMEM_FORCE_CPU") == "1" else find_cuda_home()
+if CUDA_HOME:
+    os.environ["CUDA_HOME"] = CUDA_HOME
+# No kernels are compiled, but cpp_extension queries the device when the list is
+# unset, and that initializes CUDA on a machine that has one.
+os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0+PTX")
+
+import torch  # noqa: E402
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
+
+WITH_CUDA = bool(torch.version.cuda) and CUDA_HOME is not None
+DEBUG = os.environ.get("DEBUG", "0") == "1"
+
+
+def is_cuda_only(path):
+    rel = os.path.relpath(path, ROOT).replace(os.sep, "/")
+    return rel.startswith("csrc/shim/") or rel.endswith("_cuda.cpp")
+
+
+def sources():
+    found = sorted(glob.glob(os.path.join(ROOT, "csrc", "**", "*.cpp"), recursive=True))
+    chosen = [p for p in found if WITH_CUDA or not is_cuda_only(p)]
+    return [os.path.relpath(p, ROOT) for p in chosen]
+
+
+def compile_args():
+    flags = ["-std=c++17", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"]
+    flags += ["-O0", "-g"] if DEBUG else ["-O3", "-DNDEBUG"]
+    macros = [
+        f"-DTORCHMEM_TORCH_VERSION=\"{torch.__version__}\"",
+        f"-DTORCHMEM_CUDA_VERSION=\"{torch.version.cuda if WITH_CUDA else ''}\"",
+        f"-DTORCHMEM_DEBUG={1 if DEBUG else 0}",
+        f"-DTORCHMEM_WITH_CUDA={1 if WITH_CUDA else 0}",
+    ]
+    return flags + macros
+
+
+def extension():
+    common = dict(
+        name="torchmem._C",
+        sources=sources(),
+        include_dirs=[os.path.join(ROOT, "csrc")],
+        extra_compile_args={"cxx": compile_args()},
+    )
+    if WITH_CUDA:
+        # The driver API (cuMem*) is reached through cudaGetDriverEntryPoint, so
+        # there is no hard link to libcuda.so: the module imports on machines
+        # without a driver.
+        return CUDAExtension(**common)
+    return CppExtension(**common)
+
+
+class Build(BuildExtension):
+    def initialize_options(self):
+        super().initialize_options()
+        build_dir = os.environ.get("TORCHMEM_BUILD_DIR")
+        if build_dir:
+            self.build_temp = build_dir
+
+
+print(f"torchmem: building with CUDA={'yes (' + CUDA_HOME + ')' if WITH_CUDA else 'no'}, "
+      f"torch {torch.__version__}, DEBUG={int(DEBUG)}", file=sys.stderr)
+
+# Metadata lives in pyproject.toml; only the extension is described here.
+setup(
+    ext_modules=[extension()],
+    cmdclass={"build_ext": Build.with_options(use_ninja=True)},
+)

@@ -1,0 +1,61 @@
+"""The extension builds, imports without a GPU and reports what it was built with."""
+
+import subprocess
+import sys
+
+import torch
+
+import torchmem
+from support import REPO, run_python
+
+
+def test_build_info_matches_installed_torch():
+    info = torchmem.build_info()
+    assert info["torch_version"].split("+")[0] == torch.__version__.split("+")[0]
+    assert info["cuda_backends"] == (info["cuda_version"] is not None)
+    if info["cuda_backends"]:
+        assert torch.version.cuda is not None
+    assert info["optimized"] is (not info["debug"])
+    assert info["cplusplus"] >= 201703
+
+
+def test_import_does_not_initialize_cuda():
+    proc = run_python(
+        """
+        import torch, torchmem
+        torchmem.build_info()
+        print(torch.cuda.is_initialized())
+        """
+    )
+    assert proc.stdout.strip() == "False"
+
+
+def test_mismatched_torch_build_fails_with_rebuild_hint():
+    proc = run_python(
+        """
+        import torchmem._C as C
+        import torchmem._loader as loader
+        real = C.build_info
+        C.build_info = lambda: dict(real(), torch_version="1.0.0")
+        loader.load_extension()
+        """,
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "built against torch 1.0.0" in proc.stderr
+    assert "pip install --no-build-isolation -e ." in proc.stderr
+
+
+def test_cli_info_prints_build_info():
+    out = subprocess.run([sys.executable, "-m", "torchmem", "info"], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout
+    assert '"torch_version"' in out
+
+
+def test_unknown_attribute_is_an_attribute_error():
+    try:
+        torchmem.no_such_thing
+    except AttributeError as exc:
+        assert "no_such_thing" in str(exc)
+    else:
+        raise AssertionError("expected AttributeError")

@@ -1,0 +1,63 @@
+"""torchmem: a fragmentation-aware GPU memory manager for PyTorch.
+
+Call ``torchmem.install()`` right after ``import torch`` to replace PyTorch's CUDA
+caching allocator with torchmem's pool. Everything else (stats, snapshots, leak
+checks, OOM hooks, the adaptive batch-size controller, the OOM auto-retry
+decorator) is imported from here too. Importing torchmem never initializes CUDA.
+
+Names are loaded on first use, so ``import torchmem`` stays cheap and a part that
+needs an optional dependency (Lightning, transformers, matplotlib) costs nothing
+until it is used.
+"""
+
+import importlib
+
+from torchmem._loader import build_info
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY = {
+    # allocator
+    "install": "torchmem.install",
+    "is_installed": "torchmem.install",
+    "Config": "torchmem.config",
+    # stats and torch compatibility
+    "memory_stats": "torchmem.stats",
+    "memory_allocated": "torchmem.stats",
+    "memory_reserved": "torchmem.stats",
+    "max_memory_allocated": "torchmem.stats",
+    "max_memory_reserved": "torchmem.stats",
+    "reset_peak_memory_stats": "torchmem.stats",
+    "memory_summary": "torchmem.stats",
+    "empty_cache": "torchmem.stats",
+    "patch_torch": "torchmem.patch",
+    "unpatch_torch": "torchmem.patch",
+    # snapshots, history, leaks, hooks
+    "snapshot": "torchmem.snapshot",
+    "dump_snapshot": "torchmem.snapshot",
+    "record_history": "torchmem.snapshot",
+    "leak_check": "torchmem.leak",
+    "LeakError": "torchmem.leak",
+    "on_oom": "torchmem.hooks",
+    "remove_oom_hook": "torchmem.hooks",
+    # batch size and OOM retry
+    "BatchSizeController": "torchmem.batch",
+    "oom_retry": "torchmem.retry",
+    "is_oom_error": "torchmem.retry",
+}
+
+__all__ = ["build_info", "__version__"] + sorted(_LAZY)
+
+
+def __getattr__(name):
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'torchmem' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

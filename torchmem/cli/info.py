@@ -1,0 +1,16 @@
+"""`python -m torchmem info`: what torchmem was built against and what it sees."""
+
+import json
+
+HELP = "print build information (torch and CUDA versions, compiled backends) as JSON"
+
+
+def add_arguments(parser):
+    del parser  # no options
+
+
+def run(args):
+    from torchmem import build_info
+
+    print(json.dumps(build_info(), indent=2, sort_keys=True))
+    return 0

@@ -1,0 +1,252 @@
+"""torchmem's configuration: every option of the pool, its default and its
+meaning in one place.
+
+``Config(**options)`` validates eagerly: an unknown key or a bad value raises
+``ValueError`` naming the key and what is allowed. The same options come from the
+environment as ``TORCHMEM_CONF="key=value,key=value"`` (explicit arguments to
+``install()`` win over the environment). ``OPTIONS`` is the single table the docs
+(docs/config.md) are generated from and tested against.
+"""
+
+import dataclasses
+import os
+import re
+
+ENV_VAR = "TORCHMEM_CONF"
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
+    "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
+    "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
+    "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(key, value):
+    """An int of bytes, or a string such as "512MiB", "8 GB", "1.5g" (binary units)."""
+    if isinstance(value, bool):
+        raise ValueError(f"torchmem config {key!r}: expected a size in bytes, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"torchmem config {key!r}: size must be >= 0, got {value}")
+        return value
+    if isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    if isinstance(value, str):
+        match = _SIZE_RE.match(value)
+        if match and match.group(2).lower() in _UNITS:
+            return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    raise ValueError(
+        f"torchmem config {key!r}: expected a size such as 1048576, '512MiB' or '8GiB', got {value!r}"
+    )
+
+
+def parse_limit(key, value):
+    """None, a fraction of device memory (0 < f <= 1 as a float, or "80%"), or a size."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            if text.endswith("%"):
+                value = float(text[:-1]) / 100.0
+            elif "." in text and not text[-1].isalpha():
+                value = float(text)
+        except ValueError:
+            raise ValueError(f"torchmem config {key!r}: expected a fraction, '80%' or a size, got {value!r}") from None
+    if isinstance(value, float):
+        if not 0.0 < value <= 1.0:
+            raise ValueError(
+                f"torchmem config {key!r}: a fraction of device memory must be in (0, 1], got {value}; "
+                f"for bytes give an int or a size such as '20GiB'"
+            )
+        return value
+    size = parse_bytes(key, value)
+    if size == 0:
+        raise ValueError(f"torchmem config {key!r}: a limit of 0 bytes leaves no memory; use None for no limit")
+    return size
+
+
+def parse_bool(key, value):
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if isinstance(value, str) and value.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"torchmem config {key!r}: expected true or false, got {value!r}")
+
+
+def _choice(*allowed):
+    def parse(key, value):
+        text = str(value).strip().lower()
+        if text not in allowed:
+            raise ValueError(f"torchmem config {key!r}: expected one of {', '.join(allowed)}, got {value!r}")
+        return text
+    return parse
+
+
+def _number(low, high=None, integer=False):
+    def parse(key, value):
+        try:
+            number = int(value) if integer else float(value)
+            if integer and isinstance(value, float) and not value.is_integer():
+                raise ValueError
+        except (TypeError, ValueError):
+            kind = "an integer" if integer else "a number"
+            raise ValueError(f"torchmem config {key!r}: expected {kind}, got {value!r}") from None
+        if isinstance(value, bool) or number < low or (high is not None and number > high):
+            bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise ValueError(f"torchmem config {key!r}: must be {bound}, got {value!r}")
+        return number
+    return parse
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    name: str
+    default: object
+    parse: object
+    doc: str
+
+
+OPTIONS = (
+    Option("backend", "auto", _choice("auto", "vmm", "cuda_malloc"),
+           "Where memory comes from. `vmm`: CUDA virtual memory (cuMem*), granules are stitched "
+           "to fight fragmentation. `cuda_malloc`: plain cudaMalloc segments, no stitching. "
+           "`auto`: vmm where the device supports it."),
+    Option("limit", None, parse_limit,
+           "Memory budget: bytes ('20GiB'), a fraction of device memory (0.8 or '80%'), or None "
+           "for the whole device. `torch.cuda.set_per_process_memory_fraction` changes it later."),
+    Option("reserve", 0, parse_bytes,
+           "Bytes mapped at install and kept even by empty_cache (pre-reservation)."),
+    Option("small_threshold", 1 << 20, parse_bytes,
+           "Requests of at most this size go to the small heap (2 MiB pages of their own)."),
+    Option("small_page", 2 << 20, parse_bytes,
+           "Page size of the small heap; a multiple of the backend's granule."),
+    Option("reclaim_slack", 0.0, _number(0.0, 10.0),
+           "Create new granules instead of stitching cached ones while held < (1 + slack) x in use. "
+           "0 stitches whenever a granule is needed and one is reclaimable (least memory); "
+           "larger values trade memory for fewer driver calls."),
+    Option("virtual_bytes", 0, parse_bytes,
+           "Virtual address space reserved per heap; 0 = twice the device's memory."),
+    Option("trace_capacity", 0, _number(0, integer=True),
+           "Keep the last N allocator events for snapshots' device_traces (0 = off; "
+           "record_history() turns it on)."),
+    Option("debug_checks", False, parse_bool,
+           "Check every pool invariant after every operation (slow; for debugging)."),
+    Option("oom_hook_retries", 3, _number(0, 100, integer=True),
+           "How many times OOM hooks (torchmem.on_oom) may free memory and retry one allocation."),
+    Option("patch_torch", True, parse_bool,
+           "Make torch.cuda.memory_stats / memory_allocated / max_memory_* / memory_summary / "
+           "reset_peak_memory_stats answer from torchmem instead of raising."),
+    Option("warn_unsupported", True, parse_bool,
+           "Warn at install about torch features no pluggable allocator supports "
+           "(cudnn.benchmark, reduce-overhead cudagraph trees, CUDA IPC)."),
+)
+_BY_NAME = {option.name: option for option in OPTIONS}
+
+
+def _unknown_key_error(key):
+    return ValueError(f"torchmem config: unknown option {key!r}; allowed: {', '.join(_BY_NAME)}")
+
+
+class Config:
+    """A validated set of options. Attributes have the option names."""
+
+    __slots__ = tuple(_BY_NAME)
+
+    def __init__(self, **options):
+        for option in OPTIONS:
+            object.__setattr__(self, option.name, option.default)
+        for key, value in options.items():
+            if key not in _BY_NAME:
+                raise _unknown_key_error(key)
+            object.__setattr__(self, key, _BY_NAME[key].parse(key, value))
+        self._validate()
+
+    def __setattr__(self, key, value):
+        raise AttributeError("torchmem.Config is immutable; use replace(**changes)")
+
+    def _validate(self):
+        if self.small_page <= 0 or self.small_page % (2 << 20):
+            raise ValueError(
+                f"torchmem config 'small_page': must be a positive multiple of 2 MiB (the granule), got {self.small_page}"
+            )
+        if not 0 < self.small_threshold <= self.small_page // 2:
+            raise ValueError(
+                f"torchmem config 'small_threshold': must be in (0, small_page/2 = {self.small_page // 2}], "
+                f"got {self.small_threshold}"
+            )
+        if isinstance(self.limit, int) and self.limit < (2 << 20):
+            raise ValueError(
+                f"torchmem config 'limit': {self.limit} bytes is below one 2 MiB granule; give at least '2MiB'"
+            )
+        if isinstance(self.limit, int) and self.reserve > self.limit:
+            raise ValueError(f"torchmem config 'reserve' ({self.reserve}) exceeds 'limit' ({self.limit})")
+
+    def replace(self, **changes):
+        merged = self.as_dict()
+        merged.update(changes)
+        return Config(**merged)
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name in _BY_NAME}
+
+    def limit_bytes(self, total_bytes):
+        """The budget in bytes for a device of `total_bytes` (0 = no limit)."""
+        if self.limit is None:
+            return 0
+        if isinstance(self.limit, float):
+            return int(self.limit * total_bytes)
+        return self.limit
+
+    def core_dict(self, total_bytes):
+        """The PoolConfig fields (csrc/core/pool.h) for a device of `total_bytes`."""
+        limit = self.limit_bytes(total_bytes)
+        if limit and self.reserve > limit:
+            raise ValueError(f"torchmem config 'reserve' ({self.reserve}) exceeds the limit ({limit} bytes)")
+        return {
+            "limit_bytes": limit,
+            "reserve_bytes": self.reserve,
+            "small_threshold": self.small_threshold,
+            "small_page_bytes": self.small_page,
+            "reclaim_slack": float(self.reclaim_slack),
+            "virtual_bytes": self.virtual_bytes,
+            "debug_checks": self.debug_checks,
+            "trace_capacity": int(self.trace_capacity),
+        }
+
+    def __eq__(self, other):
+        return isinstance(other, Config) and self.as_dict() == other.as_dict()
+
+    def __repr__(self):
+        changed = {k: v for k, v in self.as_dict().items() if v != _BY_NAME[k].default}
+        return "Config(" + ", ".join(f"{k}={v!r}" for k, v in changed.items()) + ")"
+
+
+def parse_conf_string(text):
+    """Parses "key=value,key=value" (TORCHMEM_CONF) into a dict of raw strings."""
+    options = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"{ENV_VAR}: expected key=value, got {item!r} (in {text!r})")
+        if key not in _BY_NAME:
+            raise _unknown_key_error(key)
+        if key in options:
+            raise ValueError(f"{ENV_VAR}: option {key!r} given twice (in {text!r})")
+        options[key] = value.strip()
+    return options
+
+
+def from_env_and_kwargs(**kwargs):
+    """The config install() uses: TORCHMEM_CONF, overridden by explicit kwargs."""
+    options = parse_conf_string(os.environ.get(ENV_VAR, ""))
+    options.update(kwargs)
+    return Config(**options)
