@@ -1,0 +1,158 @@
+"""Snapshots of the allocator in PyTorch's format, and allocation history with Python stacks.
+
+`snapshot()` returns the dict torch.cuda.memory._snapshot() would, built from
+the core's own snapshot (snapshot_format.to_torch_snapshot), so PyTorch's
+memory_viz tools read it. `dump_snapshot(path)` pickles it with protocol 4,
+the newest the memory_viz page can read. `record_history()` turns on the
+core's trace ring and, with stacks="python", a context provider that the
+allocator calls before each allocation: it captures the Python stack and
+returns a small integer id that the core stores with the block and the trace
+entry; snapshots turn ids back into frames.
+
+Note [Stack table]
+Stacks repeat: a training loop allocates from the same few hundred call sites.
+The provider walks the frames (sys._getframe, cheaper than
+traceback.extract_stack, which reads source lines) into a tuple of
+(code, line) pairs and looks it up in a dict; only a new stack builds frame
+dicts. The table therefore grows with distinct stacks, not with allocations.
+Ids are never reused, so a block allocated long ago still finds its stack.
+Frames are innermost first, as in torch's snapshots; torchmem's own frames are
+dropped and at most MAX_FRAMES kept.
+"""
+
+import os
+import pickle
+import sys
+import threading
+import warnings
+
+from torchmem import stats as _stats
+from torchmem.snapshot_format import to_torch_snapshot
+
+MAX_FRAMES = 64
+# The trace ring is capped: torch's default max_entries (sys.maxsize) would ask the core
+# for an unbounded ring. ~100 bytes per entry: the cap costs at most ~100 MB.
+MAX_TRACE_ENTRIES = 1 << 20
+PICKLE_PROTOCOL = 4  # the memory_viz page's unpickler reads protocols 2-4 only
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_table_lock = threading.Lock()
+_stack_ids = {}    # tuple((code, line), ...) -> id
+_stack_frames = {}  # id -> [{"filename", "line", "name"}, ...]
+_recording = {"enabled": False, "stacks": None, "max_entries": 0}
+
+
+def capture_stack():
+    """Captures the calling Python stack into the stack table and returns its id (0 = no
+    Python frames). This is the context provider record_history(stacks="python") installs;
+    pass its result as `context=` to a simulated _C.Pool.allocate to get stacks there."""
+    frame = sys._getframe(1)
+    key = []
+    while frame is not None and len(key) < MAX_FRAMES:
+        code = frame.f_code
+        if not code.co_filename.startswith(_PACKAGE_DIR):
+            key.append((code, frame.f_lineno))
+        frame = frame.f_back
+    if not key:
+        return 0
+    key = tuple(key)
+    stack_id = _stack_ids.get(key)  # dict reads are atomic under the GIL: the fast path takes no lock
+    if stack_id is None:
+        with _table_lock:
+            stack_id = _stack_ids.get(key)
+            if stack_id is None:
+                stack_id = len(_stack_frames) + 1
+                _stack_frames[stack_id] = [
+                    {"filename": code.co_filename, "line": line, "name": code.co_name} for code, line in key
+                ]
+                _stack_ids[key] = stack_id
+    return stack_id
+
+
+def stack_frames(stack_id):
+    """The frames ({filename, line, name}, innermost first) of a capture_stack() id, or []."""
+    return _stack_frames.get(stack_id, [])
+
+
+def _is_vmm(raw):
+    """Whether the pool maps granules (vmm, sim) rather than allocating segments (cuda_malloc)."""
+    if str(raw.get("backend_name", "")) == "cuda_malloc":
+        return False
+    backend = raw.get("backend") or {}
+    # A simulated cuda_malloc device (SimBackend(vmm=False)) shows itself by its segment calls.
+    return not any(v for k, v in backend.items() if "segment" in k and isinstance(v, int))
+
+
+def snapshot(device=None, pool=None, include_traces=True):
+    """The allocator's state in PyTorch's memory-snapshot format: {"segments", "device_traces",
+    "allocator_settings"}. Reads the installed allocator (device=None = current device) or a
+    torchmem._C.Pool given as `pool`. Python stacks appear when record_history(stacks="python")
+    was on when the blocks were allocated."""
+    if pool is not None:
+        core = pool.snapshot()
+        raw = pool.stats()
+        device_id = 0
+    else:
+        runtime = _stats._runtime()
+        device_id = _stats.device_index(device)
+        core = runtime.runtime_snapshot(device_id)
+        raw = runtime.runtime_stats(device_id)
+    expandable = _is_vmm(raw)
+    if not include_traces:
+        core = dict(core, trace=[])
+    settings = {"torchmem_backend": str(raw.get("backend_name", "")), "limit_bytes": int(raw.get("limit_bytes", 0)),
+                "granularity": int(raw.get("granularity", 0))}
+    return to_torch_snapshot(core, device=device_id, frames=stack_frames, expandable=expandable,
+                             allocator_settings=settings)
+
+
+def dump_snapshot(path="dump_snapshot.pickle", device=None, pool=None, snapshot_dict=None):
+    """Writes snapshot() (or `snapshot_dict`) to `path` as a pickle of protocol 4, ready for
+    `python -m torch.cuda._memory_viz` and pytorch.org/memory_viz. Returns the path."""
+    data = snapshot_dict if snapshot_dict is not None else snapshot(device=device, pool=pool)
+    with open(path, "wb") as f:
+        pickle.dump(data, f, protocol=PICKLE_PROTOCOL)
+    return path
+
+
+def record_history(enabled=True, stacks="python", max_entries=100_000):
+    """Turns allocation history on or off for the installed allocator: the last `max_entries`
+    events (alloc, free, segment map/unmap, oom) go to snapshot()["device_traces"]. With
+    stacks="python", each allocation also records its Python stack (see docs/observability.md
+    for the cost per allocation); stacks=None records events only."""
+    if stacks not in ("python", None):
+        raise ValueError(f"torchmem.record_history: stacks must be 'python' or None, got {stacks!r}")
+    if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 1:
+        raise ValueError(f"torchmem.record_history: max_entries must be an int >= 1, got {max_entries!r}")
+    if max_entries > MAX_TRACE_ENTRIES:
+        if max_entries != sys.maxsize:
+            warnings.warn(f"torchmem.record_history: max_entries {max_entries} capped at {MAX_TRACE_ENTRIES}")
+        max_entries = MAX_TRACE_ENTRIES
+    runtime = _stats._runtime()
+    if enabled:
+        runtime.runtime_set_trace_capacity(max_entries)
+        runtime.runtime_set_context_provider(capture_stack if stacks == "python" else None)
+    else:
+        runtime.runtime_set_context_provider(None)
+        runtime.runtime_set_trace_capacity(0)
+    _recording.update(enabled=bool(enabled), stacks=stacks if enabled else None,
+                      max_entries=max_entries if enabled else 0)
+
+
+def history_settings():
+    """{'enabled', 'stacks', 'max_entries'} as record_history last set them."""
+    return dict(_recording)
+
+
+def torch_record_memory_history(enabled="all", context="all", stacks="all", max_entries=sys.maxsize,
+                                device=None, clear_history=False, *args, **kwargs):
+    """torch.cuda.memory._record_memory_history's signature over record_history() (patch.py
+    installs it). enabled=None turns history off; context=None records no stacks; torch's
+    stacks="all" also asks for C++ frames, which torchmem does not capture (Python only)."""
+    del device, clear_history, args, kwargs  # one history for the process; no C++ frames
+    if isinstance(enabled, bool):  # the legacy boolean form
+        on = enabled
+    else:
+        on = enabled is not None
+    record_history(enabled=on, stacks="python" if (on and context is not None) else None,
+                   max_entries=max_entries if isinstance(max_entries, int) and max_entries >= 1 else MAX_TRACE_ENTRIES)
