@@ -1,0 +1,286 @@
+// sim_backend.cpp: the simulated device (see sim_backend.h).
+//
+// Addresses are fake but realistic: virtual ranges are handed out from
+// 0x100000000000 upward and segments from 0x700000000000 upward, each aligned
+// to the granule and separated by a gap, so an off-by-one in the pool lands in
+// no man's land and is caught by the checks below.
+#include "backend/sim_backend.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace torchmem {
+
+namespace {
+
+constexpr Addr kVirtualStart = Addr{0x100000000000};
+constexpr Addr kSegmentStart = Addr{0x700000000000};
+
+std::string hex(Addr a) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(a));
+  return buf;
+}
+
+[[noreturn]] void misuse(const char* call, const std::string& what) {
+  throw std::logic_error(std::string("SimBackend::") + call + ": " + what);
+}
+
+// The cookie byte for `addr` under `seed`: cheap, and different for
+// neighbouring addresses and seeds so shifted or overlapping data shows.
+inline unsigned char cookie(Addr addr, std::uint64_t seed) {
+  std::uint64_t x = (addr >> 3) * 0x9E3779B97F4A7C15ull ^ seed * 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  return static_cast<unsigned char>(x ^ (addr & 7) * 31);
+}
+
+}  // namespace
+
+SimBackend::SimBackend(const SimConfig& config)
+    : config_(config), next_virtual_(kVirtualStart), next_segment_(kSegmentStart) {
+  const std::size_t g = config_.granularity;
+  if (g < kMinBlockSize || (g & (g - 1)) != 0) {
+    throw std::invalid_argument("SimBackend: granularity must be a power of two >= 512 bytes, got " +
+                                std::to_string(g));
+  }
+  if (config_.capacity_bytes == 0) {
+    throw std::invalid_argument("SimBackend: capacity must be > 0 bytes");
+  }
+}
+
+SimBackend::~SimBackend() = default;
+
+MemInfo SimBackend::mem_info() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return MemInfo{config_.capacity_bytes - device_used_, config_.capacity_bytes};
+}
+
+void SimBackend::require_vmm(const char* call) const {
+  if (!config_.vmm) misuse(call, "called on a backend without VMM (vmm=False)");
+}
+
+void SimBackend::require_segments(const char* call) const {
+  if (config_.vmm) misuse(call, "called on a VMM backend (vmm=True); segments are for vmm=False");
+}
+
+void SimBackend::require_reserved(const char* call, Addr at, std::size_t bytes) const {
+  auto it = reserved_.upper_bound(at);
+  if (it == reserved_.begin()) misuse(call, "address " + hex(at) + " is not in a reserved range");
+  --it;
+  if (at + bytes > it->first + it->second) {
+    misuse(call, "range " + hex(at) + "+" + std::to_string(bytes) + " leaves its reserved range");
+  }
+}
+
+Addr SimBackend::reserve(std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  require_vmm("reserve");
+  if (bytes == 0 || bytes % config_.granularity != 0) {
+    misuse("reserve", "size " + std::to_string(bytes) + " is not a positive multiple of the granularity");
+  }
+  ++counters_.reserve_calls;
+  modeled_us_ += config_.costs.reserve_us;
+  Addr base = next_virtual_;
+  // Leave a gap of one granule-aligned GiB between ranges.
+  next_virtual_ += bytes + kGiB;
+  reserved_[base] = bytes;
+  return base;
+}
+
+void SimBackend::unreserve(Addr base, std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  require_vmm("unreserve");
+  auto it = reserved_.find(base);
+  if (it == reserved_.end() || it->second != bytes) {
+    misuse("unreserve", "no reserved range " + hex(base) + "+" + std::to_string(bytes));
+  }
+  for (Addr a = base; a < base + bytes; a += config_.granularity) {
+    if (mappings_.count(a)) misuse("unreserve", "granule " + hex(a) + " is still mapped");
+  }
+  reserved_.erase(it);
+}
+
+GranuleHandle SimBackend::create_granule() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  require_vmm("create_granule");
+  modeled_us_ += config_.costs.create_us;
+  if (device_used_ + config_.granularity > config_.capacity_bytes) return 0;
+  ++counters_.create_calls;
+  GranuleHandle h = next_handle_++;
+  GranuleState& state = granules_[h];
+  if (config_.host_memory) state.host.reset(new unsigned char[config_.granularity]);
+  device_used_ += config_.granularity;
+  return h;
+}
+
+void SimBackend::release_granule(GranuleHandle handle) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  require_vmm("release_granule");
+  auto it = granules_.find(handle);
+  if (it == granules_.end()) misuse("release_granule", "unknown handle " + std::to_string(handle));
+  if (it->second.mapped_at) {
+    misuse("release_granule", "handle " + std::to_string(handle) + " is still mapped at " +
+                                  hex(it->second.mapped_at));
+  }
+  ++counters_.release_calls;
+  modeled_us_ += config_.costs.release_us;
+  device_used_ -= config_.granularity;
+  granules_.erase(it);
+}
+
+void SimBackend::map(Addr at, const GranuleHandle* handles, std::size_t count) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  require_vmm("map");
+  const std::size_t g = config_.granularity;
+  if (count == 0 || at % g != 0) misuse("map", "bad run " + hex(at) + " x" + std::to_string(count));
+  require_reserved("map", at, count * g);
+  // Check everything first so a failed call changes nothing.
+  for (std::size_t i = 0; i < count; ++i) {
+    if (mappings_.count(at + i * g)) misuse("map", "granule " + hex(at + i * g) + " is already mapped");
+    auto it = granules_.find(handles[i]);
+    if (it == granules_.end()) misuse("map", "unknown handle " + std::to_string(handles[i]));
+    if (it->second.mapped_at) {
+      misuse("map", "handle " + std::to_string(handles[i]) + " is already mapped at " +
+                        hex(it->second.mapped_at));
+    }
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    mappings_[at + i * g] = handles[i];
+    granules_[handles[i]].mapped_at = at + i * g;
+  }
+  counters_.map_calls += count;
+  modeled_us_ += count * (config_.costs.map_us + config_.costs.set_access_us);
+}
+
+void SimBackend::unmap(Addr at, std::size_t count) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  require_vmm("unmap");
+  const std::size_t g = config_.granularity;
+  if (count == 0 || at % g != 0) misuse("unmap", "bad run " + hex(at) + " x" + std::to_string(count));
+  for (std::size_t i = 0; i < count; ++i) {
+    if (!mappings_.count(at + i * g)) misuse("unmap", "granule " + hex(at + i * g) + " is not mapped");
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    auto it = mappings_.find(at + i * g);
+    granules_[it->second].mapped_at = 0;
+    mappings_.erase(it);
+  }
+  counters_.unmap_calls += count;
+  modeled_us_ += count * config_.costs.unmap_us;
+}
+
+Addr SimBackend::allocate_segment(std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  require_segments("allocate_segment");
+  if (bytes == 0) misuse("allocate_segment", "size 0");
+  modeled_us_ += config_.costs.segment_alloc_us;
+  if (device_used_ + bytes > config_.capacity_bytes) return 0;
+  ++counters_.segment_alloc_calls;
+  Addr base = next_segment_;
+  const std::size_t g = config_.granularity;
+  next_segment_ += (bytes + g - 1) / g * g + g;
+  SegmentState& seg = segments_[base];
+  seg.bytes = bytes;
+  if (config_.host_memory) seg.host.reset(new unsigned char[bytes]);
+  device_used_ += bytes;
+  return base;
+}
+
+void SimBackend::free_segment(Addr base, std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  require_segments("free_segment");
+  auto it = segments_.find(base);
+  if (it == segments_.end()) misuse("free_segment", "unknown segment " + hex(base));
+  if (it->second.bytes != bytes) {
+    misuse("free_segment", "segment " + hex(base) + " has " + std::to_string(it->second.bytes) +
+                               " bytes, not " + std::to_string(bytes));
+  }
+  ++counters_.segment_free_calls;
+  modeled_us_ += config_.costs.segment_free_us;
+  device_used_ -= bytes;
+  segments_.erase(it);
+}
+
+EventHandle SimBackend::record_event(StreamId stream) {
+  (void)stream;
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++counters_.event_record_calls;
+  modeled_us_ += config_.costs.event_record_us;
+  EventHandle e = next_event_++;
+  events_[e].polls_left = config_.event_delay;
+  return e;
+}
+
+bool SimBackend::event_completed(EventHandle event) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = events_.find(event);
+  if (it == events_.end()) misuse("event_completed", "unknown event " + std::to_string(event));
+  modeled_us_ += config_.costs.event_query_us;
+  if (it->second.polls_left == 0) return true;
+  --it->second.polls_left;
+  return false;
+}
+
+void SimBackend::synchronize_event(EventHandle event) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = events_.find(event);
+  if (it == events_.end()) misuse("synchronize_event", "unknown event " + std::to_string(event));
+  ++counters_.event_sync_calls;
+  it->second.polls_left = 0;
+}
+
+void SimBackend::destroy_event(EventHandle event) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!events_.erase(event)) misuse("destroy_event", "unknown event " + std::to_string(event));
+}
+
+unsigned char* SimBackend::host_at(Addr addr, std::size_t* contiguous) {
+  if (config_.vmm) {
+    const std::size_t g = config_.granularity;
+    Addr granule = addr / g * g;
+    auto it = mappings_.find(granule);
+    if (it == mappings_.end()) misuse("pattern", "address " + hex(addr) + " is not mapped");
+    *contiguous = granule + g - addr;
+    return granules_[it->second].host.get() + (addr - granule);
+  }
+  auto it = segments_.upper_bound(addr);
+  if (it == segments_.begin()) misuse("pattern", "address " + hex(addr) + " is in no segment");
+  --it;
+  if (addr >= it->first + it->second.bytes) misuse("pattern", "address " + hex(addr) + " is in no segment");
+  *contiguous = it->first + it->second.bytes - addr;
+  return it->second.host.get() + (addr - it->first);
+}
+
+void SimBackend::write_pattern(Addr addr, std::size_t size, std::uint64_t seed) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!config_.host_memory) misuse("write_pattern", "needs host_memory=True");
+  while (size > 0) {
+    std::size_t run = 0;
+    unsigned char* p = host_at(addr, &run);
+    run = std::min(run, size);
+    for (std::size_t i = 0; i < run; ++i) p[i] = cookie(addr + i, seed);
+    addr += run;
+    size -= run;
+  }
+}
+
+bool SimBackend::check_pattern(Addr addr, std::size_t size, std::uint64_t seed) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!config_.host_memory) misuse("check_pattern", "needs host_memory=True");
+  while (size > 0) {
+    std::size_t run = 0;
+    const unsigned char* p = host_at(addr, &run);
+    run = std::min(run, size);
+    for (std::size_t i = 0; i < run; ++i) {
+      if (p[i] != cookie(addr + i, seed)) return false;
+    }
+    addr += run;
+    size -= run;
+  }
+  return true;
+}
+
+}  // namespace torchmem

@@ -1,0 +1,126 @@
+// sim_backend.h: a simulated device behind the Backend interface.
+//
+// Fake addresses, a capacity and a granule size; every primitive is counted
+// and charged a modeled cost (microseconds, defaults measured on an H200, see
+// /work/shared/DESIGN.md), so trace replay reports both memory and the driver
+// time a policy would spend. It is also a checker of the pool: a call that a
+// real driver would reject or that would corrupt memory (mapping over a mapped
+// granule, unmapping an unmapped one, releasing a mapped granule, freeing an
+// unknown segment) throws std::logic_error.
+//
+// With host_memory, every granule or segment is backed by real host memory
+// and write_pattern()/check_pattern() read and write through the simulated
+// mapping, so stress tests can detect overlapping blocks (a cookie written by
+// one owner and overwritten by another) and stitching bugs (the data of a
+// live block must not move when granules are remapped elsewhere).
+//
+// Events: event_delay = N makes an event report "not completed" to its first
+// N event_completed() polls (synchronize_event completes it at once). This
+// models queued kernels that still read freed memory (Note [Fences] in pool.h).
+//
+// Locking: the pool calls it under its own lock, but stress tests call
+// write_pattern/check_pattern from other threads at the same time, so every
+// call takes the backend's own mutex (only slow pool paths reach a backend).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/types.h"
+
+namespace torchmem {
+
+// Microseconds per call (per granule for create/release/map/unmap).
+struct SimCosts {
+  double reserve_us = 20, create_us = 9.6, release_us = 10.7, map_us = 1.1,
+         set_access_us = 0.5, unmap_us = 16.3, segment_alloc_us = 60,
+         segment_free_us = 100, event_record_us = 1.0, event_query_us = 0.2;
+};
+
+struct SimConfig {
+  std::size_t capacity_bytes = 80 * kGiB;  // device memory
+  std::size_t granularity = 2 * kMiB;
+  bool vmm = true;               // false: behaves like cuda_malloc (segments)
+  bool host_memory = false;      // back addresses with real host memory
+  std::uint64_t event_delay = 0; // polls an event answers "not yet" before completing
+  SimCosts costs;
+};
+
+class SimBackend final : public Backend {
+ public:
+  // Throws std::invalid_argument for a granularity that is not a power of two
+  // multiple of kMinBlockSize or a zero capacity.
+  explicit SimBackend(const SimConfig& config);
+  ~SimBackend() override;
+
+  double modeled_us() const { return modeled_us_; }
+  // Bytes of granules (vmm) or segments (cuda_malloc) currently created.
+  std::size_t device_used() const { return device_used_; }
+  const SimConfig& config() const { return config_; }
+
+  // host_memory only: fill [addr, addr+size) with a pattern derived from
+  // `seed` and the address / check that it is still there. Every byte must lie
+  // in mapped granules or a live segment (else std::logic_error).
+  void write_pattern(Addr addr, std::size_t size, std::uint64_t seed);
+  bool check_pattern(Addr addr, std::size_t size, std::uint64_t seed);
+
+  // ---- Backend ---------------------------------------------------------------
+  std::string name() const override { return "sim"; }
+  bool supports_vmm() const override { return config_.vmm; }
+  std::size_t granularity() const override { return config_.granularity; }
+  MemInfo mem_info() override;
+  Addr reserve(std::size_t bytes) override;
+  void unreserve(Addr base, std::size_t bytes) override;
+  GranuleHandle create_granule() override;
+  void release_granule(GranuleHandle handle) override;
+  void map(Addr at, const GranuleHandle* handles, std::size_t count) override;
+  void unmap(Addr at, std::size_t count) override;
+  Addr allocate_segment(std::size_t bytes) override;
+  void free_segment(Addr base, std::size_t bytes) override;
+  EventHandle record_event(StreamId stream) override;
+  bool event_completed(EventHandle event) override;
+  void synchronize_event(EventHandle event) override;
+  void destroy_event(EventHandle event) override;
+
+ private:
+  struct GranuleState {
+    Addr mapped_at = 0;  // 0: not mapped
+    std::unique_ptr<unsigned char[]> host;  // host_memory only
+  };
+  struct SegmentState {
+    std::size_t bytes = 0;
+    std::unique_ptr<unsigned char[]> host;
+  };
+  struct EventState {
+    std::uint64_t polls_left = 0;
+  };
+
+  void require_vmm(const char* call) const;
+  void require_segments(const char* call) const;
+  // The reserved range holding [at, at + bytes), or throws.
+  void require_reserved(const char* call, Addr at, std::size_t bytes) const;
+  // Host bytes behind `addr` and how many follow contiguously, or throws.
+  unsigned char* host_at(Addr addr, std::size_t* contiguous);
+
+  SimConfig config_;
+  double modeled_us_ = 0;
+  std::size_t device_used_ = 0;
+  Addr next_virtual_;   // bump pointer for reserve()
+  Addr next_segment_;   // bump pointer for allocate_segment()
+  std::map<Addr, std::size_t> reserved_;              // base -> bytes
+  std::unordered_map<Addr, GranuleHandle> mappings_;  // granule address -> handle
+  std::unordered_map<GranuleHandle, GranuleState> granules_;
+  std::map<Addr, SegmentState> segments_;
+  std::unordered_map<EventHandle, EventState> events_;
+  GranuleHandle next_handle_ = 1;
+  EventHandle next_event_ = 1;
+  mutable std::mutex mutex_;  // guards the maps against write_pattern from test threads
+};
+
+}  // namespace torchmem
