@@ -1,11 +1,118 @@
-"""`python -m torchmem convert`: placeholder until its owner lands it."""
+"""`python -m torchmem convert IN OUT`: PyTorch snapshot pickle <-> torchmem trace (.json.gz).
 
-HELP = "convert (not yet available)"
+snapshot -> trace: the snapshot's device trace becomes the shared trace format
+(torchmem/data/traces/README.md), ready for `python -m torchmem replay`.
+trace -> snapshot: the trace becomes a snapshot's device_traces, and the
+state at its end (segments still allocated, tiled by the allocations still
+live and free gaps) becomes its segments, so PyTorch's memory_viz tools can
+draw it. The direction follows IN's content (a pickle or not).
+"""
+
+import gzip
+import json
+import os
+import pickle
+
+HELP = "convert a PyTorch memory-snapshot pickle to a trace (.json.gz) or back"
+_ROUND = 512
 
 
 def add_arguments(parser):
-    del parser
+    parser.add_argument("input", metavar="IN", help="memory-snapshot pickle or trace (.json.gz / .json)")
+    parser.add_argument("output", metavar="OUT", help="trace (.json.gz / .json) or snapshot (.pickle / .pkl)")
+    parser.add_argument("--device", type=int, default=None,
+                        help="snapshot device whose trace to convert (default: the one with the most entries)")
+
+
+def snapshot_to_trace(snapshot, device=None, workload="snapshot"):
+    """The shared trace format's dict from a torch-format snapshot's device trace."""
+    from torchmem.plot import ACTION_NAMES, snapshot_events
+
+    events, device = snapshot_events(snapshot, device)
+    return {"workload": workload, "torch": None, "device": device,
+            "actions": {str(code): name for code, name in ACTION_NAMES.items()},
+            "events": events.tolist()}
+
+
+def trace_to_snapshot(trace, device=0):
+    """A torch-format snapshot: the trace as device_traces, its end state as segments."""
+    from torchmem.plot import ACTION_NAMES, ALLOC, FREE_REQUESTED, SEGMENT_ALLOC, SEGMENT_FREE
+
+    entries, segments, live = [], {}, {}
+    for sequence, (action, addr, size, stream) in enumerate(trace["events"]):
+        entries.append({"action": ACTION_NAMES.get(action, "alloc"), "addr": addr, "size": size,
+                        "stream": stream, "time_us": sequence, "frames": []})
+        if action == ALLOC:
+            live[addr] = (size, stream)
+        elif action == FREE_REQUESTED:
+            live.pop(addr, None)
+        elif action == SEGMENT_ALLOC:
+            segments[addr] = (size, stream)
+        elif action == SEGMENT_FREE:
+            segments.pop(addr, None)
+    out_segments = []
+    starts = sorted(segments)
+    owned = sorted(live)
+    index = 0
+    for start in starts:
+        size, stream = segments[start]
+        end, cursor, blocks = start + size, start, []
+        while index < len(owned) and owned[index] < start:
+            index += 1
+        while index < len(owned) and owned[index] < end:
+            addr = owned[index]
+            requested = live[addr][0]
+            block = min(-(-max(requested, 1) // _ROUND) * _ROUND, end - addr)
+            if addr > cursor:
+                blocks.append({"address": cursor, "size": addr - cursor, "requested_size": 0,
+                               "state": "inactive", "frames": []})
+            if addr >= cursor:
+                blocks.append({"address": addr, "size": block, "requested_size": requested,
+                               "state": "active_allocated", "frames": []})
+                cursor = addr + block
+            index += 1
+        if cursor < end:
+            blocks.append({"address": cursor, "size": end - cursor, "requested_size": 0,
+                           "state": "inactive", "frames": []})
+        active = [b for b in blocks if b["state"] != "inactive"]
+        out_segments.append({
+            "device": device, "address": start, "total_size": size,
+            "allocated_size": sum(b["size"] for b in active), "active_size": sum(b["size"] for b in active),
+            "requested_size": sum(b["requested_size"] for b in active), "stream": stream,
+            "segment_type": "small" if size <= 2 << 20 else "large", "segment_pool_id": (0, 0),
+            "is_expandable": False, "frames": [], "blocks": blocks,
+        })
+    traces = [[] for _ in range(device + 1)]
+    traces[device] = entries
+    return {"segments": out_segments, "device_traces": traces,
+            "allocator_settings": {"converted_from": str(trace.get("workload", "trace"))}}
+
+
+def _is_trace_path(path):
+    return path.endswith(".json.gz") or path.endswith(".json")
 
 
 def run(args):
-    raise ValueError("'convert' is not available yet")
+    from torchmem import plot
+    from torchmem.snapshot import PICKLE_PROTOCOL
+
+    if not os.path.exists(args.input):
+        raise FileNotFoundError(f"IN: no such file: {args.input}")
+    if plot.is_snapshot_path(args.input):
+        if not _is_trace_path(args.output):
+            raise ValueError(f"OUT: converting a snapshot writes a trace; expected a .json.gz or .json path, got {args.output!r}")
+        snapshot = plot.read_snapshot(args.input)
+        trace = snapshot_to_trace(snapshot, args.device, workload=os.path.basename(args.input))
+        opener = gzip.open if args.output.endswith(".gz") else open
+        with opener(args.output, "wt") as f:
+            json.dump(trace, f)
+        print(f"wrote {args.output}: {len(trace['events'])} events (device {trace['device']})")
+        return 0
+    if not args.output.endswith((".pickle", ".pkl")):
+        raise ValueError(f"OUT: converting a trace writes a snapshot; expected a .pickle or .pkl path, got {args.output!r}")
+    trace = plot.read_trace(args.input)
+    snapshot = trace_to_snapshot(trace, device=args.device or 0)
+    with open(args.output, "wb") as f:
+        pickle.dump(snapshot, f, protocol=PICKLE_PROTOCOL)
+    print(f"wrote {args.output}: {len(snapshot['segments'])} segments, {len(trace['events'])} trace entries")
+    return 0

@@ -1,11 +1,103 @@
-"""`python -m torchmem stats`: placeholder until its owner lands it."""
+"""`python -m torchmem stats [FILE]`: a memory table for a snapshot, a trace, or this process.
 
-HELP = "stats (not yet available)"
+A snapshot pickle (torchmem.dump_snapshot or torch.cuda.memory._dump_snapshot)
+gives a per-pool table of its segments and blocks; a trace (.json.gz) gives
+its peak requested and recorded reserved bytes; with no FILE, the table is
+torchmem.memory_summary() of this process, which needs torchmem installed
+(useful from `python -c`, rarely from a fresh CLI process).
+"""
+
+import json
+
+HELP = "print a memory table for a snapshot pickle, a trace (.json.gz), or this process"
 
 
 def add_arguments(parser):
-    del parser
+    parser.add_argument("file", nargs="?", metavar="FILE",
+                        help="memory-snapshot pickle or trace .json.gz (default: this process's installed allocator)")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+
+
+def snapshot_figures(snapshot):
+    """Totals of a torch-format snapshot, overall and by pool (small/large)."""
+    figures = {}
+    for kind in ("all", "small", "large"):
+        segments = [s for s in snapshot["segments"] if kind == "all" or s.get("segment_type") == kind]
+        blocks = [b for s in segments for b in s["blocks"]]
+        free = [b["size"] for b in blocks if b["state"] == "inactive"]
+        figures[kind] = {
+            "segments": len(segments),
+            "reserved_bytes": sum(s["total_size"] for s in segments),
+            "allocated_bytes": sum(b["size"] for b in blocks if b["state"] == "active_allocated"),
+            "active_bytes": sum(b["size"] for b in blocks if b["state"] != "inactive"),
+            "requested_bytes": sum(b.get("requested_size", b["size"]) for b in blocks if b["state"] != "inactive"),
+            "free_bytes": sum(free),
+            "largest_free_block": max(free, default=0),
+            "blocks_live": sum(1 for b in blocks if b["state"] != "inactive"),
+            "blocks_free": len(free),
+        }
+    traces = snapshot.get("device_traces") or []
+    figures["trace_entries"] = sum(len(t) for t in traces)
+    requested = figures["all"]["requested_bytes"]
+    figures["reserved_over_requested"] = figures["all"]["reserved_bytes"] / requested if requested else 0.0
+    return figures
+
+
+def _print_snapshot_table(path, figures):
+    from torchmem.stats import format_bytes
+
+    print(f"snapshot {path}: {figures['all']['segments']} segments, {figures['trace_entries']} trace entries")
+    rows = ("reserved_bytes", "allocated_bytes", "active_bytes", "requested_bytes", "free_bytes", "largest_free_block")
+    print(f"{'':24}{'all':>14}{'large':>14}{'small':>14}")
+    for row in rows:
+        print(f"{row:24}" + "".join(f"{format_bytes(figures[k][row]):>14}" for k in ("all", "large", "small")))
+    for row in ("segments", "blocks_live", "blocks_free"):
+        print(f"{row:24}" + "".join(f"{figures[k][row]:>14}" for k in ("all", "large", "small")))
+    print(f"reserved / requested now: {figures['reserved_over_requested']:.4f}")
+
+
+def _trace_figures(path):
+    from torchmem import plot
+
+    events, description, _ = plot.load_events(path)
+    requested, reserved = plot.curves(events)
+    peak_requested = int(requested.max()) if len(events) else 0
+    peak_reserved = int(reserved.max()) if len(events) else 0
+    return {"trace": description, "events": int(len(events)), "peak_requested": peak_requested,
+            "peak_reserved_recorded": peak_reserved,
+            "ratio_recorded": peak_reserved / peak_requested if peak_requested else 0.0}
 
 
 def run(args):
-    raise ValueError("'stats' is not available yet")
+    if args.file is None:
+        from torchmem import stats
+
+        if not stats.runtime_installed():
+            raise ValueError("no FILE given and torchmem is not installed in this process; pass a snapshot "
+                             "pickle (torchmem.dump_snapshot) or a trace (.json.gz)")
+        print(json.dumps(stats.memory_stats(), indent=1) if args.json else stats.memory_summary(), end="")
+        return 0
+    from torchmem import plot
+
+    try:
+        is_snapshot = plot.is_snapshot_path(args.file)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"FILE: no such file: {args.file}") from None
+    if is_snapshot:
+        figures = snapshot_figures(plot.read_snapshot(args.file))
+        if args.json:
+            print(json.dumps(figures))
+        else:
+            _print_snapshot_table(args.file, figures)
+        return 0
+    figures = _trace_figures(args.file)
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        from torchmem.stats import format_bytes
+
+        print(f"trace {figures['trace']}: {figures['events']} events")
+        print(f"peak requested           {format_bytes(figures['peak_requested'])}")
+        print(f"peak reserved (recorded) {format_bytes(figures['peak_reserved_recorded'])}")
+        print(f"ratio (recorded)         {figures['ratio_recorded']:.4f}")
+    return 0
