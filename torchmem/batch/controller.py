@@ -1,0 +1,582 @@
+"""BatchSizeController: keep the global batch, pick the largest micro-batch that fits.
+
+    ctl = torchmem.BatchSizeController(global_batch=64, model=model, optimizer=opt)
+    for batch in loader:
+        loss = ctl.run(lambda mb: model(**mb).loss, batch)   # split, weight, backward, recover
+        opt.step(); opt.zero_grad(set_to_none=True)
+
+`run` splits the batch into micro-batches, weights each micro-batch's loss by
+its share of the batch (so the accumulated gradient is the full-batch
+gradient), calls backward, and on OOM cleans up and runs the SAME batch again
+split smaller. Between steps it fits peak memory against the micro-batch
+(batch/model.py) and jumps to the largest quantized size under the budget.
+docs/batch_size.md is the user's guide; this banner records the design.
+
+Note [Moving the micro-batch]
+- Down: on OOM at size m the controller records m as a ceiling and retries at
+  the model's prediction (below m), or at m/2 while it has no model (cold
+  start), or at 3m/4 when the model said m fits (it was wrong: fragmentation,
+  memory outside the probe's view). It also shrinks without an OOM when a
+  clean step peaked above budget x (1 - margin): the budget fell.
+- Up: to the model's prediction at once, but never to or past the ceiling.
+  The ceiling lifts when the budget rises (then the jump is immediate) or
+  after `grow_after` clean steps if the model says the ceiling size now fits
+  (hysteresis: an OOM is not risked again until memory looks different).
+  Without figures (CPU, no probe) it probes half way to the ceiling, or
+  doubles, after `grow_after` clean steps.
+- Sizes are multiples of `quantum` (8 by default), powers of two below it, or
+  the whole local batch, so torch.compile sees few distinct shapes.
+
+Note [Where the agreement happens]
+Each attempt has exactly one agreement collective (batch/distributed.py) when
+more than one rank runs. With a DDP-wrapped model (grad_sync="ddp") non-final
+micro-steps run under no_sync() and the agreement comes after the final
+forward and before the final backward, the only backward that communicates
+(Composer's point): a rank that OOMed earlier skips ahead to it. An OOM during
+that final backward cannot be recovered (the other ranks already wait in
+DDP's all-reduce) and raises. With grad_sync="controller" (model not wrapped)
+the agreement comes after every backward and the controller averages the
+gradients itself, so any OOM is recoverable.
+"""
+
+import collections
+import contextlib
+import gc
+import logging
+import math
+import warnings
+from collections.abc import Mapping
+
+import torch
+
+from torchmem.batch import distributed
+from torchmem.batch.model import LinearMemoryModel
+from torchmem.batch.probe import MemoryProbe, default_probe
+from torchmem.batch.split import batch_size_of, split_batch, split_sizes
+from torchmem.retry import is_oom_error
+
+__all__ = ["BatchSizeController", "OptimizerStepOOMError", "MicroBatchOOMError"]
+
+log = logging.getLogger("torchmem.batch")
+
+_LR_RULES = {
+    "linear": lambda ratio: ratio,
+    "sqrt": math.sqrt,
+}
+_BUDGET_RISE = 1.02  # a budget this much above the one at the last OOM counts as "rose"
+
+
+class OptimizerStepOOMError(RuntimeError):
+    """OOM inside optimizer.step(): never retried, the update may be half applied."""
+
+
+class MicroBatchOOMError(RuntimeError):
+    """Still out of memory at the smallest micro-batch, or after max_retries."""
+
+
+def _loss_of(output):
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, Mapping) and "loss" in output:
+        return output["loss"]
+    if hasattr(output, "loss"):
+        return output.loss
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise TypeError(
+        f"BatchSizeController.run: the step function returned a {type(output).__name__}; return the "
+        f"micro-batch's loss (a scalar tensor, or an object/dict with a 'loss')"
+    )
+
+
+def _reset_scaler(scaler):
+    """Forgets the GradScaler's per-optimizer state (found-inf flags, unscale
+    status) of the failed attempt, as a fresh step would have it."""
+    try:
+        from torch.amp.grad_scaler import _refresh_per_optimizer_state
+    except ImportError:
+        return
+    if hasattr(scaler, "_per_optimizer_states"):
+        scaler._per_optimizer_states = collections.defaultdict(_refresh_per_optimizer_state)
+
+
+class BatchSizeController:
+    """Chooses the micro-batch for a fixed global batch and recovers from OOM.
+
+    Arguments (all but global_batch are keywords):
+      global_batch   samples per optimizer step over all ranks (the local batch
+                     is global_batch / world size).
+      model          the module trained (DDP-wrapped or not): its grads are set
+                     to None after an OOM; its no_sync() skips gradient
+                     all-reduce on non-final micro-batches.
+      optimizer      its grads are set to None after an OOM; an OOM inside its
+                     step() raises OptimizerStepOOMError.
+      scaler         a torch.amp.GradScaler: losses are scaled for backward and
+                     its per-optimizer state is reset after an OOM.
+      micro_batch    the first size tried (default: the whole local batch).
+      quantum        sizes are multiples of this (8); 1 disables quantization.
+      margin         keep predicted peak under budget x (1 - margin) (0.05).
+      grow_after     clean steps before growing to or past a size that OOMed,
+                     or probing up without memory figures (50).
+      min_micro      never go below this (1).
+      max_retries    OOMs tolerated within one run() call (12).
+      probe          a batch.probe.MemoryProbe (default: torchmem's figures
+                     if installed, torch's on CUDA, none on CPU).
+      process_group  the torch.distributed group to agree over (default world).
+      grad_sync      "auto" (ddp for a DDP model, controller for a bare model
+                     under torch.distributed, else none), "ddp", "controller", "none".
+      reduction      "mean" (the step function returns a mean over its samples:
+                     weight = share of the batch) or "sum" (weight 1).
+      adapt_global   opt-in: let the global batch follow the micro-batch (no
+                     accumulation) between min_global and max_global, and
+                     scale the optimizer's learning rates by lr_rule
+                     ("linear", "sqrt" or a function of new/base batch ratio).
+      split_lists    also split lists of batch-size length (see batch/split.py).
+      verbose        print each decision (they are always logged to
+                     logging.getLogger("torchmem.batch") and kept in .events).
+    """
+
+    def __init__(self, global_batch, *, model=None, optimizer=None, scaler=None, micro_batch=None,
+                 quantum=8, margin=0.05, grow_after=50, min_micro=1, max_retries=12, probe=None,
+                 device=None, process_group=None, grad_sync="auto", reduction="mean",
+                 adapt_global=False, lr_rule=None, min_global=None, max_global=None,
+                 split_lists=False, window=8, verbose=False):
+        if not isinstance(global_batch, int) or global_batch < 1:
+            raise ValueError(f"BatchSizeController: global_batch must be a positive int, got {global_batch!r}")
+        if not isinstance(quantum, int) or quantum < 1:
+            raise ValueError(f"BatchSizeController: quantum must be an int >= 1, got {quantum!r}")
+        if not 0.0 <= margin < 1.0:
+            raise ValueError(f"BatchSizeController: margin must be in [0, 1), got {margin}")
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"BatchSizeController: reduction must be 'mean' or 'sum', got {reduction!r}")
+        if grad_sync not in ("auto", "ddp", "controller", "none"):
+            raise ValueError(f"BatchSizeController: grad_sync must be auto, ddp, controller or none, got {grad_sync!r}")
+        if lr_rule is not None and not callable(lr_rule) and lr_rule not in _LR_RULES:
+            raise ValueError(f"BatchSizeController: lr_rule must be 'linear', 'sqrt', a function or None, got {lr_rule!r}")
+        if probe is not None and not isinstance(probe, MemoryProbe):
+            raise TypeError("BatchSizeController: probe must be a torchmem.batch.MemoryProbe")
+        self.process_group = process_group
+        self.world = distributed.world_size(process_group)
+        if global_batch % self.world:
+            raise ValueError(
+                f"BatchSizeController: global_batch={global_batch} is not divisible by the world size "
+                f"{self.world}; choose a multiple so every rank gets the same local batch"
+            )
+        self.model = model
+        self.optimizer = optimizer
+        self.scaler = scaler
+        self.quantum = quantum
+        self.margin = margin
+        self.grow_after = grow_after
+        self.min_micro = min_micro
+        self.max_retries = max_retries
+        self.reduction = reduction
+        self.split_lists = split_lists
+        self.verbose = verbose
+        self.probe = probe if probe is not None else default_probe(device)
+        self.memory_model = LinearMemoryModel(window)
+        self.grad_sync = self._resolve_grad_sync(grad_sync)
+
+        self.base_global_batch = global_batch
+        self.global_batch = global_batch
+        self.adapt_global = adapt_global
+        self.lr_rule = lr_rule
+        self.min_global = min_global or self.world
+        self.max_global = max_global or 8 * global_batch
+        self.lr_factor = 1.0
+
+        self._micro = self._quantize(micro_batch or self.local_batch, cap=self._cap())
+        self._proposal = self._micro
+        self._ceiling = None          # smallest size that OOMed since memory last changed
+        self._ceiling_budget = None   # the budget when it did
+        self.clean_steps = 0
+        self.steps = 0
+        self.ooms = 0
+        self.last_peak = None
+        self.last_micro_steps = 0
+        self.events = collections.deque(maxlen=1000)
+        self._in_optimizer_step = False
+        if optimizer is not None and hasattr(optimizer, "register_step_pre_hook"):
+            optimizer.register_step_pre_hook(self._enter_optimizer_step)
+            optimizer.register_step_post_hook(self._leave_optimizer_step)
+
+    # ---------------------------------------------------------------- sizes
+    @property
+    def local_batch(self):
+        """Samples per optimizer step on this rank."""
+        return self.global_batch // self.world
+
+    @property
+    def micro_batch(self):
+        """The micro-batch the next run() starts with."""
+        return self._micro
+
+    @property
+    def accumulation_steps(self):
+        """Micro-steps per optimizer step at the current sizes."""
+        return math.ceil(self.local_batch / self._micro)
+
+    def _cap(self):
+        return max(1, self.max_global // self.world) if self.adapt_global else self.local_batch
+
+    def _quantize(self, size, cap):
+        """The largest allowed size <= `size` (Note [Moving the micro-batch])."""
+        size = int(size)
+        if size >= cap:
+            return cap
+        if size >= self.quantum:
+            size = size // self.quantum * self.quantum
+        else:
+            size = 1 << (max(1, size).bit_length() - 1)
+        return max(size, min(self.min_micro, cap))
+
+    def _resolve_grad_sync(self, grad_sync):
+        if self.world == 1:
+            return "none"
+        if grad_sync != "auto":
+            return grad_sync
+        from torch.nn.parallel import DistributedDataParallel
+        if isinstance(self.model, DistributedDataParallel):
+            if getattr(self.model, "broadcast_buffers", False) and any(True for _ in self.model.buffers()):
+                warnings.warn(
+                    "torchmem.BatchSizeController: DDP(broadcast_buffers=True) broadcasts buffers in every "
+                    "forward, a collective that ranks skipping a micro-step after OOM would miss; "
+                    "wrap with broadcast_buffers=False or use grad_sync='controller' with an unwrapped model",
+                    RuntimeWarning, stacklevel=3,
+                )
+            return "ddp"
+        if self.model is not None:
+            return "controller"
+        return "none"
+
+    # ------------------------------------------------------------ the step
+    def run(self, step_fn, batch, *, batch_size=None, backward=True):
+        """Runs one optimizer step's worth of forward/backward over `batch`.
+
+        step_fn(micro_batch) returns the micro-batch's loss (a mean over its
+        samples with reduction="mean"); the controller weights it, calls
+        backward (through the scaler if one was given) and accumulates. With
+        backward=False, step_fn(micro_batch, weight) does its own backward of
+        loss x weight and returns the loss (or None).
+
+        Returns the batch's loss as a detached 0-d tensor (the weighted sum of
+        the micro-batch losses, equal to the full-batch loss). Gradients must
+        be None or zero on entry (one run() per optimizer step): an OOM
+        discards them."""
+        total = batch_size if batch_size is not None else batch_size_of(batch)
+        had_grads = any(p.grad is not None for p in self._parameters())
+        retries = 0
+        while True:
+            micro = max(1, min(self._micro, total))
+            outcome = self._attempt(step_fn, batch, total, micro, backward)
+            if outcome["ok"]:
+                self._after_success(micro, outcome, total)
+                return outcome["loss"]
+            retries += 1
+            self._discard_attempt(had_grads)
+            self._after_oom(micro, outcome, total, retries)
+
+    def _attempt(self, step_fn, batch, total, micro, backward):
+        sizes = split_sizes(total, micro)
+        parts = split_batch(batch, sizes, batch_size=total, split_lists=self.split_lists)
+        self.probe.reset()
+        baseline = self.probe.current_bytes()
+        loss_sum = None
+        failure = None
+        failed_in_optimizer = False
+        agreed = None
+        for index, part in enumerate(parts):
+            final = index == len(parts) - 1
+            weight = sizes[index] / total if self.reduction == "mean" else 1.0
+            loss = None
+            try:
+                with self._sync_context(final):
+                    if backward:
+                        loss = _loss_of(step_fn(part))
+                        if final and self.grad_sync == "ddp":
+                            agreed = distributed.agree(self._proposal, False, self.process_group)
+                            if agreed[1]:
+                                break  # another rank hit OOM: skip the communicating backward
+                        scaled = loss * weight
+                        (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+                        del scaled
+                    else:
+                        loss = step_fn(part, weight)
+                        loss = _loss_of(loss) if loss is not None else None
+                if loss is not None:
+                    contribution = loss.detach().float() * weight
+                    loss_sum = contribution if loss_sum is None else loss_sum + contribution
+            except Exception as exc:  # noqa: BLE001 - anything but OOM re-raises at once
+                if not is_oom_error(exc):
+                    raise
+                failure = f"{type(exc).__name__}: {exc}"
+                failed_in_optimizer = self._in_optimizer_step
+            loss = None
+            if failure is not None:
+                break
+        del parts
+        if failed_in_optimizer:
+            self._in_optimizer_step = False
+            raise OptimizerStepOOMError(self._optimizer_oom_message(failure))
+        if failure is not None and agreed is not None and self.world > 1:
+            raise MicroBatchOOMError(
+                "torchmem.BatchSizeController: out of memory in the final backward of a DDP step, after the "
+                "ranks agreed; the other ranks are already in DDP's gradient all-reduce, so this cannot be "
+                "retried. Use grad_sync='controller' with an unwrapped model for full recovery, or lower "
+                f"micro_batch/margin. Error: {failure}"
+            )
+        oom_here = failure is not None
+        proposal = self._shrink_target(micro) if oom_here else self._proposal
+        if agreed is None:
+            agreed = distributed.agree(proposal, oom_here, self.process_group)
+        else:
+            agreed = (min(agreed[0], proposal), agreed[1])
+        next_micro, anyone_oom = agreed
+        if anyone_oom or oom_here:
+            return {"ok": False, "oom_here": oom_here, "message": failure, "next": next_micro}
+        if self.grad_sync == "controller" and self.world > 1:
+            distributed.average_gradients(self._parameters(), self.process_group)
+        if loss_sum is None:
+            loss_sum = torch.zeros(())
+        return {"ok": True, "loss": loss_sum, "peak": self.probe.peak_bytes(), "baseline": baseline,
+                "next": next_micro, "micro_steps": len(sizes)}
+
+    def _sync_context(self, final):
+        if final or self.grad_sync != "ddp" or not hasattr(self.model, "no_sync"):
+            return contextlib.nullcontext()
+        return self.model.no_sync()
+
+    # ----------------------------------------------------------- decisions
+    def _target(self, budget):
+        return None if budget is None else budget * (1.0 - self.margin)
+
+    def _shrink_target(self, micro):
+        """The size to retry at after an OOM at `micro` (always < micro)."""
+        budget = self._budget()
+        best = self.memory_model.largest_under(self._target(budget))
+        if best is not None and best < micro:
+            size = best
+        elif self.memory_model.ready:
+            size = micro * 3 // 4
+        else:
+            size = micro // 2
+        return self._quantize(min(size, micro - 1), cap=self._cap()) if micro > 1 else 0
+
+    def _budget(self):
+        try:
+            return self.probe.budget_bytes()
+        except RuntimeError:
+            return None
+
+    def _after_oom(self, micro, outcome, total, retries):
+        if outcome["oom_here"]:
+            self.ooms += 1
+            self._ceiling = micro if self._ceiling is None else min(self._ceiling, micro)
+            self._ceiling_budget = self._budget()
+        self.clean_steps = 0
+        next_micro = outcome["next"]
+        if next_micro >= micro:
+            next_micro = self._quantize(micro - 1, cap=self._cap()) if micro > 1 else 0
+        if next_micro < max(1, self.min_micro) or retries > self.max_retries:
+            raise MicroBatchOOMError(
+                f"torchmem.BatchSizeController: out of memory at micro-batch {micro} "
+                f"(min_micro={self.min_micro}, {retries} retries of this batch, max_retries={self.max_retries}); "
+                f"the model does not fit even at the smallest size: lower the sequence length, use activation "
+                f"checkpointing, or raise the memory budget. Last error: {outcome['message']}"
+            )
+        reason = "OOM here" if outcome["oom_here"] else "OOM on another rank"
+        self._record("shrink", micro, next_micro, f"{reason}; retrying the same batch of {total}")
+        self._micro = next_micro
+        self._proposal = next_micro
+
+    def _after_success(self, micro, outcome, total):
+        self.steps += 1
+        self.clean_steps += 1
+        self.last_peak = outcome["peak"]
+        self.last_micro_steps = outcome["micro_steps"]
+        if outcome["peak"] is not None:
+            self.memory_model.observe(micro, outcome["peak"], outcome["baseline"])
+        proposal = self._grow_or_keep(micro, outcome["peak"])
+        if self.world == 1:
+            chosen = proposal
+        else:
+            chosen = outcome["next"]  # the MIN of every rank's proposal of the previous step
+        if chosen != self._micro:
+            self._record("grow" if chosen > self._micro else "shrink", self._micro, chosen,
+                         "agreed over ranks" if self.world > 1 else self._last_reason)
+        self._micro = chosen
+        self._proposal = proposal
+        if self.adapt_global:
+            self._follow_global(chosen)
+
+    def _grow_or_keep(self, micro, peak):
+        cap = self._cap()
+        budget = self._budget()
+        if (self._ceiling is not None and budget is not None and self._ceiling_budget is not None
+                and budget > self._ceiling_budget * _BUDGET_RISE):
+            self._record("ceiling", self._ceiling, None, f"budget rose to {budget} bytes")
+            self._ceiling = None
+        target = self._target(budget)
+        best = self.memory_model.largest_under(target)
+        if best is not None:
+            candidate = self._quantize(best, cap)
+            if self._ceiling is not None and candidate >= self._ceiling:
+                predicted = self.memory_model.predict(self._ceiling)
+                if self.clean_steps >= self.grow_after and predicted is not None and predicted <= target:
+                    self._record("ceiling", self._ceiling, None,
+                                 f"{self.clean_steps} clean steps and the model says it fits now")
+                    self._ceiling = None
+                else:
+                    candidate = min(candidate, self._quantize(self._ceiling - 1, cap))
+            if candidate > micro:
+                self._last_reason = f"model: peak ~ {self.memory_model.fixed:.0f} + {self.memory_model.slope:.0f} x micro"
+                return candidate
+            if candidate < micro and peak is not None and target is not None and peak > target:
+                self._last_reason = f"peak {peak} above budget x (1 - margin) = {target:.0f}"
+                return max(1, candidate)
+            return micro
+        if self.clean_steps >= self.grow_after and micro < cap:
+            upper = self._ceiling if self._ceiling is not None else min(cap + 1, 2 * micro + 1)
+            candidate = self._quantize((micro + upper) // 2, cap)
+            if micro < candidate < upper:
+                self.clean_steps = 0
+                self._last_reason = f"probing up after {self.grow_after} clean steps"
+                return candidate
+        return micro
+
+    _last_reason = ""
+
+    def _follow_global(self, micro):
+        new_global = min(self.max_global, max(self.min_global, micro * self.world))
+        new_global -= new_global % self.world
+        if new_global == self.global_batch:
+            return
+        self._record("global", self.global_batch, new_global, "adapt_global: global batch follows memory")
+        self.global_batch = new_global
+        if self.lr_rule is not None:
+            rule = self.lr_rule if callable(self.lr_rule) else _LR_RULES[self.lr_rule]
+            self.set_lr_factor(rule(new_global / self.base_global_batch))
+
+    def set_lr_factor(self, factor):
+        """Scales every param group's lr by factor / (the factor applied so far)."""
+        if self.optimizer is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = group["lr"] * factor / self.lr_factor
+        self.lr_factor = factor
+
+    # ----------------------------------------------------------- recovery
+    def _parameters(self):
+        seen, params = set(), []
+        sources = []
+        if self.model is not None:
+            sources.append(self.model.parameters())
+        if self.optimizer is not None:
+            sources.extend(group["params"] for group in self.optimizer.param_groups)
+        for source in sources:
+            for p in source:
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    params.append(p)
+        return params
+
+    def _discard_attempt(self, had_grads):
+        """Cleanup after an OOM, outside the except block (retry.py's Note
+        [Cleaning up outside except])."""
+        if self.model is None and self.optimizer is None:
+            raise MicroBatchOOMError(
+                "torchmem.BatchSizeController: out of memory, and no model= or optimizer= was given, so the "
+                "gradients of the failed attempt cannot be discarded before retrying; pass model=... or optimizer=..."
+            )
+        if had_grads:
+            raise MicroBatchOOMError(
+                "torchmem.BatchSizeController: out of memory, but gradients existed before run() (accumulated "
+                "over several run() calls?), and retrying would lose them; call run() once per optimizer step "
+                "with the whole batch and zero_grad(set_to_none=True) after each step"
+            )
+        if self.model is not None:
+            self.model.zero_grad(set_to_none=True)
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            _reset_scaler(self.scaler)
+        gc.collect()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+
+    def _enter_optimizer_step(self, *args, **kwargs):
+        self._in_optimizer_step = True
+
+    def _leave_optimizer_step(self, *args, **kwargs):
+        self._in_optimizer_step = False
+
+    @staticmethod
+    def _optimizer_oom_message(failure):
+        return (
+            "torchmem.BatchSizeController: out of memory inside optimizer.step(); not retried, because the "
+            "update may be partly applied. Make room for the optimizer state: a lower memory budget margin "
+            "(margin=...), a smaller micro_batch, or a lighter optimizer. Error: " + str(failure)
+        )
+
+    def step(self):
+        """optimizer.step() (through the scaler when given), then zero_grad(set_to_none=True).
+        An OOM here raises OptimizerStepOOMError with advice instead of a bare OOM."""
+        if self.optimizer is None:
+            raise ValueError("BatchSizeController.step: no optimizer= was given")
+        failure = None
+        try:
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+        except Exception as exc:  # noqa: BLE001
+            if not is_oom_error(exc):
+                raise
+            failure = str(exc)
+        self._in_optimizer_step = False
+        if failure is not None:
+            raise OptimizerStepOOMError(self._optimizer_oom_message(failure))
+        self.optimizer.zero_grad(set_to_none=True)
+
+    # ---------------------------------------------------------- reporting
+    def _record(self, kind, before, after, reason):
+        event = {"step": self.steps, "event": kind, "from": before, "to": after, "reason": reason}
+        self.events.append(event)
+        text = f"torchmem batch: step {self.steps}: {kind} {before} -> {after} ({reason})"
+        log.info(text)
+        if self.verbose:
+            print(text, flush=True)
+
+    def figures(self):
+        """The controller's state for logging: micro-batch, accumulation, OOMs, last peak, budget."""
+        return {"micro_batch": self._micro, "accumulation_steps": self.accumulation_steps,
+                "global_batch": self.global_batch, "ooms": self.ooms, "peak_bytes": self.last_peak,
+                "budget_bytes": self._budget(), "lr_factor": self.lr_factor}
+
+    def state_dict(self):
+        """Everything needed to resume with the same sizes and memory model."""
+        return {"version": 1, "micro": self._micro, "proposal": self._proposal, "ceiling": self._ceiling,
+                "ceiling_budget": self._ceiling_budget,
+                "clean_steps": self.clean_steps, "steps": self.steps, "ooms": self.ooms,
+                "global_batch": self.global_batch, "base_global_batch": self.base_global_batch,
+                "lr_factor": self.lr_factor, "memory_model": self.memory_model.state_dict()}
+
+    def load_state_dict(self, state):
+        """Restores state_dict() (the optimizer's lrs are already in its own state dict)."""
+        if state.get("version") != 1:
+            raise ValueError(f"BatchSizeController.load_state_dict: unknown state version {state.get('version')!r}")
+        self._micro = int(state["micro"])
+        self._proposal = int(state["proposal"])
+        self._ceiling = state["ceiling"]
+        self._ceiling_budget = state["ceiling_budget"]
+        self.clean_steps = int(state["clean_steps"])
+        self.steps = int(state["steps"])
+        self.ooms = int(state["ooms"])
+        self.global_batch = int(state["global_batch"])
+        self.base_global_batch = int(state["base_global_batch"])
+        self.lr_factor = float(state["lr_factor"])
+        self.memory_model.load_state_dict(state["memory_model"])
+
+    def __repr__(self):
+        return (f"BatchSizeController(global_batch={self.global_batch}, micro_batch={self._micro}, "
+                f"world={self.world}, probe={self.probe.name}, ooms={self.ooms})")

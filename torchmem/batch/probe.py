@@ -1,0 +1,181 @@
+"""Memory probes: where the batch-size controller reads peak memory and the budget.
+
+The controller needs three things from the memory system: "reset the peak now",
+"the peak since then" and "how many bytes may this process hold". A probe is
+that interface and nothing more, so the controller runs the same way over
+torchmem's allocator, over PyTorch's native caching allocator, over a synthetic
+model in CPU tests, or with no figures at all (CPU training: it then learns only
+from OOMs).
+
+Note [Which bytes count]
+The peak is *allocated* bytes (live blocks as the allocator rounds them), not
+reserved bytes: allocated peak is a clean function of the micro-batch, while
+reserved peak depends on what earlier, larger steps left cached. Under torchmem
+allocated bytes are also what the budget ("torchmem.limit_bytes") is checked
+against, so the fit is tight. Under the native allocator fragmentation makes
+reserved exceed allocated (1.6x-2x on real traces), which the controller's
+margin must absorb: that is the "less precision without torchmem".
+"""
+
+import torch
+
+__all__ = ["MemoryProbe", "NullProbe", "TorchProbe", "TorchmemProbe", "SyntheticMemory", "default_probe"]
+
+
+class MemoryProbe:
+    """Interface. Every method may return None when the figure is unknown."""
+
+    name = "abstract"
+
+    def reset(self):
+        """Starts a measurement window: the peak restarts from the current usage."""
+
+    def peak_bytes(self):
+        """Peak bytes in use since the last reset(), or None."""
+        return None
+
+    def current_bytes(self):
+        """Bytes in use now, or None."""
+        return None
+
+    def budget_bytes(self):
+        """Bytes this process may use in all, or None when there is no known limit."""
+        return None
+
+
+class NullProbe(MemoryProbe):
+    """No figures (CPU, or a backend without stats): the controller learns from OOMs only."""
+
+    name = "none"
+
+
+def _device_index(device):
+    if device is None:
+        return torch.cuda.current_device()
+    return torch.device(device).index if not isinstance(device, int) else device
+
+
+class TorchProbe(MemoryProbe):
+    """PyTorch's native caching allocator (torch.cuda.max_memory_allocated ...).
+
+    The budget is the smaller of set_per_process_memory_fraction x total and what
+    this process could still get (free device memory + what it already reserves)."""
+
+    name = "torch"
+
+    def __init__(self, device=None):
+        self.device = _device_index(device)
+
+    def reset(self):
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak_bytes(self):
+        return int(torch.cuda.max_memory_allocated(self.device))
+
+    def current_bytes(self):
+        return int(torch.cuda.memory_allocated(self.device))
+
+    def budget_bytes(self):
+        free, total = torch.cuda.mem_get_info(self.device)
+        get_fraction = getattr(torch.cuda.memory, "get_per_process_memory_fraction", None)
+        fraction = get_fraction(self.device) if get_fraction is not None else 1.0
+        reachable = free + int(torch.cuda.memory_reserved(self.device))
+        return int(min(fraction * total, reachable))
+
+
+class TorchmemProbe(MemoryProbe):
+    """torchmem's allocator: its stats and its budget ("torchmem.limit_bytes")."""
+
+    name = "torchmem"
+
+    def __init__(self, device=None):
+        self.device = _device_index(device)
+
+    def _stats(self):
+        import torchmem
+        return torchmem.memory_stats(self.device)
+
+    def reset(self):
+        import torchmem
+        torchmem.reset_peak_memory_stats(self.device)
+
+    def peak_bytes(self):
+        return int(self._stats().get("allocated_bytes.all.peak", 0))
+
+    def current_bytes(self):
+        return int(self._stats().get("allocated_bytes.all.current", 0))
+
+    def budget_bytes(self):
+        stats = self._stats()
+        limit = int(stats.get("torchmem.limit_bytes", 0) or 0)
+        free, total = torch.cuda.mem_get_info(self.device)
+        reachable = free + int(stats.get("reserved_bytes.all.current", 0))
+        return min(limit, reachable) if limit else reachable
+
+
+class SyntheticMemory(MemoryProbe):
+    """A memory model for tests and docs: a step over `micro` samples needs
+    fixed + per_sample * micro bytes and raises torch.OutOfMemoryError when that
+    exceeds `budget`. Call `use(micro)` inside the step function; change
+    `budget` at any time to simulate a card that frees up or fills up."""
+
+    name = "synthetic"
+
+    def __init__(self, fixed, per_sample, budget):
+        self.fixed = int(fixed)
+        self.per_sample = int(per_sample)
+        self.budget = int(budget)
+        self._peak = self.fixed
+        self.ooms = 0
+        self.sizes_tried = []
+
+    def need(self, micro):
+        """Bytes a step over `micro` samples needs."""
+        return self.fixed + self.per_sample * micro
+
+    def largest_fitting(self):
+        """The largest micro-batch that does not OOM (0 if none)."""
+        return max(0, (self.budget - self.fixed) // self.per_sample)
+
+    def use(self, micro):
+        """Simulates the memory of one micro-step (raises OOM above the budget)."""
+        self.sizes_tried.append(micro)
+        need = self.need(micro)
+        if need > self.budget:
+            self.ooms += 1
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate {need - self.fixed} bytes (synthetic budget {self.budget})"
+            )
+        self._peak = max(self._peak, need)
+
+    def reset(self):
+        self._peak = self.fixed
+
+    def peak_bytes(self):
+        return self._peak
+
+    def current_bytes(self):
+        return self.fixed
+
+    def budget_bytes(self):
+        return self.budget
+
+
+def _torchmem_installed():
+    try:
+        import torchmem
+        return bool(torchmem.is_installed())
+    except (ImportError, AttributeError):
+        return False
+
+
+def default_probe(device=None):
+    """torchmem's figures when its allocator is installed, else torch's own on
+    CUDA, else none (CPU)."""
+    if device is not None and torch.device(device).type != "cuda":
+        return NullProbe()
+    if not torch.cuda.is_available():
+        return NullProbe()
+    if _torchmem_installed():
+        return TorchmemProbe(device)
+    return TorchProbe(device)
