@@ -40,7 +40,6 @@ import warnings
 
 import torch
 
-from torchmem.batch.split import batch_size_of, concat_results, split_batch, split_sizes
 
 __all__ = ["is_oom_error", "oom_retry", "cleanup_after_oom", "free_memory_bytes", "OOMRetryError"]
 
@@ -197,13 +196,12 @@ def oom_retry(function=None, *, mode="split", batch_arg=0, batch_size_arg="batch
         raise ValueError(f"oom_retry: need min_size >= 1 and max_retries >= 0, got {min_size}, {max_retries}")
 
     def decorate(fn):
+        # imported here: torchmem.batch imports this module for is_oom_error
+        from torchmem.batch.split import batch_size_of, concat_results, split_batch
+
         site = f"{fn.__module__}.{fn.__qualname__}"
         cache = _SizeCache()
         signature = inspect.signature(fn)
-
-        def bound_arguments(args, kwargs):
-            bound = signature.bind(*args, **kwargs)
-            return bound
 
         def argument_name(spec):
             if isinstance(spec, int):
@@ -222,7 +220,7 @@ def oom_retry(function=None, *, mode="split", batch_arg=0, batch_size_arg="batch
             )
 
         def run_split(args, kwargs):
-            bound = bound_arguments(args, kwargs)
+            bound = signature.bind(*args, **kwargs)
             name = argument_name(batch_arg)
             batch = bound.arguments[name]
             total = batch_size_of(batch)
@@ -257,7 +255,7 @@ def oom_retry(function=None, *, mode="split", batch_arg=0, batch_size_arg="batch
             return concat_results(results)
 
         def run_batch_size(args, kwargs):
-            bound = bound_arguments(args, kwargs)
+            bound = signature.bind(*args, **kwargs)
             name = argument_name(batch_size_arg)
             requested = bound.arguments.get(name, signature.parameters[name].default)
             if not isinstance(requested, int) or requested < 1:

@@ -304,7 +304,7 @@ class BatchSizeController:
                         loss = step_fn(part, weight)
                         loss = _loss_of(loss) if loss is not None else None
                 if loss is not None:
-                    contribution = loss.detach().float() * weight
+                    contribution = loss.detach().to(torch.promote_types(loss.dtype, torch.float32)) * weight
                     loss_sum = contribution if loss_sum is None else loss_sum + contribution
             except Exception as exc:  # noqa: BLE001 - anything but OOM re-raises at once
                 if not is_oom_error(exc):
