@@ -81,7 +81,8 @@ def sources():
 
 
 def compile_args():
-    flags = ["-std=c++17", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"]
+    # C++20: torch >= 2.10 headers need it (std::strong_ordering in c10), and cpp_extension asks for it too.
+    flags = ["-std=c++20", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"]
     flags += ["-O0", "-g"] if DEBUG else ["-O3", "-DNDEBUG"]
     macros = [
         f"-DTORCHMEM_TORCH_VERSION=\"{torch.__version__}\"",

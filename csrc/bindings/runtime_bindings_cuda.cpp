@@ -1,8 +1,253 @@
-// runtime_bindings_cuda.cpp: placeholder until its owner lands it (bind_runtime).
+// runtime_bindings_cuda.cpp: torchmem._C.runtime_*: the installed allocator
+// seen from Python (install, stats, snapshots, budget, callbacks).
+//
+// pybind11 only: the shim is reached through csrc/shim/runtime.h, which
+// includes no torch headers, so this file compiles in seconds. Stats and
+// snapshots go through convert.h, so they have exactly the shape of the
+// simulated _C.Pool's (the Python layer reads one format).
+//
+// Note [Python callbacks] The OOM callback and the context provider are
+// Python callables called from allocation paths, which may run on threads that
+// do not hold the GIL (autograd's backward threads) or during interpreter
+// shutdown. So each call takes the GIL, is skipped once Python is finalizing,
+// and the callable is released under the GIL whichever thread drops it last.
+// A Python exception inside a callback is reported as a warning and treated as
+// "freed nothing" (OOM) or context 0 (provider): an allocation never fails
+// because of a hook.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <Python.h>
+
+#include <memory>
+#include <string>
+
 #include "bindings/bindings.h"
+#include "bindings/convert.h"
+#include "shim/runtime.h"
+
+namespace py = pybind11;
 
 namespace torchmem::bindings {
 
-void bind_runtime(pybind11::module_& m) { (void)m; }
+namespace {
+
+using shim::LimitSpec;
+using shim::RuntimeConfig;
+
+bool python_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+// A Python object whose last reference may be dropped on any thread.
+std::shared_ptr<py::object> share_callable(py::object callable) {
+  return std::shared_ptr<py::object>(new py::object(std::move(callable)), [](py::object* held) {
+    if (python_finalizing()) return;  // leak it: the interpreter is going away
+    py::gil_scoped_acquire gil;
+    delete held;
+  });
+}
+
+void warn_callback_error(const char* which, py::error_already_set& error) {
+  std::string text = std::string("torchmem: the ") + which + " raised " + error.what() + "; treated as " +
+                     (std::string(which) == "OOM callback" ? "'freed nothing'" : "context 0");
+  try {
+    py::module_::import("warnings").attr("warn")(text, py::module_::import("builtins").attr("RuntimeWarning"), 2);
+  } catch (py::error_already_set&) {
+    PyErr_Clear();
+  }
+}
+
+RuntimeConfig runtime_config_from(const py::dict& options, const std::string& backend) {
+  py::dict rest;
+  RuntimeConfig config;
+  for (auto item : options) {
+    std::string key = py::str(item.first);
+    py::handle value = item.second;
+    if (key == "limit") {
+      if (value.is_none()) {
+        config.limit.kind = LimitSpec::Kind::kNone;
+      } else if (py::isinstance<py::float_>(value)) {
+        double fraction = value.cast<double>();
+        if (!(fraction > 0.0 && fraction <= 1.0)) {
+          throw py::value_error("torchmem config 'limit': a fraction must be in (0, 1], got " +
+                                std::to_string(fraction));
+        }
+        config.limit.kind = LimitSpec::Kind::kFraction;
+        config.limit.fraction = fraction;
+      } else if (py::isinstance<py::int_>(value) && !py::isinstance<py::bool_>(value)) {
+        long long bytes = value.cast<long long>();
+        if (bytes <= 0) throw py::value_error("torchmem config 'limit': bytes must be > 0 (None for no limit)");
+        config.limit.kind = LimitSpec::Kind::kBytes;
+        config.limit.bytes = static_cast<std::size_t>(bytes);
+      } else {
+        throw py::value_error("torchmem config 'limit': expected None, a fraction (float) or bytes (int), got " +
+                              std::string(py::str(py::repr(value))));
+      }
+    } else if (key == "oom_hook_retries") {
+      if (!py::isinstance<py::int_>(value) || value.cast<long long>() < 0) {
+        throw py::value_error("torchmem config 'oom_hook_retries': expected an int >= 0");
+      }
+      config.oom_hook_retries = value.cast<int>();
+    } else if (key == "limit_bytes") {
+      throw py::value_error("torchmem runtime config: give 'limit' (None, fraction or bytes), not 'limit_bytes'");
+    } else {
+      rest[item.first] = value;
+    }
+  }
+  config.pool = config_from_dict(rest);
+  config.pool.limit_bytes = 0;
+  config.backend = backend;
+  return config;
+}
+
+py::dict runtime_stats(int device) {
+  Pool& pool = shim::device_pool(device);
+  PoolStats stats;
+  BackendCounters counters;
+  std::string backend_name;
+  MemInfo mem;
+  {
+    py::gil_scoped_release released;
+    stats = pool.stats();
+    counters = pool.backend().counters();
+    backend_name = pool.backend().name();
+    mem = shim::device_mem_info(device);
+  }
+  py::dict out = stats_to_dict(stats);
+  out["backend"] = backend_counters_to_dict(counters);
+  out["backend_name"] = backend_name;
+  out["device_total"] = mem.total_bytes;
+  out["device_free"] = mem.free_bytes;
+  out["device"] = device;
+  return out;
+}
+
+py::dict runtime_snapshot(int device) {
+  Pool& pool = shim::device_pool(device);
+  PoolSnapshot snapshot;
+  {
+    py::gil_scoped_release released;
+    snapshot = pool.snapshot();
+  }
+  py::dict out = snapshot_to_dict(snapshot);
+  out["device"] = device;
+  return out;
+}
+
+void set_oom_callback(py::object callable) {
+  if (callable.is_none()) {
+    shim::set_oom_callback(nullptr);
+    return;
+  }
+  if (!PyCallable_Check(callable.ptr())) throw py::type_error("runtime_set_oom_callback: expected a callable or None");
+  auto held = share_callable(std::move(callable));
+  shim::set_oom_callback([held](int device, std::size_t requested) -> bool {
+    if (python_finalizing()) return false;
+    py::gil_scoped_acquire gil;
+    try {
+      return py::bool_((*held)(device, requested));
+    } catch (py::error_already_set& error) {
+      warn_callback_error("OOM callback", error);
+      return false;
+    }
+  });
+}
+
+void set_context_provider(py::object callable) {
+  if (callable.is_none()) {
+    shim::set_context_provider(nullptr);
+    return;
+  }
+  if (!PyCallable_Check(callable.ptr())) {
+    throw py::type_error("runtime_set_context_provider: expected a callable or None");
+  }
+  auto held = share_callable(std::move(callable));
+  shim::set_context_provider([held]() -> std::uint64_t {
+    if (python_finalizing()) return 0;
+    py::gil_scoped_acquire gil;
+    try {
+      return (*held)().cast<std::uint64_t>();
+    } catch (py::error_already_set& error) {
+      warn_callback_error("context provider", error);
+      return 0;
+    } catch (const py::cast_error&) {
+      return 0;
+    }
+  });
+}
+
+}  // namespace
+
+void bind_runtime(py::module_& m) {
+  m.def("runtime_allocator_initialized", &shim::torch_allocator_initialized,
+        "Whether torch's current CUDA allocator is initialized (then it can no longer be swapped)");
+  m.def(
+      "runtime_install",
+      [](const py::dict& config, const std::string& backend) { shim::install(runtime_config_from(config, backend)); },
+      py::arg("config"), py::arg("backend") = "auto",
+      "Swap torch's CUDA allocator for torchmem's. config: PoolConfig keys (minus limit_bytes) plus 'limit' "
+      "(None | fraction | bytes) and 'oom_hook_retries'");
+  m.def(
+      "runtime_configure",
+      [](const py::dict& config, const std::string& backend) { shim::configure(runtime_config_from(config, backend)); },
+      py::arg("config"), py::arg("backend") = "auto",
+      "Set the config of torchmem's device pools without swapping torch's allocator (torch.cuda.MemPool use)");
+  m.def("runtime_is_configured", &shim::is_configured);
+  m.def("runtime_is_installed", &shim::is_installed);
+  m.def("runtime_devices", &shim::devices, "Devices that have a torchmem pool");
+  m.def("runtime_backend_name", &shim::backend_name, py::arg("device"));
+  m.def("runtime_stats", &runtime_stats, py::arg("device"),
+        "The device pool's stats (the shape of _C.Pool.stats()) plus device_total and device_free");
+  m.def(
+      "runtime_reset_peak_stats", [](int device) { shim::device_pool(device).reset_peak_stats(); },
+      py::arg("device"));
+  m.def(
+      "runtime_reset_accumulated_stats", [](int device) { shim::device_pool(device).reset_accumulated_stats(); },
+      py::arg("device"));
+  m.def("runtime_snapshot", &runtime_snapshot, py::arg("device"));
+  m.def("runtime_empty_cache", &shim::empty_cache, py::call_guard<py::gil_scoped_release>(),
+        "Return every pool's cached memory to the device; the bytes returned");
+  m.def(
+      "runtime_set_limit", [](int device, std::size_t bytes) { shim::device_pool(device).set_limit(bytes); },
+      py::arg("device"), py::arg("bytes"), "Set the budget in bytes (0 = the whole device)");
+  m.def(
+      "runtime_limit", [](int device) { return shim::device_pool(device).limit(); }, py::arg("device"));
+  m.def("runtime_set_trace_capacity", &shim::set_trace_capacity, py::arg("entries"));
+  m.def("runtime_set_oom_callback", &set_oom_callback, py::arg("callback"),
+        "callable(device, requested_bytes) -> bool, run after a failed allocation; None removes it");
+  m.def("runtime_set_context_provider", &set_context_provider, py::arg("provider"),
+        "callable() -> int, run before each allocation; its value is stored as the trace context");
+  m.def(
+      "runtime_check_invariants",
+      [](int device) {
+        std::string problem;
+        {
+          py::gil_scoped_release released;
+          problem = shim::device_pool(device).check_invariants();
+        }
+        if (!problem.empty()) throw std::runtime_error("torchmem pool invariant violated: " + problem);
+      },
+      py::arg("device"));
+  m.def(
+      "runtime_probe_backend",
+      [](int device, int repeats, std::size_t granules) {
+        py::dict out;
+        std::vector<std::pair<std::string, double>> costs;
+        {
+          py::gil_scoped_release released;
+          costs = shim::probe_backend_costs(device, repeats, granules);
+        }
+        for (const auto& [name, micros] : costs) out[py::str(name)] = micros;
+        return out;
+      },
+      py::arg("device"), py::arg("repeats") = 20, py::arg("granules") = 1,
+      "Mean microseconds of each backend primitive on the device (for bench/gpu_probe.py)");
+}
 
 }  // namespace torchmem::bindings

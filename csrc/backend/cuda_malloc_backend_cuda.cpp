@@ -1,0 +1,72 @@
+// cuda_malloc_backend_cuda.cpp: cudaMalloc / cudaFree segments (see the header).
+#include "backend/cuda_malloc_backend_cuda.h"
+
+#include <stdexcept>
+
+namespace torchmem {
+
+namespace {
+
+[[noreturn]] void no_vmm(const char* call) {
+  throw std::logic_error(std::string("torchmem: the cuda_malloc backend has no virtual memory (") + call +
+                         " called)");
+}
+
+}  // namespace
+
+CudaMallocBackend::CudaMallocBackend(int device) : device_(device), fences_(device) {}
+
+CudaMallocBackend::~CudaMallocBackend() = default;
+
+MemInfo CudaMallocBackend::mem_info() {
+  cuda::RelaxedCaptureGuard relaxed;
+  cuda::DeviceGuard on_device(device_);
+  MemInfo info;
+  cuda::check(cudaMemGetInfo(&info.free_bytes, &info.total_bytes), "cudaMemGetInfo");
+  return info;
+}
+
+Addr CudaMallocBackend::reserve(std::size_t) { no_vmm("reserve"); }
+void CudaMallocBackend::unreserve(Addr, std::size_t) { no_vmm("unreserve"); }
+GranuleHandle CudaMallocBackend::create_granule() { no_vmm("create_granule"); }
+void CudaMallocBackend::release_granule(GranuleHandle) { no_vmm("release_granule"); }
+void CudaMallocBackend::map(Addr, const GranuleHandle*, std::size_t) { no_vmm("map"); }
+void CudaMallocBackend::unmap(Addr, std::size_t) { no_vmm("unmap"); }
+
+Addr CudaMallocBackend::allocate_segment(std::size_t bytes) {
+  cuda::RelaxedCaptureGuard relaxed;
+  cuda::DeviceGuard on_device(device_);
+  void* ptr = nullptr;
+  cudaError_t status = cudaMalloc(&ptr, bytes);
+  if (status == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // out of memory is not an error here: the pool climbs its ladder
+    return 0;
+  }
+  cuda::check(status, "cudaMalloc");
+  counters_.segment_alloc_calls += 1;
+  return reinterpret_cast<Addr>(ptr);
+}
+
+void CudaMallocBackend::free_segment(Addr base, std::size_t) {
+  cuda::RelaxedCaptureGuard relaxed;
+  cuda::DeviceGuard on_device(device_);
+  cuda::check(cudaFree(reinterpret_cast<void*>(base)), "cudaFree");
+  counters_.segment_free_calls += 1;
+}
+
+EventHandle CudaMallocBackend::record_event(StreamId stream) {
+  EventHandle event = fences_.record(stream);
+  counters_.event_record_calls += 1;
+  return event;
+}
+
+bool CudaMallocBackend::event_completed(EventHandle event) { return fences_.completed(event); }
+
+void CudaMallocBackend::synchronize_event(EventHandle event) {
+  fences_.synchronize(event);
+  counters_.event_sync_calls += 1;
+}
+
+void CudaMallocBackend::destroy_event(EventHandle event) { fences_.destroy(event); }
+
+}  // namespace torchmem

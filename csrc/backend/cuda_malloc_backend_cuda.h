@@ -1,0 +1,49 @@
+// cuda_malloc_backend_cuda.h: the `cuda_malloc` backend: plain cudaMalloc /
+// cudaFree segments for one device.
+//
+// For drivers or devices without virtual memory management, and as a baseline:
+// the pool carves blocks out of segments and frees whole empty ones, but cannot
+// stitch (Backend::supports_vmm() is false).
+#pragma once
+
+#include <string>
+
+#include "backend/cuda_support_cuda.h"
+#include "core/backend.h"
+
+namespace torchmem {
+
+class CudaMallocBackend final : public Backend {
+ public:
+  explicit CudaMallocBackend(int device);
+  ~CudaMallocBackend() override;
+
+  std::string name() const override { return "cuda_malloc"; }
+  bool supports_vmm() const override { return false; }
+  // Not a hardware granule: the unit the pool rounds segments to, as PyTorch does.
+  std::size_t granularity() const override { return 2 * kMiB; }
+  MemInfo mem_info() override;
+
+  Addr reserve(std::size_t bytes) override;
+  void unreserve(Addr base, std::size_t bytes) override;
+  GranuleHandle create_granule() override;
+  void release_granule(GranuleHandle handle) override;
+  void map(Addr at, const GranuleHandle* handles, std::size_t count) override;
+  void unmap(Addr at, std::size_t count) override;
+
+  Addr allocate_segment(std::size_t bytes) override;
+  void free_segment(Addr base, std::size_t bytes) override;
+
+  EventHandle record_event(StreamId stream) override;
+  bool event_completed(EventHandle event) override;
+  void synchronize_event(EventHandle event) override;
+  void destroy_event(EventHandle event) override;
+
+  int device() const { return device_; }
+
+ private:
+  int device_;
+  cuda::FencePool fences_;
+};
+
+}  // namespace torchmem

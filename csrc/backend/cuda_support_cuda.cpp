@@ -1,0 +1,122 @@
+// cuda_support_cuda.cpp: error checks, guards and the fence pool shared by the
+// two CUDA backends (see the header for why each exists).
+#include "backend/cuda_support_cuda.h"
+
+#include <stdexcept>
+
+namespace torchmem::cuda {
+
+void throw_cuda_error(const char* call, cudaError_t status) {
+  (void)cudaGetLastError();  // clear the sticky copy so later calls are not poisoned
+  throw std::runtime_error(std::string("torchmem: ") + call + " failed: " + cudaGetErrorName(status) +
+                           " (" + cudaGetErrorString(status) + ")");
+}
+
+DeviceGuard::DeviceGuard(int device) {
+  check(cudaGetDevice(&previous_), "cudaGetDevice");
+  if (previous_ != device) {
+    check(cudaSetDevice(device), "cudaSetDevice");
+    switched_ = true;
+  }
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (switched_) cudaSetDevice(previous_);
+}
+
+FencePool::~FencePool() {
+  // Only reached when a pool is torn down explicitly; at process exit the
+  // runtime may be gone already, so errors are ignored.
+  for (Fence* fence : all_) {
+    if (fence->event) cudaEventDestroy(fence->event);
+    delete fence;
+  }
+}
+
+FencePool::Fence* FencePool::as_fence(EventHandle handle) {
+  return reinterpret_cast<Fence*>(static_cast<std::uintptr_t>(handle));
+}
+
+bool FencePool::try_record(Fence& fence) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(fence.stream, &status), "cudaStreamIsCapturing");
+  if (status != cudaStreamCaptureStatusNone) return false;  // Note [Fences during capture]
+  check(cudaEventRecord(fence.event, fence.stream), "cudaEventRecord");
+  fence.recorded = true;
+  return true;
+}
+
+EventHandle FencePool::record(StreamId stream) {
+  RelaxedCaptureGuard relaxed;
+  DeviceGuard on_device(device_);
+  Fence* fence = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!free_.empty()) {
+      fence = free_.back();
+      free_.pop_back();
+    }
+  }
+  if (fence == nullptr) {
+    auto fresh = new Fence();
+    cudaError_t status = cudaEventCreateWithFlags(&fresh->event, cudaEventDisableTiming);
+    if (status != cudaSuccess) {
+      delete fresh;
+      throw_cuda_error("cudaEventCreateWithFlags", status);
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    all_.push_back(fresh);
+    fence = fresh;
+  }
+  fence->stream = reinterpret_cast<cudaStream_t>(stream);
+  fence->recorded = false;
+  try {
+    try_record(*fence);
+  } catch (...) {
+    destroy(reinterpret_cast<EventHandle>(fence));
+    throw;
+  }
+  return reinterpret_cast<EventHandle>(fence);
+}
+
+bool FencePool::completed(EventHandle handle) {
+  Fence& fence = *as_fence(handle);
+  RelaxedCaptureGuard relaxed;
+  if (!fence.recorded) {
+    DeviceGuard on_device(device_);
+    if (!try_record(fence)) return false;
+  }
+  cudaError_t status = cudaEventQuery(fence.event);
+  if (status == cudaSuccess) return true;
+  if (status == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  throw_cuda_error("cudaEventQuery", status);
+}
+
+void FencePool::synchronize(EventHandle handle) {
+  Fence& fence = *as_fence(handle);
+  RelaxedCaptureGuard relaxed;
+  if (!fence.recorded) {
+    DeviceGuard on_device(device_);
+    if (!try_record(fence)) {
+      // The stream is still capturing: its queued work cannot be waited for
+      // from the host until the capture ends (Note [Fences during capture]).
+      throw std::runtime_error(
+          "torchmem: cannot wait for a stream while it captures a CUDA graph; the allocation "
+          "ran out of memory during capture. Capture with more free memory (torch.cuda.empty_cache() "
+          "before capturing, or a higher torchmem limit).");
+    }
+  }
+  check(cudaEventSynchronize(fence.event), "cudaEventSynchronize");
+}
+
+void FencePool::destroy(EventHandle handle) {
+  Fence* fence = as_fence(handle);
+  fence->recorded = false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  free_.push_back(fence);
+}
+
+}  // namespace torchmem::cuda

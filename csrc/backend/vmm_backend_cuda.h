@@ -1,0 +1,65 @@
+// vmm_backend_cuda.h: the `vmm` backend: physical granules from cuMemCreate,
+// placed in reserved virtual ranges with cuMemMap, for one device.
+//
+// Why the driver API through the runtime: cuMem* live in libcuda.so, which the
+// module must not link against (it would then fail to import on machines
+// without a driver, e.g. CI). cudaGetDriverEntryPointByVersion hands out the
+// driver's function pointers at run time; <cuda.h> is included for types only.
+//
+// Costs on an H200 (DESIGN.md): cuMemCreate ~10 us, cuMemMap ~1 us,
+// cuMemSetAccess ~27 us per granule on fresh ranges, cuMemUnmap ~16 us. So map()
+// sets access ONCE over the whole run it mapped, and the pool, not this file,
+// decides how rarely granules move.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backend/cuda_support_cuda.h"
+#include "core/backend.h"
+
+namespace torchmem {
+
+struct DriverApi;  // the cuMem* entry points, resolved once per process
+
+class VmmBackend final : public Backend {
+ public:
+  // Throws std::runtime_error if the driver lacks virtual memory management.
+  explicit VmmBackend(int device);
+  ~VmmBackend() override;
+
+  // True when `device` supports cuMem* virtual memory management (probes
+  // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED; false, not an
+  // error, when the driver entry points are missing).
+  static bool device_supports_vmm(int device);
+
+  std::string name() const override { return "vmm"; }
+  bool supports_vmm() const override { return true; }
+  std::size_t granularity() const override { return granularity_; }
+  MemInfo mem_info() override;
+
+  Addr reserve(std::size_t bytes) override;
+  void unreserve(Addr base, std::size_t bytes) override;
+  GranuleHandle create_granule() override;
+  void release_granule(GranuleHandle handle) override;
+  void map(Addr at, const GranuleHandle* handles, std::size_t count) override;
+  void unmap(Addr at, std::size_t count) override;
+
+  Addr allocate_segment(std::size_t bytes) override;
+  void free_segment(Addr base, std::size_t bytes) override;
+
+  EventHandle record_event(StreamId stream) override;
+  bool event_completed(EventHandle event) override;
+  void synchronize_event(EventHandle event) override;
+  void destroy_event(EventHandle event) override;
+
+  int device() const { return device_; }
+
+ private:
+  const DriverApi& api_;
+  int device_;
+  std::size_t granularity_ = 0;
+  cuda::FencePool fences_;
+};
+
+}  // namespace torchmem

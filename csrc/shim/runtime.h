@@ -1,0 +1,97 @@
+// runtime.h: the installed allocator as plain C++: per-device pools, the
+// config they are built from, and the Python-facing callbacks.
+//
+// This header includes no torch and no CUDA headers, so the pybind11 bindings
+// (csrc/bindings/runtime_bindings_cuda.cpp) stay quick to compile. The torch-
+// facing parts live in runtime.cpp (the extern "C" alloc/free torch calls, the
+// OOM error) and install.cpp (CUDAPluggableAllocator and its hooks).
+//
+// Note [Lock order] Each device's Pool has one mutex (pool.h). The runtime adds
+// a registry mutex (taken only to create a device's state) and, per device, a
+// capture mutex (the active private-pool filters). Neither is ever held while
+// taking a pool's mutex, and no lock is held while Python code runs (the OOM
+// callback and the context provider run with nothing of ours locked).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/pool.h"
+
+struct CUstream_st;  // cudaStream_t is CUstream_st*: named here without CUDA headers
+
+namespace torchmem::shim {
+
+using CudaStream = CUstream_st*;
+using MempoolKey = std::pair<unsigned long long, unsigned long long>;  // torch's MempoolId_t
+
+// The budget as the user gave it; resolved per device when its pool is made.
+struct LimitSpec {
+  enum class Kind { kNone, kBytes, kFraction };
+  Kind kind = Kind::kNone;
+  std::size_t bytes = 0;
+  double fraction = 0.0;
+};
+
+struct RuntimeConfig {
+  PoolConfig pool;               // limit_bytes is ignored: see `limit`
+  LimitSpec limit;
+  int oom_hook_retries = 3;
+  std::string backend = "auto";  // "auto" (vmm where supported), "vmm", "cuda_malloc"
+};
+
+// ---- configuration and install ----------------------------------------------
+// Sets the config for pools made from now on. Throws std::invalid_argument if a
+// pool exists already and `config` differs from the one in force (pools are
+// never rebuilt: they own live memory).
+void configure(const RuntimeConfig& config);
+bool is_configured();
+// Whether torch's current CUDA allocator has initialized (then it cannot be
+// swapped). Defined in install.cpp.
+bool torch_allocator_initialized();
+// configure(), then swap torch's allocator for torchmem's (install.cpp). Throws
+// std::runtime_error if torch's allocator initialized already.
+void install(const RuntimeConfig& config);
+bool is_installed();
+void mark_installed();
+
+// ---- per-device pools ---------------------------------------------------------
+// The pool of `device`, made at first use with the configured (or default) config.
+Pool& device_pool(int device);
+std::vector<int> devices();        // devices that have a pool, ascending
+std::string backend_name(int device);
+MemInfo device_mem_info(int device);
+std::size_t empty_cache();         // release_cached() on every pool; bytes returned
+void set_trace_capacity(std::size_t entries);  // for pools made later, and the live ones' configs are fixed: see runtime.cpp
+
+// ---- callbacks (Python, through the bindings) ---------------------------------
+// Called after a failed allocation with no torchmem lock held; returns true if it
+// freed memory (the allocation is retried, at most oom_hook_retries times).
+using OomCallback = std::function<bool(int device, std::size_t requested)>;
+void set_oom_callback(OomCallback callback);  // empty = none
+// Called before each allocation; its value becomes the TraceEntry context.
+using ContextProvider = std::function<std::uint64_t()>;
+void set_context_provider(ContextProvider provider);
+
+// ---- what torch calls (also used by the hooks in install.cpp) -----------------
+// Throw c10::OutOfMemoryError (allocate_or_throw) or return nullptr (allocate_or_null).
+void* allocate_or_throw(std::size_t size, int device, CudaStream stream);
+void* allocate_or_null(std::size_t size, int device, CudaStream stream);
+void deallocate(void* ptr, int device);
+void record_stream(void* ptr, CudaStream stream);
+void* base_allocation(void* ptr, std::size_t* size);
+void set_memory_fraction(double fraction, int device);
+void begin_allocate_to_pool(int device, MempoolKey key, std::function<bool(CudaStream)> filter);
+void end_allocate_to_pool(int device, MempoolKey key);
+void release_pool(int device, MempoolKey key);
+
+// ---- measurement helpers for bench/gpu_probe.py (runtime_probe.cpp) -----------
+// Times each backend primitive `repeats` times on `device` outside any pool and
+// returns (name, mean microseconds) pairs.
+std::vector<std::pair<std::string, double>> probe_backend_costs(int device, int repeats, std::size_t granules);
+
+}  // namespace torchmem::shim

@@ -1,0 +1,101 @@
+// runtime_probe.cpp: times the CUDA backends' primitives on a real device, for
+// bench/gpu_probe.py and BENCHMARKS.md ("time per backend call on the H200").
+//
+// Runs on fresh backends outside every pool, so it measures the driver, not
+// torchmem's policy. Memory used is `granules` granules and one 1 GiB segment.
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/cuda_malloc_backend_cuda.h"
+#include "backend/vmm_backend_cuda.h"
+#include "shim/runtime.h"
+
+namespace torchmem::shim {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double micros_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+}
+
+struct Timer {
+  double total_us = 0;
+  int calls = 0;
+  template <typename Fn>
+  void time(Fn&& fn) {
+    auto start = Clock::now();
+    fn();
+    total_us += micros_since(start);
+    calls += 1;
+  }
+  double mean() const { return calls ? total_us / calls : 0.0; }
+};
+
+}  // namespace
+
+std::vector<std::pair<std::string, double>> probe_backend_costs(int device, int repeats, std::size_t granules) {
+  if (repeats <= 0 || granules == 0) throw std::invalid_argument("probe: repeats and granules must be > 0");
+  std::vector<std::pair<std::string, double>> out;
+  if (VmmBackend::device_supports_vmm(device)) {
+    VmmBackend vmm(device);
+    const std::size_t g = vmm.granularity();
+    const std::size_t span = granules * g;
+    Timer reserve, create, first_map, remap, unmap, release;
+    // Fresh virtual ranges each round: the first cuMemSetAccess on a range is the costly one.
+    for (int r = 0; r < repeats; ++r) {
+      Addr base = 0;
+      reserve.time([&] { base = vmm.reserve(span * 2); });
+      if (base == 0) throw std::runtime_error("probe: cuMemAddressReserve failed");
+      std::vector<GranuleHandle> handles(granules);
+      for (auto& h : handles) {
+        create.time([&] { h = vmm.create_granule(); });
+        if (h == 0) throw std::runtime_error("probe: out of memory creating granules");
+      }
+      first_map.time([&] { vmm.map(base, handles.data(), granules); });
+      unmap.time([&] { vmm.unmap(base, granules); });
+      remap.time([&] { vmm.map(base + span, handles.data(), granules); });  // a second, adjacent place
+      vmm.unmap(base + span, granules);
+      for (auto h : handles) release.time([&] { vmm.release_granule(h); });
+      vmm.unreserve(base, span * 2);
+    }
+    out.emplace_back("granularity_bytes", static_cast<double>(g));
+    out.emplace_back("granules_per_map", static_cast<double>(granules));
+    out.emplace_back("cuMemAddressReserve_us", reserve.mean());
+    out.emplace_back("cuMemCreate_us_per_granule", create.mean());
+    out.emplace_back("map_and_set_access_us_per_call", first_map.mean());
+    out.emplace_back("map_and_set_access_again_us_per_call", remap.mean());
+    out.emplace_back("cuMemUnmap_us_per_call", unmap.mean());
+    out.emplace_back("cuMemRelease_us_per_granule", release.mean());
+  }
+  CudaMallocBackend plain(device);
+  for (std::size_t bytes : {std::size_t{2} * kMiB, std::size_t{20} * kMiB, std::size_t{1} * kGiB}) {
+    Timer malloc_timer, free_timer;
+    for (int r = 0; r < repeats; ++r) {
+      Addr base = 0;
+      malloc_timer.time([&] { base = plain.allocate_segment(bytes); });
+      if (base == 0) throw std::runtime_error("probe: out of memory in cudaMalloc");
+      free_timer.time([&] { plain.free_segment(base, bytes); });
+    }
+    std::string size = std::to_string(bytes / kMiB) + "MiB";
+    out.emplace_back("cudaMalloc_" + size + "_us", malloc_timer.mean());
+    out.emplace_back("cudaFree_" + size + "_us", free_timer.mean());
+  }
+  Timer record, query;
+  for (int r = 0; r < repeats; ++r) {
+    EventHandle event = 0;
+    record.time([&] { event = plain.record_event(0); });
+    plain.synchronize_event(event);
+    query.time([&] { plain.event_completed(event); });
+    plain.destroy_event(event);
+  }
+  out.emplace_back("event_record_us", record.mean());
+  out.emplace_back("event_query_us", query.mean());
+  return out;
+}
+
+}  // namespace torchmem::shim

@@ -1,0 +1,186 @@
+"""Swapping PyTorch's CUDA caching allocator for torchmem's pool.
+
+``torchmem.install()`` is the one line a user adds, right after ``import torch``.
+The swap itself happens in C++ (csrc/shim/install.cpp) because torch's
+CUDA-graph pool hooks take C++ ``std::function`` arguments that a ctypes
+function pointer cannot provide. Everything that can go wrong is checked here
+first, in the order a user would want to hear about it: a bad option
+(``ValueError``), no GPU, a torchmem built without CUDA, and a CUDA allocator
+that already initialized (``RuntimeError`` saying where to call install()).
+
+``mem_pool_allocator()`` is the other way in: a ``CUDAPluggableAllocator`` over
+torchmem's pool for a scoped ``torch.cuda.MemPool``, with PyTorch's own
+allocator left in charge everywhere else.
+"""
+
+import importlib
+import threading
+import warnings
+
+import torch
+
+from torchmem import config as _config
+from torchmem._loader import _C
+
+__all__ = ["install", "is_installed", "mem_pool_allocator"]
+
+_lock = threading.Lock()
+_installed_config = None
+_mem_pool_allocator = None
+_warned_unsupported = False
+
+_INIT_ORDER_HELP = (
+    "PyTorch's CUDA allocator initializes on the first CUDA tensor or torch.cuda call "
+    "(torch.cuda.init(), set_device, memory queries, ...), and an initialized allocator "
+    "cannot be swapped. Call torchmem.install() right after `import torch`, before "
+    "anything touches CUDA (or set TORCHMEM_CONF and install at the top of your script)."
+)
+
+
+def _runtime_options(cfg):
+    """The dict _C.runtime_install takes: PoolConfig fields without limit_bytes
+    (the limit is resolved per device in C++), plus limit and oom_hook_retries."""
+    options = cfg.core_dict(0)
+    del options["limit_bytes"]
+    options["limit"] = cfg.limit
+    options["oom_hook_retries"] = int(cfg.oom_hook_retries)
+    return options
+
+
+def _require_cuda_runtime():
+    if not _C.build_info()["cuda_backends"]:
+        raise RuntimeError(
+            "torchmem was built without CUDA (no CUDA toolkit or a CPU-only torch at build time), so it "
+            "cannot replace the GPU allocator; rebuild with a CUDA torch and toolkit present "
+            "(`pip install --no-build-isolation -e .`). Trace replay works without CUDA."
+        )
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "torchmem needs a CUDA GPU: torch.cuda.is_available() is False on this machine. "
+            "Without a GPU, use `python -m torchmem replay` to study a recorded trace."
+        )
+
+
+def _warn_unsupported_once():
+    global _warned_unsupported
+    if _warned_unsupported:
+        return
+    _warned_unsupported = True
+    problems = []
+    if torch.backends.cudnn.benchmark:
+        problems.append(
+            "torch.backends.cudnn.benchmark=True is set: cuDNN's autotuner asks the allocator for cacheInfo, "
+            "which no pluggable allocator supports; set it to False"
+        )
+    problems.append('torch.compile(mode="reduce-overhead") (cudagraph trees check pool internals)')
+    problems.append("sharing CUDA tensors between processes (CUDA IPC)")
+    warnings.warn(
+        "torchmem is installed as PyTorch's CUDA allocator. PyTorch does not support these with any "
+        "pluggable allocator: " + "; ".join(problems) + ". (Silence with warn_unsupported=False.)",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
+def _optional(module_name):
+    """A torchmem module written by another part of the project, or None while it does not exist."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            return None
+        raise
+
+
+def install(**options):
+    """Replace PyTorch's CUDA caching allocator with torchmem's pool; returns the Config in force.
+
+    Options are those of ``torchmem.Config`` (see docs/config.md), read from
+    ``TORCHMEM_CONF="key=value,..."`` and overridden by keyword arguments. Call it
+    right after ``import torch``. Calling it again with the same options is a
+    no-op; with different options it raises ``RuntimeError`` (the pools already
+    hold memory). Raises ``ValueError`` for a bad option, before anything changes.
+    """
+    global _installed_config
+    cfg = _config.from_env_and_kwargs(**options)
+    with _lock:
+        if _installed_config is not None:
+            if cfg == _installed_config:
+                return _installed_config
+            raise RuntimeError(
+                f"torchmem is already installed with {_installed_config!r}; it cannot be re-installed with "
+                f"{cfg!r} in the same process (its pools hold memory). Install once, with the options you want."
+            )
+        _require_cuda_runtime()
+        if _C.runtime_allocator_initialized():
+            raise RuntimeError("torchmem.install() came too late. " + _INIT_ORDER_HELP)
+        try:
+            _C.runtime_install(_runtime_options(cfg), cfg.backend)
+        except ValueError as exc:
+            if "already configured" in str(exc):  # mem_pool_allocator() made pools with other options
+                raise RuntimeError(f"torchmem.install() failed: {exc}") from None
+            raise
+        _installed_config = cfg
+    if cfg.warn_unsupported:
+        _warn_unsupported_once()
+    hooks = _optional("torchmem.hooks")
+    if hooks is not None and hasattr(hooks, "_attach_runtime"):
+        hooks._attach_runtime()
+    if cfg.patch_torch:
+        patch = _optional("torchmem.patch")
+        if patch is not None:
+            patch.patch_torch()
+    return cfg
+
+
+def is_installed():
+    """True when torchmem's pool is PyTorch's current CUDA allocator in this process."""
+    if not _C.build_info()["cuda_backends"]:
+        return False
+    return bool(_C.runtime_is_installed())
+
+
+def installed_config():
+    """The Config passed to install(), or None if torchmem is not installed."""
+    return _installed_config
+
+
+def mem_pool_allocator(**options):
+    """A ``torch.cuda.memory.CUDAPluggableAllocator`` over torchmem's pool, for
+    ``torch.cuda.MemPool(allocator)``: PyTorch's allocator stays in charge and asks
+    torchmem for whole segments inside ``torch.cuda.use_mem_pool(pool)``.
+
+    Its alloc returns nullptr (not an exception) when memory is short, as that
+    path requires. Options configure torchmem's pools if nothing configured them
+    yet (install() did, or an earlier call here); the same object is returned on
+    every call and lives as long as the process, as torch requires.
+    """
+    global _mem_pool_allocator
+    _require_cuda_runtime()
+    with _lock:
+        if _mem_pool_allocator is not None and not options:
+            return _mem_pool_allocator
+        if not _C.runtime_is_configured() or options:
+            cfg = _config.from_env_and_kwargs(**options)
+            _C.runtime_configure(_runtime_options(cfg), cfg.backend)
+        if _mem_pool_allocator is None:
+            _mem_pool_allocator = torch.cuda.memory.CUDAPluggableAllocator(
+                _C.__file__, "torchmem_pool_alloc", "torchmem_pool_free"
+            )
+        return _mem_pool_allocator
+
+
+class _CallableModule(type(importlib)):
+    """Note [install is both a module and a function]: `torchmem.install` is the
+    function, but importing the submodule (`from torchmem.install import
+    mem_pool_allocator`) makes Python bind the module object to the package's
+    `install` attribute. Calling the module forwards to install(), so
+    `torchmem.install()` works whichever got bound."""
+
+    def __call__(self, **options):
+        return install(**options)
+
+
+import sys as _sys  # noqa: E402
+
+_sys.modules[__name__].__class__ = _CallableModule
