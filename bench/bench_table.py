@@ -1,0 +1,91 @@
+"""Markdown tables from the JSON lines of bench/gpu_workloads.py and
+bench/churn_microbench.py (as written by bench/run_gpu_bench.sh).
+
+    python bench/bench_table.py RESULTS.jsonl
+
+Per workload and allocator: peak allocated, peak reserved and device memory used
+(MiB, medians over repeats), reserved/allocated ratio, median step time with its
+spread over repeats (max - min of the per-run medians) and its ratio to native.
+"""
+
+import collections
+import json
+import statistics
+import sys
+
+ORDER = ("native", "expandable", "async", "torchmem")
+
+
+def mib(value):
+    return "-" if value is None else f"{value / 2**20:,.0f}"
+
+
+def load(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def workload_table(rows):
+    groups = collections.defaultdict(list)
+    for row in rows:
+        if row.get("workload") != "microbench":
+            groups[(row["workload"], row["allocator"])].append(row)
+    lines = ["| workload | allocator | runs | peak allocated MiB | peak reserved MiB | device used MiB | ratio "
+             "| median step ms (spread) | step vs native |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for workload in sorted({w for w, _ in groups}):
+        native = groups.get((workload, "native"))
+        native_step = statistics.median(r["median_step_s"] for r in native) if native else None
+        for allocator in ORDER:
+            runs = groups.get((workload, allocator))
+            if not runs:
+                continue
+            med = lambda key: statistics.median(r[key] for r in runs if r.get(key) is not None)  # noqa: E731
+            steps = [r["median_step_s"] for r in runs]
+            step = statistics.median(steps)
+            spread = max(steps) - min(steps)
+            vs_native = f"{step / native_step:.3f}" if native_step else "-"
+            lines.append(
+                f"| {workload} | {allocator} | {len(runs)} | {mib(med('peak_allocated'))} | "
+                f"{mib(med('peak_reserved'))} | {mib(med('device_used_peak'))} | {med('ratio'):.3f} | "
+                f"{step * 1e3:.1f} ({spread * 1e3:.1f}) | {vs_native} |"
+            )
+    return "\n".join(lines)
+
+
+def churn_table(rows):
+    groups = collections.defaultdict(list)
+    for row in rows:
+        if row.get("workload") == "microbench":
+            groups[row["allocator"]].append(row)
+    if not groups:
+        return ""
+    lines = ["| allocator | runs | torch.empty churn us (spread) | ratio |", "|---|---|---|---|"]
+    for allocator in ORDER:
+        runs = groups.get(allocator)
+        if not runs:
+            continue
+        means = [r["mean_s_per_alloc"] for r in runs]
+        spread = max(max(r["rounds_s_per_alloc"]) - min(r["rounds_s_per_alloc"]) for r in runs)
+        ratio = statistics.median(r["ratio"] for r in runs if r.get("ratio"))
+        lines.append(f"| {allocator} | {len(runs)} | {statistics.median(means) * 1e6:.2f} ({spread * 1e6:.2f}) "
+                     f"| {ratio:.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python bench/bench_table.py RESULTS.jsonl", file=sys.stderr)
+        return 2
+    rows = load(argv[0])
+    print(workload_table(rows))
+    churn = churn_table(rows)
+    if churn:
+        print()
+        print(churn)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

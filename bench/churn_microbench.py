@@ -1,0 +1,86 @@
+"""The Python-level allocation churn microbenchmark (the `microbench` row of
+torchmem/data/anchors.jsonl): mean seconds of one `torch.empty` of a mixed size
+that replaces one of 64 live tensors (so each iteration is one malloc and one
+free through the whole PyTorch stack), under one allocator per process.
+
+    python bench/churn_microbench.py --allocator torchmem --iters 200000 --out results.jsonl
+
+Sizes are drawn log-uniformly from 512 B to 16 MiB and precomputed, with the
+slot to replace, so the timed loop holds nothing but the allocation churn.
+Anchors on the H200 (torch 2.11): native 2.7 us, expandable 3.2, cudaMallocAsync 4.3.
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import time
+
+ALLOC_CONF = {"expandable": "expandable_segments:True", "async": "backend:cudaMallocAsync"}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--allocator", choices=("native", "expandable", "async", "torchmem"), required=True)
+    parser.add_argument("--iters", type=int, default=200_000)
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds; the median is reported")
+    parser.add_argument("--live", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", help="JSON-lines file to append the result to")
+    args = parser.parse_args(argv)
+
+    if args.allocator in ALLOC_CONF:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ALLOC_CONF[args.allocator]
+    import torch
+
+    if args.allocator == "torchmem":
+        import torchmem
+
+        torchmem.install(patch_torch=False, warn_unsupported=False)
+
+    rng = random.Random(args.seed)
+    low, high = math.log(512), math.log(16 << 20)
+    sizes = [int(math.exp(rng.uniform(low, high))) for _ in range(args.iters)]
+    slots = [rng.randrange(args.live) for _ in range(args.iters)]
+    empty, device, dtype = torch.empty, torch.device("cuda"), torch.uint8
+
+    live = [empty(sizes[i], dtype=dtype, device=device) for i in range(args.live)]
+    for size, slot in zip(sizes[: args.iters // 10], slots):  # warm the caches
+        live[slot] = empty(size, dtype=dtype, device=device)
+    torch.cuda.synchronize()
+
+    rounds = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        for size, slot in zip(sizes, slots):
+            live[slot] = empty(size, dtype=dtype, device=device)
+        rounds.append((time.perf_counter() - start) / args.iters)
+    torch.cuda.synchronize()
+
+    if args.allocator == "torchmem":
+        from torchmem import _C
+
+        stats = _C.runtime_stats(torch.cuda.current_device())
+        peak_alloc, peak_reserved = stats["allocated_bytes"]["all"]["peak"], stats["reserved_bytes"]["all"]["peak"]
+    else:
+        peak_alloc, peak_reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+    result = {
+        "workload": "microbench", "allocator": args.allocator, "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(), "iters": args.iters, "repeats": args.repeats,
+        "mean_s_per_alloc": statistics.median(rounds), "rounds_s_per_alloc": rounds,
+        "spread_s": max(rounds) - min(rounds),
+        "peak_allocated": peak_alloc, "peak_reserved": peak_reserved,
+        "ratio": peak_reserved / peak_alloc if peak_alloc else None,
+    }
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(json.dumps(result) + "\n")
+    print(json.dumps({k: result[k] for k in ("allocator", "mean_s_per_alloc", "spread_s", "ratio")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Times the CUDA backends' driver calls on this GPU, for BENCHMARKS.md:
+cuMemAddressReserve, cuMemCreate, cuMemMap + cuMemSetAccess (first time on a
+range, and again), cuMemUnmap, cuMemRelease, cudaMalloc / cudaFree (2 MiB,
+20 MiB, 1 GiB) and event record / query.
+
+    python bench/gpu_probe.py [--device 0] [--repeats 20] [--granules 1 16] [--out probe.json]
+
+The timing loop is C++ (torchmem._C.runtime_probe_backend) on fresh backends,
+outside any pool, so the figures are the driver's, not torchmem's policy's.
+torchmem is NOT installed as the allocator here; the probe needs no torch tensors.
+"""
+
+import argparse
+import json
+import sys
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--granules", type=int, nargs="+", default=[1, 16],
+                        help="granules per map/unmap call (one run each)")
+    parser.add_argument("--out", help="write the figures as JSON here")
+    args = parser.parse_args(argv)
+
+    import torch
+    from torchmem import _C
+
+    if not torch.cuda.is_available():
+        print("gpu_probe: no CUDA GPU here", file=sys.stderr)
+        return 2
+    torch.cuda.init()
+    result = {"device": torch.cuda.get_device_name(args.device), "torch": torch.__version__, "runs": []}
+    for granules in args.granules:
+        figures = _C.runtime_probe_backend(args.device, args.repeats, granules)
+        result["runs"].append(figures)
+        print(f"-- {granules} granule(s) per map/unmap call, mean of {args.repeats}")
+        for name, value in figures.items():
+            per = ""
+            if name.endswith("_per_call") and granules > 1:
+                per = f"   ({value / granules:.2f} us per granule)"
+            print(f"{name:40s} {value:12.2f}{per}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

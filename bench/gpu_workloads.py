@@ -1,0 +1,278 @@
+"""One GPU workload under one allocator, in this process; appends a JSON line.
+
+    python bench/gpu_workloads.py --workload gpt2 --allocator torchmem --steps 30 --seed 0 \\
+        --out results.jsonl [--record-trace trace.json.gz]
+
+Why one process per run: an allocator can be chosen only once per process (and
+PYTORCH_CUDA_ALLOC_CONF is read when CUDA initializes), so every (workload,
+allocator) pair runs fresh; bench/run_gpu_bench.sh drives the matrix.
+
+Figures per run (each allocator's own where it has one):
+  peak_allocated   torchmem allocated_bytes.all.peak / torch.cuda.max_memory_allocated
+  peak_requested   requested_bytes.all.peak (unrounded), where the allocator keeps it
+  peak_reserved    torchmem reserved_bytes.all.peak / torch.cuda.max_memory_reserved
+  device_used_peak max over steps of (total - free) from cudaMemGetInfo, minus the
+                   figure measured before the model existed (CUDA context etc.)
+  ratio            peak_reserved / peak_allocated
+  median_step_s    median wall time of a step (synchronized), after warm-up steps
+Workloads: gpt2 (GPT-2 124M, AdamW, bf16 autocast, batch 2..16 x seq 64..1024),
+llama_ckpt (Llama-style ~300M, 16 layers, 1024 wide, GQA 16/4, gradient
+checkpointing, batch 1..8 x seq 128..4096), kv_generate (autoregressive decoding
+with a growing KV cache, varying prompt lengths and batch), vision (torchvision
+resnet50 training at varying resolutions and batch sizes).
+"""
+
+import argparse
+import gzip
+import json
+import os
+import random
+import statistics
+import sys
+import time
+
+ALLOCATORS = ("native", "expandable", "async", "torchmem")
+WORKLOADS = ("gpt2", "llama_ckpt", "kv_generate", "vision")
+ALLOC_CONF = {"expandable": "expandable_segments:True", "async": "backend:cudaMallocAsync"}
+TRACE_ACTIONS = {"alloc": 0, "free_requested": 1, "free_completed": 2, "segment_alloc": 3, "segment_free": 4,
+                 "segment_map": 5, "segment_unmap": 6, "oom": 7}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workload", choices=WORKLOADS, required=True)
+    parser.add_argument("--allocator", choices=ALLOCATORS, required=True)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=3, help="steps excluded from the step-time median")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True, help="JSON-lines file to append the result to")
+    parser.add_argument("--record-trace", metavar="PATH", help="record torch's memory history (native only)")
+    parser.add_argument("--torchmem-conf", default="", help="extra torchmem options, key=value,...")
+    args = parser.parse_args(argv)
+    if args.record_trace and args.allocator != "native":
+        parser.error("--record-trace needs --allocator native (torch's history exists only there)")
+    if args.steps <= args.warmup:
+        parser.error("--steps must exceed --warmup")
+    return args
+
+
+# ---- allocators -----------------------------------------------------------------
+
+def setup_allocator(args):
+    """Chooses the allocator; must run before torch initializes CUDA."""
+    if args.allocator in ALLOC_CONF:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ALLOC_CONF[args.allocator]
+    else:
+        os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    import torch
+
+    if args.allocator == "torchmem":
+        import torchmem
+        from torchmem.config import parse_conf_string
+
+        torchmem.install(patch_torch=False, warn_unsupported=False, **parse_conf_string(args.torchmem_conf))
+    return torch
+
+
+def memory_figures(torch, allocator):
+    if allocator == "torchmem":
+        from torchmem import _C
+
+        stats = _C.runtime_stats(torch.cuda.current_device())
+        return {
+            "peak_allocated": stats["allocated_bytes"]["all"]["peak"],
+            "peak_requested": stats["requested_bytes"]["all"]["peak"],
+            "peak_reserved": stats["reserved_bytes"]["all"]["peak"],
+            "num_device_alloc": stats["num_device_alloc"],
+            "num_device_free": stats["num_device_free"],
+            "num_reclaims": stats.get("num_reclaims"),
+            "num_alloc_retries": stats["num_alloc_retries"],
+            "backend_calls": stats.get("backend"),
+        }
+    stats = torch.cuda.memory_stats()
+    return {
+        "peak_allocated": torch.cuda.max_memory_allocated(),
+        "peak_requested": stats.get("requested_bytes.all.peak"),
+        "peak_reserved": torch.cuda.max_memory_reserved(),
+        "num_device_alloc": stats.get("num_device_alloc"),
+        "num_device_free": stats.get("num_device_free"),
+        "num_alloc_retries": stats.get("num_alloc_retries"),
+    }
+
+
+def reset_peaks(torch, allocator):
+    if allocator == "torchmem":
+        from torchmem import _C
+
+        _C.runtime_reset_peak_stats(torch.cuda.current_device())
+    else:
+        torch.cuda.reset_peak_memory_stats()
+
+
+# ---- workloads: each returns a step(rng) callable ------------------------------------
+
+def gpt2_workload(torch):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config()).cuda()
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    vocab = model.config.vocab_size
+
+    def step(rng):
+        batch, seq = rng.randint(2, 16), rng.randint(64, 1024)
+        ids = torch.randint(0, vocab, (batch, seq), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return {"batch": batch, "seq": seq, "loss": float(loss)}
+
+    return step
+
+
+def llama_workload(torch):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=16,
+                         num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=4096)
+    model = LlamaForCausalLM(config).cuda()
+    model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(rng):
+        batch, seq = rng.randint(1, 8), rng.randint(128, 4096)
+        ids = torch.randint(0, config.vocab_size, (batch, seq), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return {"batch": batch, "seq": seq, "loss": float(loss)}
+
+    return step
+
+
+def kv_generate_workload(torch):
+    """Greedy decoding with HF's growing KV cache (torch.cat per token): every
+    request has its own prompt length, batch and output length."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_positions=2048)).cuda().to(torch.bfloat16).eval()
+    vocab = model.config.vocab_size
+
+    @torch.no_grad()
+    def step(rng):
+        batch, prompt, new = rng.randint(1, 32), rng.randint(16, 1024), rng.randint(32, 256)
+        ids = torch.randint(0, vocab, (batch, prompt), device="cuda")
+        out = model(input_ids=ids, use_cache=True)
+        past = out.past_key_values
+        token = out.logits[:, -1:].argmax(-1)
+        for _ in range(new):
+            out = model(input_ids=token, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            token = out.logits[:, -1:].argmax(-1)
+        return {"batch": batch, "seq": prompt + new}
+
+    return step
+
+
+def vision_workload(torch):
+    import torchvision
+
+    model = torchvision.models.resnet50(num_classes=1000).cuda().to(memory_format=torch.channels_last)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step(rng):
+        batch, size = rng.randint(16, 96), rng.choice([128, 160, 192, 224, 256, 288, 320])
+        images = torch.randn(batch, 3, size, size, device="cuda").to(memory_format=torch.channels_last)
+        labels = torch.randint(0, 1000, (batch,), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return {"batch": batch, "seq": size, "loss": float(loss)}
+
+    return step
+
+
+BUILDERS = {"gpt2": gpt2_workload, "llama_ckpt": llama_workload, "kv_generate": kv_generate_workload,
+            "vision": vision_workload}
+
+
+# ---- traces -------------------------------------------------------------------------
+
+def write_trace(torch, path, workload):
+    """torch's memory history -> the shared trace format (torchmem/data/traces/README.md)."""
+    snapshot = torch.cuda.memory._snapshot()
+    device = torch.cuda.current_device()
+    events = []
+    for entry in snapshot["device_traces"][device]:
+        code = TRACE_ACTIONS.get(entry["action"])
+        if code is None:
+            continue
+        addr = entry.get("addr", entry.get("device_free", 0))
+        events.append([code, int(addr), int(entry.get("size", 0)), int(entry.get("stream", 0))])
+    doc = {"workload": workload, "torch": torch.__version__, "device": torch.cuda.get_device_name(device),
+           "actions": {str(code): name for name, code in TRACE_ACTIONS.items()}, "events": events}
+    with gzip.open(path, "wt") as f:
+        json.dump(doc, f)
+    return len(events)
+
+
+# ---- the run --------------------------------------------------------------------------
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch = setup_allocator(args)
+    rng = random.Random(args.seed)
+    torch.manual_seed(args.seed)
+    torch.cuda.init()
+    total = torch.cuda.mem_get_info()[1]
+    baseline_used = total - torch.cuda.mem_get_info()[0]
+    if args.record_trace:
+        torch.cuda.memory._record_memory_history(max_entries=5_000_000, context=None, stacks="python")
+    step = BUILDERS[args.workload](torch)
+    reset_peaks(torch, args.allocator)
+    times, device_used_peak, info = [], 0, {}
+    wall_start = time.perf_counter()
+    for i in range(args.steps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        info = step(rng)
+        torch.cuda.synchronize()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - start)
+        free, _ = torch.cuda.mem_get_info()
+        device_used_peak = max(device_used_peak, total - free - baseline_used)
+    wall = time.perf_counter() - wall_start
+    figures = memory_figures(torch, args.allocator)
+    result = {
+        "workload": args.workload, "allocator": args.allocator, "seed": args.seed, "steps": args.steps,
+        "warmup": args.warmup, "torch": torch.__version__, "device": torch.cuda.get_device_name(),
+        **figures,
+        "device_used_peak": device_used_peak,
+        "ratio": figures["peak_reserved"] / figures["peak_allocated"] if figures["peak_allocated"] else None,
+        "device_ratio": device_used_peak / figures["peak_allocated"] if figures["peak_allocated"] else None,
+        "median_step_s": statistics.median(times),
+        "mean_step_s": statistics.fmean(times),
+        "total_s": sum(times), "wall_s": wall,
+        "last_step": info,
+    }
+    if args.record_trace:
+        result["trace_events"] = write_trace(torch, args.record_trace, args.workload)
+        torch.cuda.memory._record_memory_history(enabled=None)
+    with open(args.out, "a") as f:
+        f.write(json.dumps(result) + "\n")
+    print(json.dumps({k: result[k] for k in ("workload", "allocator", "peak_allocated", "peak_reserved", "ratio",
+                                              "device_used_peak", "median_step_s")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
