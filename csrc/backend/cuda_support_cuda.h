@@ -18,7 +18,9 @@
 // first time it is polled after the capture ended (it then still covers every
 // piece of work queued on that stream before the free). Until then it reads as
 // not completed, so the pool keeps the memory and creates new granules rather
-// than reusing memory that pre-capture kernels may still read.
+// than reusing memory that pre-capture kernels may still read. Waiting on such
+// a fence (the OOM ladder) returns at once: torch.cuda.graph synchronizes the
+// device before a capture begins, so no pre-capture work is left to wait for.
 #pragma once
 
 #include <cuda_runtime_api.h>

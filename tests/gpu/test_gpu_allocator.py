@@ -127,6 +127,12 @@ def test_cuda_graph_capture_and_replay():
         except RuntimeError as exc:
             print("UNSUPPORTED", exc)
             sys.exit(0)
+        # The graph's memory (its intermediates too, freed during capture) must
+        # stay mapped for replays, whatever the shared pool does meanwhile.
+        churn = [torch.empty(n << 20, dtype=torch.uint8, device="cuda") for n in (1, 3, 64, 7, 200)]
+        del churn
+        torch.cuda.empty_cache()
+        churn = [torch.ones(n << 20, dtype=torch.uint8, device="cuda") for n in (5, 90, 2, 300)]
         for i in range(5):
             data = torch.randn(1 << 20, device="cuda")
             static_in.copy_(data)
