@@ -339,7 +339,7 @@ std::vector<NativeSegment> NativeModel::segments() const {
     segment.small_pool = record.small_pool;
     segment.stream = record.stream;
     while (i < blocks.size() && blocks[i]->addr < base + record.size) {
-      segment.blocks.push_back({blocks[i]->addr, blocks[i]->size, blocks[i]->allocated});
+      segment.blocks.push_back({blocks[i]->addr, blocks[i]->size, blocks[i]->requested, blocks[i]->allocated});
       ++i;
     }
     result.push_back(std::move(segment));

@@ -4,11 +4,10 @@
 //
 // It keeps the native allocator's policy and nothing else: no CUDA, no
 // threads, no events. Addresses are fake (see Note [Descending addresses] in
-// the .cpp), and the
-// only "device calls" are segment allocations and frees, which are counted and
-// given a modeled cost. It is faithful enough to reproduce a trace's recorded
-// peak reserved bytes (the sum of live segment_alloc events) within 1%; the
-// tests hold it to that on both shared traces.
+// the .cpp), and the only "device calls" are segment allocations and frees,
+// which are counted and given a modeled cost. It reproduces the recorded
+// segment_alloc sequence of both shared traces exactly (so their native peak
+// reserved bytes too); the tests hold it to within 1% of the recorded peak.
 //
 // Note [Native policy] (what PyTorch does, as modeled here)
 // - Every request rounds up to a multiple of 512 B (kMinBlockSize).
@@ -91,6 +90,7 @@ struct NativeSegment {
   struct Block {
     Addr addr;
     std::size_t size;
+    std::size_t requested;  // 0 for free blocks
     bool allocated;
   };
   std::vector<Block> blocks;

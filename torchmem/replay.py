@@ -1,0 +1,213 @@
+"""Replay recorded allocator traces under torchmem's pool or a model of PyTorch's
+native allocator, on the CPU.
+
+This is how torchmem's fragmentation figures are measured without a GPU: the
+trace's allocs and frees run, in order, through the exact pool code that runs on
+the GPU (over a simulated device) or through ``native_model.h``, a model of
+PyTorch's caching allocator that reproduces the recorded segment sequence of the
+bundled traces. The work happens in C++ (``csrc/core/replay.cpp``); this module
+loads traces, turns torchmem options into the pool's config and returns plain
+dataclasses.
+
+Figures (see ``ReplayResult``): ``ratio`` = peak reserved / peak requested (1.0 is
+no waste); ``min_cap`` = the smallest budget under which the trace replays with no
+OOM (bisection to one 2 MiB granule), ``min_cap_ratio`` = min_cap / peak requested.
+"""
+
+import dataclasses
+import time
+
+import numpy as np
+
+from torchmem import trace as trace_io
+from torchmem._loader import _C
+from torchmem.config import Config, parse_conf_string
+
+POLICIES = ("torchmem", "native")
+# The traces' device: an H200 reports ~140 GiB. A replay fails only past this.
+DEFAULT_CAPACITY = 140 << 30
+GRANULE = 2 << 20
+
+__all__ = [
+    "POLICIES", "DEFAULT_CAPACITY", "ReplayResult", "replay", "find_min_cap",
+    "snapshot_at", "torch_snapshot_at_peak", "reserved_timeline", "pool_config",
+]
+
+
+@dataclasses.dataclass
+class ReplayResult:
+    """What one policy held while replaying one trace."""
+
+    trace: str                 # the path (or name) given
+    policy: str                # "torchmem" | "native"
+    events: int                # trace rows walked
+    peak_requested: int        # peak of live requested bytes
+    peak_reserved: int         # peak bytes held from the (simulated) device
+    ratio: float               # peak_reserved / peak_requested
+    ooms: int                  # allocations that failed (the replay goes on)
+    backend_calls: dict        # calls by kind (create/map/unmap/... or segment_alloc/free)
+    modeled_backend_us: float  # those calls at the measured H200 costs
+    peak_reserved_event: int   # first event index at which peak_reserved was reached
+    allocs: int = 0
+    frees: int = 0
+    reclaims: int = 0          # torchmem: granules stitched from cached free space
+    alloc_retries: int = 0
+    final_reserved: int = 0
+    skipped_frees: int = 0     # frees of allocations that failed
+    unmatched_frees: int = 0   # frees of addresses the trace never allocated
+    lost_frees: int = 0        # allocs over a live address (the trace lost a free)
+    limit: int = 0             # the budget replayed under (0 = device capacity)
+    seconds: float = 0.0       # wall time of the replay (and min-cap search)
+    recorded_peak_reserved: int = None  # the recording allocator's own peak, if the trace has segment events
+    min_cap: int = None        # with min_cap=True
+    min_cap_ratio: float = None
+    min_cap_replays: int = None
+
+    def as_dict(self):
+        """A JSON-ready dict (what `replay --json` prints per line)."""
+        return dataclasses.asdict(self)
+
+
+def _as_trace(source, device=None):
+    if isinstance(source, trace_io.Trace):
+        return source
+    if isinstance(source, np.ndarray) or isinstance(source, (list, tuple)):
+        return trace_io.Trace(events=np.asarray(source, dtype=np.int64).reshape(-1, 4))
+    return trace_io.load(source, device=device)
+
+
+def _check_policy(policy):
+    if policy not in POLICIES:
+        raise ValueError(f"unknown replay policy {policy!r}; expected one of {', '.join(POLICIES)}")
+
+
+def pool_config(config=None, capacity=DEFAULT_CAPACITY):
+    """The pool's config dict (PoolConfig fields) for torchmem options: a Config, a dict
+    of options, or a "key=value,..." string (the TORCHMEM_CONF syntax). Options that
+    only matter on a GPU (backend, patch_torch, ...) are accepted and ignored."""
+    if config is None:
+        config = Config()
+    elif isinstance(config, str):
+        config = Config(**parse_conf_string(config))
+    elif isinstance(config, dict):
+        config = Config(**config)
+    elif not isinstance(config, Config):
+        raise ValueError(f"replay config: expected a torchmem.Config, a dict or 'key=value,...', got {type(config).__name__}")
+    return config.core_dict(capacity)
+
+
+def _progress_adapter(progress, label):
+    if progress is None:
+        return None
+    return lambda done, total: progress(label, done, total)
+
+
+def replay(source, policy="torchmem", *, limit=0, config=None, capacity=DEFAULT_CAPACITY, min_cap=False,
+           stop_at=-1, progress=None, device=None, native_config=None, costs=None, name=None):
+    """Replays a trace (a path, a Trace, or an (N, 4) int64 events array) under `policy`
+    ("torchmem" or "native") and returns a ReplayResult.
+
+    ``limit``: budget in bytes for either policy (0 = the config's limit, else the
+    device capacity);
+    ``config``: torchmem options (see ``pool_config``); ``min_cap``: also find the
+    smallest budget with no OOM; ``stop_at``: stop after that event index;
+    ``progress(stage, done, total)``: called now and then while it runs;
+    ``native_config``: {"max_split_size": bytes} for the native model;
+    ``costs``: per-call microseconds overriding the simulated backend's table."""
+    _check_policy(policy)
+    trace = _as_trace(source, device=device)
+    core = pool_config(config, capacity)
+    # One budget for both policies: `limit`, else the config's.
+    budget = int(limit or core["limit_bytes"])
+    label = name or (str(source) if isinstance(source, str) else trace.name)
+    started = time.perf_counter()
+    raw = _C.replay(trace.events, policy, pool_config=core, limit=budget, capacity=int(capacity),
+                    stop_at=int(stop_at), progress=_progress_adapter(progress, f"{trace.name} {policy}"),
+                    native_config=native_config, costs=costs)
+    result = _result_from(raw, label, policy, trace, budget)
+    if min_cap:
+        found = find_min_cap(trace, policy, config=config, capacity=capacity, progress=progress,
+                             native_config=native_config, costs=costs)
+        result.min_cap = found["min_cap"]
+        result.min_cap_ratio = found["min_cap_ratio"]
+        result.min_cap_replays = found["replays"]
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _result_from(raw, label, policy, trace, limit):
+    return ReplayResult(
+        trace=label,
+        policy=policy,
+        events=raw["events"],
+        peak_requested=raw["peak_requested"],
+        peak_reserved=raw["peak_reserved"],
+        ratio=raw["ratio"],
+        ooms=raw["ooms"],
+        backend_calls=dict(raw["backend_calls"]),
+        modeled_backend_us=raw["modeled_backend_us"],
+        peak_reserved_event=raw["peak_reserved_event"],
+        allocs=raw["allocs"],
+        frees=raw["frees"],
+        reclaims=raw["reclaims"],
+        alloc_retries=raw["alloc_retries"],
+        final_reserved=raw["final_reserved"],
+        skipped_frees=raw["skipped_frees"],
+        unmatched_frees=raw["unmatched_frees"],
+        lost_frees=raw["lost_frees"],
+        limit=int(limit or 0),
+        recorded_peak_reserved=trace.recorded_peak_reserved(),
+    )
+
+
+def find_min_cap(source, policy="torchmem", *, config=None, capacity=DEFAULT_CAPACITY, precision=GRANULE,
+                 progress=None, device=None, native_config=None, costs=None):
+    """The smallest budget (bytes, a multiple of `precision`) under which the trace
+    replays under `policy` with no OOM, found by bisection. Returns a dict with
+    min_cap, min_cap_ratio, peak_requested, unlimited_peak_reserved and replays.
+    The config's own limit is ignored: the budget is what is searched."""
+    _check_policy(policy)
+    trace = _as_trace(source, device=device)
+    core = pool_config(config, capacity)
+    core["limit_bytes"] = 0
+    return dict(_C.min_cap(trace.events, policy, pool_config=core, capacity=int(capacity), precision=int(precision),
+                           progress=_progress_adapter(progress, f"{trace.name} {policy} min-cap"),
+                           native_config=native_config, costs=costs))
+
+
+def snapshot_at(source, event, policy="torchmem", *, limit=0, config=None, capacity=DEFAULT_CAPACITY, device=None,
+                native_config=None):
+    """The policy's layout right after trace event index `event`, as the core's
+    snapshot dict ({"segments": [...], "trace": [...]}, see csrc/bindings/convert.h)."""
+    _check_policy(policy)
+    trace = _as_trace(source, device=device)
+    core = pool_config(config, capacity)
+    raw = _C.replay(trace.events, policy, pool_config=core, limit=int(limit or core["limit_bytes"]),
+                    capacity=int(capacity), stop_at=int(event), native_config=native_config, snapshot=True)
+    return raw["snapshot"]
+
+
+def torch_snapshot_at_peak(source, policy="torchmem", *, limit=0, config=None, capacity=DEFAULT_CAPACITY,
+                           device=None):
+    """Replays up to the policy's peak-reserved event and returns its layout there in
+    PyTorch's memory-snapshot format (what torch.cuda.memory._dump_snapshot pickles),
+    plus the ReplayResult of the full replay: (snapshot_dict, result)."""
+    from torchmem.snapshot_format import to_torch_snapshot
+
+    trace = _as_trace(source, device=device)
+    result = replay(trace, policy, limit=limit, config=config, capacity=capacity)
+    core = snapshot_at(trace, max(result.peak_reserved_event, 0), policy, limit=limit, config=config,
+                       capacity=capacity)
+    settings = {"replayed_policy": policy, "replayed_event": result.peak_reserved_event}
+    snapshot = to_torch_snapshot(core, device=0, expandable=(policy == "torchmem"), allocator_settings=settings)
+    return snapshot, result
+
+
+def reserved_timeline(source, policy="torchmem", *, limit=0, config=None, capacity=DEFAULT_CAPACITY, device=None):
+    """Bytes the policy holds after each trace event: an int64 array, one entry per event."""
+    _check_policy(policy)
+    trace = _as_trace(source, device=device)
+    core = pool_config(config, capacity)
+    raw = _C.replay(trace.events, policy, pool_config=core, limit=int(limit or core["limit_bytes"]),
+                    capacity=int(capacity), timeline=True)
+    return raw["reserved_timeline"]
