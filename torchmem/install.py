@@ -66,14 +66,11 @@ def _warn_unsupported_once():
     if _warned_unsupported:
         return
     _warned_unsupported = True
-    problems = []
-    if torch.backends.cudnn.benchmark:
-        problems.append(
-            "torch.backends.cudnn.benchmark=True is set: cuDNN's autotuner asks the allocator for cacheInfo, "
-            "which no pluggable allocator supports; set it to False"
-        )
-    problems.append('torch.compile(mode="reduce-overhead") (cudagraph trees check pool internals)')
-    problems.append("sharing CUDA tensors between processes (CUDA IPC)")
+    # cudnn.benchmark works: torchmem answers torch's cacheInfo query (csrc/shim/install.cpp).
+    problems = [
+        'torch.compile(mode="reduce-overhead") (its cudagraph trees check pool internals)',
+        "sharing CUDA tensors between processes (CUDA IPC)",
+    ]
     warnings.warn(
         "torchmem is installed as PyTorch's CUDA allocator. PyTorch does not support these with any "
         "pluggable allocator: " + "; ".join(problems) + ". (Silence with warn_unsupported=False.)",

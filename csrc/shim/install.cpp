@@ -5,11 +5,13 @@
 // std::pair by value, which a plain C function address from ctypes cannot
 // provide; from here every hook is a lambda built with torch's own ABI. This is
 // the only file that includes torch's allocator headers (each costs ~1 minute
-// to compile).
+// to compile). It also answers torch's stats and cacheInfo queries (Note
+// [Answering torch's own queries]).
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include <c10/cuda/CUDACachingAllocator.h>
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -21,8 +23,57 @@ namespace torchmem::shim {
 namespace {
 
 using torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
+using TorchDeviceStats = c10::cuda::CUDACachingAllocator::DeviceStats;
 
 std::mutex install_mutex;
+
+// Note [Answering torch's own queries] CUDAPluggableAllocator raises on
+// getDeviceStats, resetPeakStats, resetAccumulatedStats and cacheInfo, which
+// breaks torch.cuda.memory_stats / max_memory_allocated (and so Lightning's and
+// HF's memory metrics) and cudnn.benchmark (cuDNN sizes its workspace with
+// cacheInfo). torchmem's counters carry PyTorch's names and meanings
+// (core/stats.h), so a subclass answers these from the pool. Everything else
+// (alloc, free, the hooks, the bookkeeping) is CUDAPluggableAllocator's.
+class TorchmemAllocator final : public CUDAPluggableAllocator {
+ public:
+  using CUDAPluggableAllocator::CUDAPluggableAllocator;
+
+  TorchDeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    PoolStats stats = device_pool(device).stats();
+    TorchDeviceStats out;
+#define TORCHMEM_COPY_STAT_ARRAY(name)                      \
+  for (int kind = 0; kind < kStatKinds; ++kind) {           \
+    out.name[kind].current = stats.name[kind].current;      \
+    out.name[kind].peak = stats.name[kind].peak;            \
+    out.name[kind].allocated = static_cast<int64_t>(stats.name[kind].allocated); \
+    out.name[kind].freed = static_cast<int64_t>(stats.name[kind].freed);         \
+  }
+    TORCHMEM_STAT_ARRAYS(TORCHMEM_COPY_STAT_ARRAY)
+#undef TORCHMEM_COPY_STAT_ARRAY
+    out.num_alloc_retries = static_cast<int64_t>(stats.num_alloc_retries);
+    out.num_ooms = static_cast<int64_t>(stats.num_ooms);
+    out.num_sync_all_streams = static_cast<int64_t>(stats.num_sync_all_streams);
+    out.num_device_alloc = static_cast<int64_t>(stats.num_device_alloc);
+    out.num_device_free = static_cast<int64_t>(stats.num_device_free);
+    return out;
+  }
+
+  void resetPeakStats(c10::DeviceIndex device) override { device_pool(device).reset_peak_stats(); }
+
+  void resetAccumulatedStats(c10::DeviceIndex device) override { device_pool(device).reset_accumulated_stats(); }
+
+  // The largest block torchmem can hand out without failing: a cached free
+  // block, or new memory under the budget and the device's free memory.
+  void cacheInfo(c10::DeviceIndex device, size_t* largest_block) override {
+    Pool& pool = device_pool(device);
+    PoolStats stats = pool.stats();
+    MemInfo mem = device_mem_info(device);
+    const auto reserved = static_cast<std::size_t>(stats.reserved_bytes[kStatAll].current);
+    const std::size_t budget = pool.limit() ? pool.limit() : mem.total_bytes;
+    const std::size_t headroom = std::min(budget > reserved ? budget - reserved : 0, mem.free_bytes);
+    *largest_block = std::max(static_cast<std::size_t>(stats.largest_free_block), headroom);
+  }
+};
 
 }  // namespace
 
@@ -44,12 +95,11 @@ void install(const RuntimeConfig& config) {
         "torchmem.install() right after `import torch`, before anything touches CUDA.");
   }
   configure(config);
-  auto created = torch::cuda::CUDAPluggableAllocator::createCustomAllocator(
+  auto created = std::make_shared<TorchmemAllocator>(
       [](size_t size, int device, cudaStream_t stream) { return allocate_or_throw(size, device, stream); },
       [](void* ptr, size_t, int device, cudaStream_t) { deallocate(ptr, device); });
-  // createCustomAllocator always builds a CUDAPluggableAllocator; static_cast
-  // avoids relying on RTTI across shared-library boundaries.
-  auto* allocator = static_cast<CUDAPluggableAllocator*>(created.get());
+  TorchmemAllocator* allocator = created.get();
+  allocator->init(0);  // as createCustomAllocator does; torch's lazy CUDA init calls init(n) again
   // Pools are made lazily per device at first use, so init has nothing to do;
   // it is still set so torch's lazy CUDA init has a hook to call.
   allocator->set_init_fn([](int) {});
@@ -65,7 +115,8 @@ void install(const RuntimeConfig& config) {
       [](int device, c10::cuda::MempoolId_t id) { end_allocate_to_pool(device, MempoolKey(id.first, id.second)); });
   allocator->set_release_pool(
       [](int device, c10::cuda::MempoolId_t id) { release_pool(device, MempoolKey(id.first, id.second)); });
-  torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(created);
+  torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(
+      std::static_pointer_cast<c10::cuda::CUDACachingAllocator::CUDAAllocator>(created));
   mark_installed();
 }
 

@@ -47,6 +47,15 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 
+// Note [Private pool uses] As in PyTorch's allocator, every
+// begin_allocate_to_pool counts one use of its pool (graphs may share a pool:
+// torch.cuda.graph(pool=other.pool())) and every release_pool drops one; the
+// core pool is released when the last use is dropped.
+struct PrivatePool {
+  PoolId id = 0;
+  int uses = 0;
+};
+
 struct Capture {
   MempoolKey key;
   PoolId pool;
@@ -61,10 +70,10 @@ struct DeviceState {
   std::unique_ptr<Pool> pool;
   std::size_t total_bytes = 0;
 
-  std::mutex capture_mutex;            // guards captures, pool_ids, next_pool_id
+  std::mutex capture_mutex;            // guards captures, private_pools, next_pool_id
   std::atomic<int> active_captures{0};  // fast-path check: any filter to consult?
   std::vector<Capture> captures;
-  std::map<MempoolKey, PoolId> pool_ids;
+  std::map<MempoolKey, PrivatePool> private_pools;
   PoolId next_pool_id = 1;
 };
 
@@ -409,16 +418,23 @@ void begin_allocate_to_pool(int device, MempoolKey key, std::function<bool(CudaS
   bool created = false;
   {
     std::lock_guard<std::mutex> lock(state.capture_mutex);
-    auto found = state.pool_ids.find(key);
-    if (found == state.pool_ids.end()) {
-      pool = state.next_pool_id++;
-      state.pool_ids.emplace(key, pool);
+    PrivatePool& entry = state.private_pools[key];
+    if (entry.uses == 0) {
+      entry.id = state.next_pool_id++;
       created = true;
-    } else {
-      pool = found->second;
+    }
+    entry.uses += 1;
+    pool = entry.id;
+  }
+  if (created) {
+    try {
+      state.pool->create_private_pool(pool);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(state.capture_mutex);
+      state.private_pools.erase(key);
+      throw;
     }
   }
-  if (created) state.pool->create_private_pool(pool);
   std::lock_guard<std::mutex> lock(state.capture_mutex);
   state.captures.push_back(Capture{key, pool, std::move(filter)});
   state.active_captures.store(static_cast<int>(state.captures.size()), std::memory_order_release);
@@ -438,10 +454,11 @@ void release_pool(int device, MempoolKey key) {
   PoolId pool = 0;
   {
     std::lock_guard<std::mutex> lock(state.capture_mutex);
-    auto found = state.pool_ids.find(key);
-    if (found == state.pool_ids.end()) return;  // never allocated to: nothing to release
-    pool = found->second;
-    state.pool_ids.erase(found);
+    auto found = state.private_pools.find(key);
+    if (found == state.private_pools.end()) return;  // never allocated to: nothing to release
+    if (--found->second.uses > 0) return;             // Note [Private pool uses]
+    pool = found->second.id;
+    state.private_pools.erase(found);
   }
   state.pool->release_private_pool(pool);
 }

@@ -282,6 +282,29 @@ def test_eight_threads_write_and_check_cookies():
     assert "THREADS OK" in proc.stdout
 
 
+def test_torch_memory_queries_and_cudnn_benchmark_work_without_patching():
+    proc = run(
+        """
+        torchmem.install(patch_torch=False)
+        torch.backends.cudnn.benchmark = True  # cuDNN sizes its workspace with cacheInfo
+        conv = torch.nn.Conv2d(16, 32, 3, padding=1).cuda()
+        out = conv(torch.randn(8, 16, 64, 64, device="cuda"))
+        out.sum().backward()
+        x = torch.empty(100 << 20, dtype=torch.uint8, device="cuda")
+        stats = torch.cuda.memory_stats()
+        mine = _C.runtime_stats(0)
+        assert stats["allocated_bytes.all.current"] == mine["allocated_bytes"]["all"]["current"] > 100 << 20
+        assert torch.cuda.memory_allocated() == stats["allocated_bytes.all.current"]
+        assert torch.cuda.max_memory_reserved() >= torch.cuda.memory_reserved() > 0
+        del x
+        torch.cuda.reset_peak_memory_stats()
+        assert torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated() < 100 << 20
+        print("QUERIES OK")
+        """
+    )
+    assert "QUERIES OK" in proc.stdout
+
+
 def test_zero_size_tensors():
     proc = run(
         """
