@@ -36,6 +36,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <type_traits>
+#include <unordered_map>
 
 #include "backend/cuda_malloc_backend_cuda.h"
 #include "backend/cuda_support_cuda.h"
@@ -56,6 +57,14 @@ struct PrivatePool {
   int uses = 0;
 };
 
+// Note [Parked private blocks] A CUDA graph replays into the addresses its
+// capture used, including those of intermediates freed during the capture.
+// The core pool may reclaim (unmap and move) granules of any free block whose
+// fence completed, and release_cached() returns them, which would pull memory
+// out from under a later replay. So while a private pool is in use, frees of
+// its blocks are parked here (the core still counts them as allocated) and
+// handed to the core only when the pool is released. The cost: blocks freed
+// inside a capture are not reused by the same capture.
 struct Capture {
   MempoolKey key;
   PoolId pool;
@@ -75,6 +84,12 @@ struct DeviceState {
   std::vector<Capture> captures;
   std::map<MempoolKey, PrivatePool> private_pools;
   PoolId next_pool_id = 1;
+
+  // Note [Parked private blocks]
+  std::mutex parked_mutex;                            // guards private_live, parked
+  std::atomic<std::size_t> private_live_count{0};     // fast-path check for frees
+  std::unordered_map<Addr, MempoolKey> private_live;  // live blocks of private pools
+  std::map<MempoolKey, std::vector<Addr>> parked;     // freed, held until the pool's release
 };
 
 struct Registry {
@@ -179,20 +194,54 @@ bool run_oom_callback(int device, std::size_t requested) {
   return callback && *callback && (*callback)(device, requested);
 }
 
-PoolId route_to_pool(DeviceState& state, CudaStream stream) {
+// The private pool whose filter claims `stream` (0 and nullptr when none does).
+PoolId route_to_pool(DeviceState& state, CudaStream stream, MempoolKey* key) {
   if (state.active_captures.load(std::memory_order_acquire) == 0) return 0;
   std::lock_guard<std::mutex> lock(state.capture_mutex);
   for (auto it = state.captures.rbegin(); it != state.captures.rend(); ++it) {
-    if (it->filter && it->filter(stream)) return it->pool;
+    if (it->filter && it->filter(stream)) {
+      *key = it->key;
+      return it->pool;
+    }
   }
   return 0;
 }
 
 void* try_allocate(DeviceState& state, std::size_t size, CudaStream stream) {
   std::size_t request = size == 0 ? 1 : size;  // Note [Zero-size requests]
-  PoolId pool = route_to_pool(state, stream);
+  MempoolKey key{0, 0};
+  PoolId pool = route_to_pool(state, stream, &key);
   Addr addr = state.pool->allocate(request, reinterpret_cast<StreamId>(stream), pool, current_context());
+  if (addr != 0 && pool != 0) {
+    std::lock_guard<std::mutex> lock(state.parked_mutex);
+    state.private_live.emplace(addr, key);
+    state.private_live_count.store(state.private_live.size(), std::memory_order_release);
+  }
   return reinterpret_cast<void*>(addr);
+}
+
+// True if `addr` is a block of a private pool still in use: then it is parked
+// (Note [Parked private blocks]) instead of freed.
+bool park_if_private(DeviceState& state, Addr addr) {
+  if (state.private_live_count.load(std::memory_order_acquire) == 0) return false;
+  MempoolKey key;
+  {
+    std::lock_guard<std::mutex> lock(state.parked_mutex);
+    auto found = state.private_live.find(addr);
+    if (found == state.private_live.end()) return false;
+    key = found->second;
+    state.private_live.erase(found);
+    state.private_live_count.store(state.private_live.size(), std::memory_order_release);
+  }
+  bool in_use = false;
+  {
+    std::lock_guard<std::mutex> lock(state.capture_mutex);
+    in_use = state.private_pools.count(key) != 0;
+  }
+  if (!in_use) return false;
+  std::lock_guard<std::mutex> lock(state.parked_mutex);
+  state.parked[key].push_back(addr);
+  return true;
 }
 
 // PyTorch's human units (bytes, KiB, MiB, GiB with two decimals), so OOM messages
@@ -365,6 +414,7 @@ void deallocate(void* ptr, int device) {
     throw std::runtime_error(msg.str());
   }
   try {
+    if (park_if_private(*state, reinterpret_cast<Addr>(ptr))) return;
     state->pool->deallocate(reinterpret_cast<Addr>(ptr));
   } catch (const PoolError& error) {
     std::ostringstream msg;
@@ -460,6 +510,16 @@ void release_pool(int device, MempoolKey key) {
     pool = found->second.id;
     state.private_pools.erase(found);
   }
+  std::vector<Addr> parked;
+  {
+    std::lock_guard<std::mutex> lock(state.parked_mutex);
+    auto found = state.parked.find(key);
+    if (found != state.parked.end()) {
+      parked = std::move(found->second);
+      state.parked.erase(found);
+    }
+  }
+  for (Addr addr : parked) state.pool->deallocate(addr);
   state.pool->release_private_pool(pool);
 }
 
