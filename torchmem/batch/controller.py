@@ -29,14 +29,17 @@ Note [Moving the micro-batch]
 
 Note [Where the agreement happens]
 Each attempt has exactly one agreement collective (batch/distributed.py) when
-more than one rank runs. With a DDP-wrapped model (grad_sync="ddp") non-final
-micro-steps run under no_sync() and the agreement comes after the final
-forward and before the final backward, the only backward that communicates
-(Composer's point): a rank that OOMed earlier skips ahead to it. An OOM during
-that final backward cannot be recovered (the other ranks already wait in
-DDP's all-reduce) and raises. With grad_sync="controller" (model not wrapped)
-the agreement comes after every backward and the controller averages the
-gradients itself, so any OOM is recoverable.
+more than one rank runs. By default (grad_sync="controller", also for a
+DDP-wrapped model) every micro-step runs under no_sync() when the model has it,
+the agreement comes after every backward, and the controller averages the
+gradients itself: an OOM anywhere in forward or backward on any subset of
+ranks is recoverable. DDP's own reducer cannot be used across an aborted
+attempt: once a synchronized forward has run, DDP expects its backward, and a
+later no_sync() backward would launch a gradient all-reduce on that rank alone
+(seen with gloo as a collective mismatch). grad_sync="ddp" keeps DDP's
+reducer (overlap of communication with backward) and agrees just before the
+final micro-step: OOMs in earlier micro-steps are recovered, an OOM in the
+final one raises MicroBatchOOMError (the other ranks fail in the all-reduce).
 """
 
 import collections
@@ -123,8 +126,10 @@ class BatchSizeController:
       probe          a batch.probe.MemoryProbe (default: torchmem's figures
                      if installed, torch's on CUDA, none on CPU).
       process_group  the torch.distributed group to agree over (default world).
-      grad_sync      "auto" (ddp for a DDP model, controller for a bare model
-                     under torch.distributed, else none), "ddp", "controller", "none".
+      grad_sync      how gradients are averaged over ranks (Note [Where the
+                     agreement happens]): "auto" (= "controller" when a model
+                     is given, else "none"), "controller", "ddp", "none" (you
+                     average them yourself).
       reduction      "mean" (the step function returns a mean over its samples:
                      weight = share of the batch) or "sum" (weight 1).
       adapt_global   opt-in: let the global batch follow the micro-batch (no
@@ -233,21 +238,20 @@ class BatchSizeController:
     def _resolve_grad_sync(self, grad_sync):
         if self.world == 1:
             return "none"
-        if grad_sync != "auto":
-            return grad_sync
+        if grad_sync == "auto":
+            grad_sync = "controller" if self.model is not None else "none"
+        if grad_sync == "controller" and self.model is None:
+            raise ValueError("BatchSizeController: grad_sync='controller' averages the model's gradients: pass model=...")
         from torch.nn.parallel import DistributedDataParallel
-        if isinstance(self.model, DistributedDataParallel):
-            if getattr(self.model, "broadcast_buffers", False) and any(True for _ in self.model.buffers()):
-                warnings.warn(
-                    "torchmem.BatchSizeController: DDP(broadcast_buffers=True) broadcasts buffers in every "
-                    "forward, a collective that ranks skipping a micro-step after OOM would miss; "
-                    "wrap with broadcast_buffers=False or use grad_sync='controller' with an unwrapped model",
-                    RuntimeWarning, stacklevel=3,
-                )
-            return "ddp"
-        if self.model is not None:
-            return "controller"
-        return "none"
+        if (isinstance(self.model, DistributedDataParallel) and getattr(self.model, "broadcast_buffers", False)
+                and any(True for _ in self.model.buffers())):
+            warnings.warn(
+                "torchmem.BatchSizeController: DDP(broadcast_buffers=True) broadcasts buffers in every "
+                "forward, a collective that a rank skipping micro-steps after an OOM would miss; "
+                "wrap with broadcast_buffers=False",
+                RuntimeWarning, stacklevel=3,
+            )
+        return grad_sync
 
     # ------------------------------------------------------------ the step
     def run(self, step_fn, batch, *, batch_size=None, backward=True):
@@ -285,18 +289,19 @@ class BatchSizeController:
         failure = None
         failed_in_optimizer = False
         agreed = None
+        agree_before_final = self.grad_sync == "ddp" and self.world > 1
         for index, part in enumerate(parts):
             final = index == len(parts) - 1
             weight = sizes[index] / total if self.reduction == "mean" else 1.0
+            if final and agree_before_final:
+                agreed = distributed.agree(self._proposal, False, self.process_group)
+                if agreed[1]:
+                    break  # another rank hit OOM: skip the communicating micro-step
             loss = None
             try:
                 with self._sync_context(final):
                     if backward:
                         loss = _loss_of(step_fn(part))
-                        if final and self.grad_sync == "ddp":
-                            agreed = distributed.agree(self._proposal, False, self.process_group)
-                            if agreed[1]:
-                                break  # another rank hit OOM: skip the communicating backward
                         scaled = loss * weight
                         (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
                         del scaled
@@ -320,10 +325,10 @@ class BatchSizeController:
             raise OptimizerStepOOMError(self._optimizer_oom_message(failure))
         if failure is not None and agreed is not None and self.world > 1:
             raise MicroBatchOOMError(
-                "torchmem.BatchSizeController: out of memory in the final backward of a DDP step, after the "
-                "ranks agreed; the other ranks are already in DDP's gradient all-reduce, so this cannot be "
-                "retried. Use grad_sync='controller' with an unwrapped model for full recovery, or lower "
-                f"micro_batch/margin. Error: {failure}"
+                "torchmem.BatchSizeController: out of memory in the final micro-step of a DDP step "
+                "(grad_sync='ddp'), after the ranks agreed; the other ranks are already in DDP's gradient "
+                "all-reduce, so this cannot be retried. grad_sync='controller' (the default) recovers from "
+                f"any OOM. Error: {failure}"
             )
         oom_here = failure is not None
         proposal = self._shrink_target(micro) if oom_here else self._proposal
@@ -334,7 +339,7 @@ class BatchSizeController:
         next_micro, anyone_oom = agreed
         if anyone_oom or oom_here:
             return {"ok": False, "oom_here": oom_here, "message": failure, "next": next_micro}
-        if self.grad_sync == "controller" and self.world > 1:
+        if self.grad_sync == "controller":
             distributed.average_gradients(self._parameters(), self.process_group)
         if loss_sum is None:
             loss_sum = torch.zeros(())
@@ -342,9 +347,12 @@ class BatchSizeController:
                 "next": next_micro, "micro_steps": len(sizes)}
 
     def _sync_context(self, final):
-        if final or self.grad_sync != "ddp" or not hasattr(self.model, "no_sync"):
+        """no_sync() for micro-steps whose gradients DDP must not all-reduce:
+        all of them under grad_sync="controller", the non-final ones under "ddp"."""
+        no_sync = getattr(self.model, "no_sync", None)
+        if no_sync is None or self.grad_sync == "none" or (final and self.grad_sync == "ddp"):
             return contextlib.nullcontext()
-        return self.model.no_sync()
+        return no_sync()
 
     # ----------------------------------------------------------- decisions
     def _target(self, budget):

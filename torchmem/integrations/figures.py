@@ -1,0 +1,57 @@
+"""Per-step memory figures for training-loop callbacks (Lightning, HF Trainer).
+
+One function both callbacks use, so they log the same names: peak requested
+and reserved bytes since the last reset, their ratio (fragmentation), and the
+controller's micro-batch when one is attached. Figures come from torchmem's
+stats when its allocator is installed, else from torch.cuda.memory_stats
+(the native allocator has the same keys), else nothing (CPU).
+"""
+
+import torch
+
+__all__ = ["memory_figures", "reset_peaks"]
+
+
+def _installed():
+    try:
+        import torchmem
+        return bool(torchmem.is_installed())
+    except (ImportError, AttributeError, RuntimeError):
+        return False
+
+
+def _stats(device):
+    if _installed():
+        import torchmem
+        return torchmem.memory_stats(device)
+    return torch.cuda.memory_stats(device)
+
+
+def reset_peaks(device=None):
+    """Restarts every peak figure (call at the start of a step)."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return
+    if _installed():
+        import torchmem
+        torchmem.reset_peak_memory_stats(device)
+    else:
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def memory_figures(device=None, controller=None, prefix="torchmem/"):
+    """{prefix+name: number}: peak_requested_gib, peak_reserved_gib,
+    reserved_over_requested, and with a controller micro_batch,
+    accumulation_steps, ooms. Empty without CUDA."""
+    figures = {}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        stats = _stats(device)
+        requested = stats.get("requested_bytes.all.peak", 0) or stats.get("allocated_bytes.all.peak", 0)
+        reserved = stats.get("reserved_bytes.all.peak", 0)
+        figures["peak_requested_gib"] = requested / 2**30
+        figures["peak_reserved_gib"] = reserved / 2**30
+        figures["reserved_over_requested"] = reserved / requested if requested else 0.0
+    if controller is not None:
+        figures["micro_batch"] = controller.micro_batch
+        figures["accumulation_steps"] = controller.accumulation_steps
+        figures["ooms"] = controller.ooms
+    return {prefix + name: float(value) for name, value in figures.items()}
