@@ -1,8 +1,196 @@
-// core_bindings.cpp: placeholder until its owner lands it (bind_core).
+// core_bindings.cpp: torchmem._C.SimBackend, torchmem._C.Pool and the
+// randomized checker _C._random_ops, for tests, replay and the Python layer.
+//
+// Pool calls release the GIL, so Python threads in stress tests really run
+// concurrently (the pool has its own lock). Dicts come from convert.h so a
+// simulated pool answers stats() and snapshot() exactly like the installed one.
+// PoolError becomes torchmem._C.PoolError, a subclass of ValueError.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "backend/sim_backend.h"
 #include "bindings/bindings.h"
+#include "bindings/convert.h"
+#include "core/detail/random_ops.h"
+#include "core/pool.h"
+
+namespace py = pybind11;
 
 namespace torchmem::bindings {
 
-void bind_core(pybind11::module_& m) { (void)m; }
+namespace {
+
+SimCosts costs_from_dict(const py::dict& d) {
+  SimCosts c;
+  for (const auto& item : d) {
+    const std::string key = py::str(item.first);
+    double value;
+    try {
+      value = item.second.cast<double>();
+    } catch (const py::cast_error&) {
+      throw py::value_error("SimBackend costs['" + key + "']: expected a number of microseconds");
+    }
+    if (key == "reserve_us") c.reserve_us = value;
+    else if (key == "create_us") c.create_us = value;
+    else if (key == "release_us") c.release_us = value;
+    else if (key == "map_us") c.map_us = value;
+    else if (key == "set_access_us") c.set_access_us = value;
+    else if (key == "unmap_us") c.unmap_us = value;
+    else if (key == "segment_alloc_us") c.segment_alloc_us = value;
+    else if (key == "segment_free_us") c.segment_free_us = value;
+    else if (key == "event_record_us") c.event_record_us = value;
+    else if (key == "event_query_us") c.event_query_us = value;
+    else {
+      throw py::value_error("SimBackend costs: unknown key '" + key +
+                            "'; allowed: reserve_us, create_us, release_us, map_us, set_access_us, "
+                            "unmap_us, segment_alloc_us, segment_free_us, event_record_us, event_query_us");
+    }
+  }
+  return c;
+}
+
+py::dict pool_stats(const Pool& pool) {
+  PoolStats s;
+  BackendCounters counters;
+  {
+    py::gil_scoped_release release;
+    s = pool.stats();
+    counters = pool.backend().counters();
+  }
+  py::dict d = stats_to_dict(s);
+  d["backend"] = backend_counters_to_dict(counters);
+  d["backend_name"] = pool.backend().name();
+  return d;
+}
+
+}  // namespace
+
+void bind_core(py::module_& m) {
+  py::register_exception<PoolError>(m, "PoolError", PyExc_ValueError);
+
+  py::class_<Backend>(m, "Backend", "A source of device memory (see csrc/core/backend.h)")
+      .def_property_readonly("name", &Backend::name)
+      .def_property_readonly("granularity", &Backend::granularity)
+      .def_property_readonly("supports_vmm", &Backend::supports_vmm)
+      .def("counters", [](const Backend& b) { return backend_counters_to_dict(b.counters()); },
+           "How many times each primitive was called");
+
+  py::class_<SimBackend, Backend>(m, "SimBackend",
+                                  "A simulated device: fake addresses, a capacity, per-call costs")
+      .def(py::init([](std::size_t capacity, std::size_t granularity, bool vmm, bool host_memory,
+                       std::uint64_t event_delay, py::object costs) {
+             SimConfig c;
+             c.capacity_bytes = capacity;
+             c.granularity = granularity;
+             c.vmm = vmm;
+             c.host_memory = host_memory;
+             c.event_delay = event_delay;
+             if (!costs.is_none()) c.costs = costs_from_dict(costs.cast<py::dict>());
+             try {
+               return std::make_unique<SimBackend>(c);
+             } catch (const std::invalid_argument& e) {
+               throw py::value_error(e.what());
+             }
+           }),
+           py::arg("capacity") = 80 * kGiB, py::arg("granularity") = 2 * kMiB, py::arg("vmm") = true,
+           py::arg("host_memory") = false, py::arg("event_delay") = 0, py::arg("costs") = py::none())
+      .def("modeled_us", &SimBackend::modeled_us, "Modeled microseconds of every backend call so far")
+      .def("device_used", &SimBackend::device_used, "Bytes of granules or segments created now")
+      .def("write_pattern", &SimBackend::write_pattern, py::arg("addr"), py::arg("size"), py::arg("seed"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("check_pattern", &SimBackend::check_pattern, py::arg("addr"), py::arg("size"), py::arg("seed"),
+           py::call_guard<py::gil_scoped_release>());
+
+  py::class_<Pool>(m, "Pool", "torchmem's pool over a backend (csrc/core/pool.h)")
+      .def(py::init([](Backend& backend, py::object config) {
+             PoolConfig c;
+             if (!config.is_none()) c = config_from_dict(config.cast<py::dict>());
+             return std::make_unique<Pool>(backend, c);
+           }),
+           py::arg("backend"), py::arg("config") = py::none(), py::keep_alive<1, 2>())
+      .def("allocate", &Pool::allocate, py::arg("size"), py::arg("stream") = 0, py::arg("pool") = 0,
+           py::arg("context") = 0, py::call_guard<py::gil_scoped_release>(),
+           "Address of a block of at least size bytes, or 0 when out of memory")
+      .def("free", &Pool::deallocate, py::arg("addr"), py::call_guard<py::gil_scoped_release>())
+      .def("record_stream", &Pool::record_stream, py::arg("addr"), py::arg("stream"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("create_private_pool", &Pool::create_private_pool, py::arg("id"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("release_private_pool", &Pool::release_private_pool, py::arg("id"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("release_cached", &Pool::release_cached, py::call_guard<py::gil_scoped_release>(),
+           "empty_cache: returns the bytes given back to the backend")
+      .def("set_limit", &Pool::set_limit, py::arg("bytes"), py::call_guard<py::gil_scoped_release>())
+      .def("limit", &Pool::limit)
+      .def("stats", &pool_stats)
+      .def("reset_peak_stats", &Pool::reset_peak_stats, py::call_guard<py::gil_scoped_release>())
+      .def("reset_accumulated_stats", &Pool::reset_accumulated_stats,
+           py::call_guard<py::gil_scoped_release>())
+      .def("snapshot",
+           [](const Pool& p) {
+             PoolSnapshot s;
+             {
+               py::gil_scoped_release release;
+               s = p.snapshot();
+             }
+             return snapshot_to_dict(s);
+           })
+      .def("check_invariants",
+           [](const Pool& p) {
+             std::string problem;
+             {
+               py::gil_scoped_release release;
+               problem = p.check_invariants();
+             }
+             if (!problem.empty()) throw std::runtime_error("torchmem pool invariant violated: " + problem);
+           })
+      .def("block_size", &Pool::block_size, py::arg("addr"))
+      .def_property_readonly("backend", &Pool::backend, py::return_value_policy::reference_internal);
+
+  m.def(
+      "_random_ops",
+      [](std::uint64_t seed, std::size_t ops, py::object options) {
+        detail::RandomOpsOptions o;
+        if (!options.is_none()) {
+          for (const auto& item : options.cast<py::dict>()) {
+            const std::string key = py::str(item.first);
+            if (key == "vmm") o.vmm = item.second.cast<bool>();
+            else if (key == "capacity") o.capacity = item.second.cast<std::size_t>();
+            else if (key == "limit") o.limit = item.second.cast<std::size_t>();
+            else if (key == "check_every") o.check_every = item.second.cast<std::size_t>();
+            else if (key == "event_delay") o.event_delay = item.second.cast<std::uint64_t>();
+            else if (key == "streams") o.streams = item.second.cast<unsigned>();
+            else if (key == "reclaim_slack") o.reclaim_slack = item.second.cast<double>();
+            else if (key == "private_pools") o.private_pools = item.second.cast<bool>();
+            else if (key == "max_live") o.max_live = item.second.cast<std::size_t>();
+            else throw py::value_error("_random_ops: unknown option '" + key + "'");
+          }
+        }
+        detail::RandomOpsSummary s;
+        std::string problem;
+        {
+          py::gil_scoped_release release;
+          problem = detail::run_random_ops(seed, ops, o, &s);
+        }
+        if (!problem.empty()) throw std::runtime_error(problem);
+        py::dict d;
+        d["ops"] = s.ops;
+        d["allocs"] = s.allocs;
+        d["frees"] = s.frees;
+        d["ooms"] = s.ooms;
+        d["checks"] = s.checks;
+        d["reclaims"] = s.reclaims;
+        d["peak_live"] = s.peak_live;
+        d["peak_held"] = s.peak_held;
+        return d;
+      },
+      py::arg("seed"), py::arg("ops"), py::arg("options") = py::none(),
+      "Runs `ops` seeded random pool operations on a sim backend against a reference model and "
+      "check_invariants(); raises RuntimeError naming the seed and step of the first violation");
+}
 
 }  // namespace torchmem::bindings

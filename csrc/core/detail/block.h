@@ -1,0 +1,101 @@
+// block.h: a block of a heap, the arena that recycles them, and the ordered
+// set of free blocks that best fit searches.
+//
+// A Block is a run of bytes of one range: the heap's virtual range (VMM) or
+// one segment (cuda_malloc). Blocks of a range tile it exactly and are linked
+// to their address neighbours (prev/next), so a free merges in O(1). Free
+// blocks also sit in their heap's FreeSet ordered by (size, address): best fit
+// is one lower_bound, ties going to the lowest address, as in PyTorch.
+//
+// Blocks are recycled through a BlockArena so the fast path allocates no
+// memory for them; the FreeSet reuses set nodes through extract/insert where
+// the fast path replaces one free block by another.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "core/pool.h"
+#include "core/types.h"
+
+namespace torchmem::detail {
+
+struct Heap;
+struct Segment;
+
+// A free block merged from blocks freed on different streams: reusing it on
+// any stream needs every stream's fence (Note [Fences] in pool.h).
+constexpr StreamId kMixedStreams = ~StreamId{0};
+
+struct Block {
+  Addr addr = 0;
+  std::size_t size = 0;         // rounded, a multiple of kMinBlockSize
+  Block* prev = nullptr;        // address neighbours in the same range
+  Block* next = nullptr;
+  Heap* heap = nullptr;
+  Segment* segment = nullptr;   // cuda_malloc mode: the segment it lies in
+  BlockState state = BlockState::kInactive;
+  // Live blocks: what allocate() was told.
+  std::size_t requested = 0;
+  StreamId stream = 0;          // the allocating stream
+  std::uint64_t context = 0;
+  std::vector<StreamId> uses;   // record_stream() streams other than `stream`
+  // Free blocks: the stream that last freed (part of) it and the pool sequence
+  // number of that free; free_seq == 0 means never used (no fence needed).
+  StreamId free_stream = 0;
+  std::uint64_t free_seq = 0;
+
+  bool is_free() const { return state == BlockState::kInactive; }
+  Addr end() const { return addr + size; }
+};
+
+// Recycles Block objects: allocated in chunks, never returned to the system
+// until the arena dies.
+class BlockArena {
+ public:
+  Block* make() {
+    if (free_.empty()) grow();
+    Block* b = free_.back();
+    free_.pop_back();
+    return b;
+  }
+  void recycle(Block* b) {
+    *b = Block{};
+    free_.push_back(b);
+  }
+
+ private:
+  void grow() {
+    constexpr std::size_t kChunk = 256;
+    chunks_.emplace_back(new Block[kChunk]);
+    for (std::size_t i = kChunk; i-- > 0;) free_.push_back(&chunks_.back()[i]);
+  }
+  std::vector<std::unique_ptr<Block[]>> chunks_;
+  std::vector<Block*> free_;
+};
+
+// A search key for the FreeSet: (size, addr) without a Block.
+struct SizeAddr {
+  std::size_t size;
+  Addr addr;
+};
+
+struct BySizeThenAddr {
+  using is_transparent = void;
+  bool operator()(const Block* a, const Block* b) const {
+    return a->size != b->size ? a->size < b->size : a->addr < b->addr;
+  }
+  bool operator()(const Block* a, const SizeAddr& k) const {
+    return a->size != k.size ? a->size < k.size : a->addr < k.addr;
+  }
+  bool operator()(const SizeAddr& k, const Block* b) const {
+    return k.size != b->size ? k.size < b->size : k.addr < b->addr;
+  }
+};
+
+using FreeSet = std::set<Block*, BySizeThenAddr>;
+
+}  // namespace torchmem::detail

@@ -1,0 +1,165 @@
+// carve.cpp: blocks: best fit, split, merge, free and deferred frees.
+//
+// This is the fast path. A cached hit is: one lower_bound in the heap's
+// FreeSet, a split that reuses the set node of the block it splits (extract +
+// insert, no allocation), and on free at most two neighbour merges. No stats
+// are touched here (Note [Stats apart]); only structural tallies.
+#include <algorithm>
+
+#include "core/detail/pool_impl.h"
+
+namespace torchmem {
+
+using detail::Block;
+using detail::Heap;
+
+namespace {
+// How many best-fit candidates to skip because another stream still owns
+// them (fence pending) before giving up on cached blocks.
+constexpr int kMaxStreamSkips = 16;
+}  // namespace
+
+bool Pool::Impl::reusable(const Block& b, StreamId stream) {
+  if (b.free_seq == 0 || b.free_stream == stream) return true;
+  if (b.free_stream == detail::kMixedStreams) return all_fences_done(b.free_seq);
+  return fence_done(slot_for(b.free_stream), b.free_seq, /*may_record=*/true);
+}
+
+Block* Pool::Impl::find_fit(Heap& heap, std::size_t size, StreamId stream) {
+  auto it = heap.free.lower_bound(detail::SizeAddr{size, 0});
+  for (int skipped = 0; it != heap.free.end() && skipped < kMaxStreamSkips; ++it, ++skipped) {
+    Block* b = *it;
+    if (reusable(*b, stream)) return b;
+  }
+  return nullptr;
+}
+
+Block* Pool::Impl::carve(Block* b, std::size_t size) {
+  Heap& heap = *b->heap;
+  auto node = heap.free.extract(b);
+  if (b->size > size) {
+    // Split: the rest stays free, with the same fence tag, and takes over the
+    // set node.
+    Block* rest = arena.make();
+    rest->addr = b->addr + size;
+    rest->size = b->size - size;
+    rest->heap = b->heap;
+    rest->segment = b->segment;
+    rest->free_stream = b->free_stream;
+    rest->free_seq = b->free_seq;
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next) b->next->prev = rest;
+    b->next = rest;
+    b->size = size;
+    node.value() = rest;
+    heap.free.insert(std::move(node));
+  } else {
+    --free_blocks[heap.small ? 0 : 1];
+  }
+  b->state = BlockState::kAllocated;
+  return b;
+}
+
+void Pool::Impl::merge_tags(Block& into, const Block& other) {
+  if (other.free_seq == 0) return;
+  if (into.free_seq == 0) {
+    into.free_stream = other.free_stream;
+    into.free_seq = other.free_seq;
+    return;
+  }
+  if (into.free_stream != other.free_stream) into.free_stream = detail::kMixedStreams;
+  into.free_seq = std::max(into.free_seq, other.free_seq);
+}
+
+Block* Pool::Impl::release_block(Block* b, StreamId free_stream) {
+  Heap& heap = *b->heap;
+  const int kind = heap.small ? 0 : 1;
+  const std::uint32_t slot = slot_for(free_stream);
+  slots[slot].last_free_seq = seq;
+  if (vmm) unpin(heap, b->addr, b->size, free_stream, seq, /*restore=*/false);
+  b->state = BlockState::kInactive;
+  b->requested = 0;
+  b->context = 0;
+  b->uses.clear();
+  b->free_stream = free_stream;
+  b->free_seq = seq;
+
+  decltype(heap.free)::node_type node;
+  if (Block* p = b->prev; p && p->is_free()) {
+    node = heap.free.extract(p);
+    p->size += b->size;
+    p->next = b->next;
+    if (b->next) b->next->prev = p;
+    merge_tags(*p, *b);
+    arena.recycle(b);
+    b = p;
+    --free_blocks[kind];
+  }
+  if (Block* n = b->next; n && n->is_free()) {
+    if (node.empty()) {
+      node = heap.free.extract(n);
+    } else {
+      heap.free.erase(n);
+    }
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next) n->next->prev = b;
+    merge_tags(*b, *n);
+    arena.recycle(n);
+    --free_blocks[kind];
+  }
+  if (node.empty()) {
+    heap.free.insert(b);
+  } else {
+    node.value() = b;
+    heap.free.insert(std::move(node));
+  }
+  ++free_blocks[kind];
+  return b;
+}
+
+bool Pool::Impl::poll_deferred(bool wait) {
+  bool any = false;
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < deferred.size(); ++i) {
+    Deferred& d = deferred[i];
+    bool done = true;
+    for (EventHandle& e : d.events) {
+      if (!e) continue;
+      if (wait) {
+        backend.synchronize_event(e);
+      } else if (!backend.event_completed(e)) {
+        done = false;
+        continue;
+      }
+      backend.destroy_event(e);
+      e = 0;
+    }
+    if (!done) {
+      if (kept != i) deferred[kept] = std::move(d);
+      ++kept;
+      continue;
+    }
+    Block* b = d.block;
+    const bool small = b->heap->small;
+    const std::size_t size = b->size, requested = b->requested;
+    const Addr addr = b->addr;
+    const StreamId stream = b->stream;
+    const PoolId pool = b->heap->pool;
+    const std::uint64_t context = b->context;
+    release_block(b, stream);
+    active_total -= size;
+    note_free_completed(small, size);
+    trace(TraceAction::kFreeCompleted, addr, requested, stream, pool, context);
+    any = true;
+  }
+  deferred.resize(kept);
+  if (any) {
+    if (released_pools) maybe_drop_released_pools();
+    sync_memory_stats();
+  }
+  return any;
+}
+
+}  // namespace torchmem

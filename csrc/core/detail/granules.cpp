@@ -1,0 +1,334 @@
+// granules.cpp: physical memory of VMM heaps: pinning, acquiring granules
+// (create / reclaim + stitch / map), fences and the reclaimable lists.
+//
+// Note [Lazy reclaim]
+// Free blocks keep their granules mapped: reusing cached memory in place
+// costs nothing. A granule is only unmapped to be moved where a new block
+// needs it (stitching) or by release_cached(). Order of sources for a missing
+// granule (Note [Policy] in pool.h): create while held stays within
+// (1 + reclaim_slack) x in-use (and the budget); take the least recently
+// emptied reclaimable granule whose fence completed; create under the budget.
+// Moving granules only when a new one would otherwise be created keeps held
+// memory at the live high-water mark (plus edge rounding) for ~20-45 us per
+// moved granule, a few times per training step; unmapping eagerly would cost
+// more than a whole step. All map/unmap calls are batched over consecutive
+// granules.
+#include <algorithm>
+
+#include "core/detail/pool_impl.h"
+
+namespace torchmem {
+
+using detail::Granule;
+using detail::GranuleRef;
+using detail::Heap;
+using detail::StreamSlot;
+
+std::size_t Pool::Impl::first_granule(const Heap& heap, Addr addr) const {
+  return (addr - heap.base) / gran;
+}
+
+std::size_t Pool::Impl::end_granule(const Heap& heap, Addr end) const {
+  return (end - heap.base + gran - 1) / gran;
+}
+
+Granule& Pool::Impl::granule(GranuleRef ref) { return heaps[ref.heap]->granules[ref.index]; }
+
+// ---- reclaimable lists ------------------------------------------------------
+
+void Pool::Impl::list_push(std::uint32_t slot, GranuleRef ref, bool front) {
+  StreamSlot& s = slots[slot];
+  Granule& g = granule(ref);
+  g.on_list = true;
+  g.slot = slot;
+  g.prev = g.next = GranuleRef{};
+  if (s.head.empty()) {
+    s.head = s.tail = ref;
+  } else if (front) {
+    granule(s.head).prev = ref;
+    g.next = s.head;
+    s.head = ref;
+  } else {
+    granule(s.tail).next = ref;
+    g.prev = s.tail;
+    s.tail = ref;
+  }
+  ++s.listed;
+}
+
+void Pool::Impl::list_remove(GranuleRef ref) {
+  Granule& g = granule(ref);
+  StreamSlot& s = slots[g.slot];
+  if (g.prev.empty()) {
+    s.head = g.next;
+  } else {
+    granule(g.prev).next = g.next;
+  }
+  if (g.next.empty()) {
+    s.tail = g.prev;
+  } else {
+    granule(g.next).prev = g.prev;
+  }
+  g.prev = g.next = GranuleRef{};
+  g.on_list = false;
+  --s.listed;
+}
+
+std::uint32_t Pool::Impl::slot_for(StreamId stream) {
+  if (cached_valid && cached_stream == stream) return cached_slot;
+  auto it = slot_index.find(stream);
+  std::uint32_t slot;
+  if (it == slot_index.end()) {
+    slot = static_cast<std::uint32_t>(slots.size());
+    slots.emplace_back();
+    slots.back().stream = stream;
+    slot_index.emplace(stream, slot);
+  } else {
+    slot = it->second;
+  }
+  cached_stream = stream;
+  cached_slot = slot;
+  cached_valid = true;
+  return slot;
+}
+
+// ---- fences (Note [Fences] in pool.h) --------------------------------------
+
+bool Pool::Impl::fence_done(std::uint32_t slot, std::uint64_t q, bool may_record) {
+  StreamSlot& s = slots[slot];
+  if (s.completed_seq >= q) return true;
+  while (!s.fences.empty() && backend.event_completed(s.fences.front().event)) {
+    s.completed_seq = std::max(s.completed_seq, s.fences.front().seq);
+    backend.destroy_event(s.fences.front().event);
+    s.fences.pop_front();
+  }
+  if (s.completed_seq >= q) return true;
+  if (may_record && (s.fences.empty() || s.fences.back().seq < q)) {
+    // One event covers every free on this stream so far.
+    s.fences.push_back(detail::Fence{backend.record_event(s.stream), seq});
+    if (backend.event_completed(s.fences.back().event)) {
+      // Stream order: every older fence of this stream completed too.
+      s.completed_seq = std::max(s.completed_seq, s.fences.back().seq);
+      for (const detail::Fence& f : s.fences) backend.destroy_event(f.event);
+      s.fences.clear();
+    }
+  }
+  return s.completed_seq >= q;
+}
+
+bool Pool::Impl::all_fences_done(std::uint64_t q) {
+  for (std::uint32_t i = 1; i < slots.size(); ++i) {
+    const std::uint64_t need = std::min(q, slots[i].last_free_seq);
+    if (!fence_done(i, need, true)) return false;
+  }
+  return true;
+}
+
+void Pool::Impl::sync_all_fences() {
+  for (std::uint32_t i = 1; i < slots.size(); ++i) {
+    StreamSlot& s = slots[i];
+    if (s.last_free_seq > s.completed_seq &&
+        (s.fences.empty() || s.fences.back().seq < s.last_free_seq)) {
+      s.fences.push_back(detail::Fence{backend.record_event(s.stream), seq});
+    }
+    for (const detail::Fence& f : s.fences) {
+      backend.synchronize_event(f.event);
+      s.completed_seq = std::max(s.completed_seq, f.seq);
+      backend.destroy_event(f.event);
+    }
+    s.fences.clear();
+  }
+}
+
+// ---- pinning ------------------------------------------------------------------
+
+std::size_t Pool::Impl::pin(Heap& heap, Addr addr, std::size_t size) {
+  const std::size_t g0 = first_granule(heap, addr), g1 = end_granule(heap, addr + size);
+  if (g1 > heap.granules.size()) {
+    // Grow geometrically, but never past the range.
+    std::size_t want = std::max(g1, heap.granules.size() * 2);
+    heap.granules.resize(std::min(want, heap.span / gran));
+  }
+  std::size_t missing = 0;
+  for (std::size_t i = g0; i < g1; ++i) {
+    Granule& g = heap.granules[i];
+    if (g.live++ != 0) continue;
+    if (g.handle) {
+      list_remove(GranuleRef{heap.id, static_cast<std::uint32_t>(i)});
+    } else {
+      ++missing;
+    }
+  }
+  return missing;
+}
+
+void Pool::Impl::unpin(Heap& heap, Addr addr, std::size_t size, StreamId stream, std::uint64_t at_seq,
+                       bool restore) {
+  const std::size_t g0 = first_granule(heap, addr), g1 = end_granule(heap, addr + size);
+  std::uint32_t slot = 0;
+  bool have_slot = false;
+  for (std::size_t i = g0; i < g1; ++i) {
+    Granule& g = heap.granules[i];
+    if (--g.live != 0 || !g.handle) continue;
+    if (restore) {
+      list_push(g.slot, GranuleRef{heap.id, static_cast<std::uint32_t>(i)}, /*front=*/true);
+      continue;
+    }
+    if (!have_slot) {
+      slot = slot_for(stream);
+      have_slot = true;
+    }
+    g.seq = at_seq;
+    list_push(slot, GranuleRef{heap.id, static_cast<std::uint32_t>(i)}, /*front=*/false);
+  }
+}
+
+// ---- acquiring granules ------------------------------------------------------
+
+std::vector<GranuleRef> Pool::Impl::pop_reclaimable(std::size_t count) {
+  std::vector<GranuleRef> out;
+  while (out.size() < count) {
+    std::uint32_t best = 0;
+    std::uint64_t best_seq = 0;
+    bool found = false;
+    for (std::uint32_t i = 0; i < slots.size(); ++i) {
+      if (slots[i].listed == 0) continue;
+      const Granule& head = granule(slots[i].head);
+      if (found && head.seq >= best_seq) continue;
+      if (!fence_done(i, head.seq, /*may_record=*/true)) continue;
+      best = i;
+      best_seq = head.seq;
+      found = true;
+    }
+    if (!found) break;
+    GranuleRef ref = slots[best].head;
+    list_remove(ref);
+    out.push_back(ref);
+  }
+  return out;
+}
+
+void Pool::Impl::unmap_granules(std::vector<GranuleRef>& refs, std::vector<GranuleHandle>* handles) {
+  std::sort(refs.begin(), refs.end(), [](const GranuleRef& a, const GranuleRef& b) {
+    return a.heap != b.heap ? a.heap < b.heap : a.index < b.index;
+  });
+  for (std::size_t i = 0; i < refs.size();) {
+    std::size_t j = i + 1;
+    while (j < refs.size() && refs[j].heap == refs[i].heap && refs[j].index == refs[j - 1].index + 1) ++j;
+    Heap& heap = *heaps[refs[i].heap];
+    const Addr at = heap.base + std::size_t{refs[i].index} * gran;
+    backend.unmap(at, j - i);
+    for (std::size_t k = i; k < j; ++k) {
+      Granule& g = heap.granules[refs[k].index];
+      handles->push_back(g.handle);
+      g.handle = 0;
+    }
+    heap.mapped -= j - i;
+    mapped_bytes[heap.small ? 0 : 1] -= (j - i) * gran;
+    trace(TraceAction::kSegmentUnmap, at, (j - i) * gran, 0, heap.pool, 0);
+    i = j;
+  }
+}
+
+bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t missing,
+                         std::size_t request) {
+  const std::size_t limit = budget();
+  const double slack_cap = (1.0 + config.reclaim_slack) * double(active_total + request);
+  std::vector<GranuleHandle> handles;
+  handles.reserve(missing);
+  std::size_t created = 0, reclaimed = 0;
+  bool device_full = false;
+  auto create_while = [&](bool within_slack) {
+    while (!device_full && handles.size() < missing && held + gran <= limit &&
+           (!within_slack || double(held + gran) <= slack_cap)) {
+      GranuleHandle h = backend.create_granule();
+      if (!h) {
+        device_full = true;
+        break;
+      }
+      held += gran;
+      ++created;
+      handles.push_back(h);
+    }
+  };
+  create_while(true);
+  if (handles.size() < missing) {
+    std::vector<GranuleRef> victims = pop_reclaimable(missing - handles.size());
+    reclaimed = victims.size();
+    if (!victims.empty()) unmap_granules(victims, &handles);
+  }
+  create_while(false);
+  if (handles.size() < missing) {
+    // Not enough: give everything back rather than hold unmapped handles.
+    for (GranuleHandle h : handles) backend.release_granule(h);
+    held -= handles.size() * gran;
+    stats_.num_device_alloc += created;
+    stats_.num_device_free += handles.size();
+    return false;
+  }
+  // Map the holes of [addr, addr + size) in runs of consecutive granules.
+  const std::size_t g0 = first_granule(heap, addr), g1 = end_granule(heap, addr + size);
+  std::size_t next = 0;
+  for (std::size_t i = g0; i < g1;) {
+    if (heap.granules[i].handle) {
+      ++i;
+      continue;
+    }
+    std::size_t j = i;
+    while (j < g1 && !heap.granules[j].handle) ++j;
+    const Addr at = heap.base + i * gran;
+    backend.map(at, handles.data() + next, j - i);
+    for (std::size_t k = i; k < j; ++k) heap.granules[k].handle = handles[next++];
+    trace(TraceAction::kSegmentMap, at, (j - i) * gran, 0, heap.pool, 0);
+    i = j;
+  }
+  heap.mapped += missing;
+  mapped_bytes[heap.small ? 0 : 1] += missing * gran;
+  stats_.num_device_alloc += created;
+  stats_.num_reclaims += reclaimed;
+  return true;
+}
+
+std::size_t Pool::Impl::release_reclaimable(std::size_t keep_bytes) {
+  if (held <= keep_bytes) return 0;
+  std::vector<GranuleRef> victims = pop_reclaimable((held - keep_bytes) / gran);
+  if (victims.empty()) return 0;
+  std::vector<GranuleHandle> handles;
+  unmap_granules(victims, &handles);
+  for (GranuleHandle h : handles) backend.release_granule(h);
+  held -= handles.size() * gran;
+  stats_.num_device_free += handles.size();
+  return handles.size() * gran;
+}
+
+void Pool::Impl::premap_reserve() {
+  Heap& heap = *default_large;
+  std::size_t n = (config.reserve_bytes + gran - 1) / gran;
+  n = std::min(n, budget() / gran);
+  heap.granules.resize(std::max(heap.granules.size(), n));
+  std::vector<GranuleHandle> handles;
+  for (std::size_t i = 0; i < n; ++i) {
+    GranuleHandle h = backend.create_granule();
+    if (!h) {
+      for (GranuleHandle x : handles) backend.release_granule(x);
+      throw PoolError("PoolConfig.reserve_bytes: the device could not provide " +
+                      std::to_string(n * gran) + " bytes");
+    }
+    handles.push_back(h);
+  }
+  if (n == 0) return;
+  backend.map(heap.base, handles.data(), n);
+  for (std::size_t i = 0; i < n; ++i) {
+    heap.granules[i].handle = handles[i];
+    heap.granules[i].seq = 0;
+    list_push(0, GranuleRef{heap.id, static_cast<std::uint32_t>(i)}, /*front=*/false);
+  }
+  heap.mapped += n;
+  mapped_bytes[1] += n * gran;
+  held += n * gran;
+  reserve_held = n * gran;
+  stats_.num_device_alloc += n;
+  trace(TraceAction::kSegmentMap, heap.base, n * gran, 0, 0, 0);
+}
+
+}  // namespace torchmem

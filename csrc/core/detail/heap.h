@@ -1,0 +1,71 @@
+// heap.h: a heap (the small or the large one of a pool id), its granule table
+// (VMM) or its segments (cuda_malloc).
+//
+// VMM: a heap reserves one virtual range at creation and never grows it. Its
+// blocks tile the whole range; the last free block is the unlimited tail that
+// new space is carved from. Physical memory is tracked per granule: whether
+// it is mapped (and with which handle) and how many live blocks (allocated or
+// pending free) overlap it. A mapped granule with no live overlap sits on a
+// reclaimable list (see streams.h) until it is reused in place, moved
+// elsewhere (stitching) or released.
+//
+// cuda_malloc: a heap is a set of segments; blocks tile each segment.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/detail/block.h"
+#include "core/types.h"
+
+namespace torchmem::detail {
+
+// A granule of some heap, by heap id and index inside the heap's range.
+struct GranuleRef {
+  std::uint32_t heap = kNone;
+  std::uint32_t index = 0;
+  static constexpr std::uint32_t kNone = ~std::uint32_t{0};
+  bool empty() const { return heap == kNone; }
+  bool operator==(const GranuleRef& o) const { return heap == o.heap && index == o.index; }
+};
+
+struct Granule {
+  GranuleHandle handle = 0;  // 0: not mapped
+  std::uint32_t live = 0;    // live blocks overlapping this granule
+  // Reclaimable list links (valid while on_list): the list of `slot`'s stream.
+  bool on_list = false;
+  std::uint32_t slot = 0;    // stream slot whose fence guards the granule
+  std::uint64_t seq = 0;     // pool sequence of the free that emptied it
+  GranuleRef prev, next;
+};
+
+struct Segment {
+  Addr addr = 0;
+  std::size_t size = 0;
+  bool pinned = false;  // holds reserve_bytes: kept by release_cached
+  Block* first = nullptr;
+};
+
+struct Heap {
+  std::uint32_t id = 0;
+  PoolId pool = 0;
+  bool small = false;
+  // VMM
+  Addr base = 0;
+  std::size_t span = 0;
+  std::vector<Granule> granules;  // grows on demand, up to span / granularity
+  std::size_t mapped = 0;         // granules mapped
+  // cuda_malloc
+  std::vector<std::unique_ptr<Segment>> segments;
+  std::size_t segment_bytes = 0;
+
+  FreeSet free;
+  Block* first = nullptr;  // VMM: the lowest block of the range
+  // Tallies of live blocks, kept by the carving code for invariants and for
+  // largest-free and snapshot queries (stats proper live in PoolStats).
+  std::size_t live_blocks = 0;
+};
+
+}  // namespace torchmem::detail

@@ -1,0 +1,258 @@
+// inspect.cpp: read-only views of the pool: check_invariants(), snapshot()
+// and the largest free block.
+//
+// check_invariants() recomputes everything the pool keeps incrementally
+// (tiling, merges, granule use counts, reclaimable lists, held bytes, stats)
+// from the blocks themselves and reports the first disagreement. It is O(size
+// of the pool) and meant for tests and debug builds.
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+#include <unordered_set>
+
+#include "core/detail/pool_impl.h"
+
+namespace torchmem {
+
+using detail::Block;
+using detail::Granule;
+using detail::GranuleRef;
+using detail::Heap;
+
+namespace {
+
+std::string hex(Addr a) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(a));
+  return buf;
+}
+
+std::string where(const Heap& h) {
+  return std::string(h.small ? "small" : "large") + " heap of pool " + std::to_string(h.pool);
+}
+
+}  // namespace
+
+std::string Pool::Impl::check_invariants() const {
+  std::ostringstream err;
+  std::size_t live_count = 0, pending_count = 0, free_count[2] = {0, 0};
+  std::size_t alloc_bytes[2] = {0, 0}, active_bytes[2] = {0, 0}, requested_bytes[2] = {0, 0};
+  std::size_t active_blocks[2] = {0, 0};
+  std::size_t held_seen = 0, listed_seen = 0;
+  std::unordered_set<GranuleHandle> handles;
+  std::unordered_set<const Block*> pending;
+  for (const Deferred& d : deferred) pending.insert(d.block);
+
+  // Walks one tiled range [lo, hi) starting at `first`; returns false on error.
+  auto walk = [&](const Heap& h, const Block* first, Addr lo, Addr hi,
+                  std::vector<std::uint32_t>* counts) -> bool {
+    const int kind = h.small ? 0 : 1;
+    Addr at = lo;
+    const Block* prev = nullptr;
+    for (const Block* b = first; b; prev = b, b = b->next) {
+      if (b->prev != prev) { err << where(h) << ": block " << hex(b->addr) << " has a wrong prev link"; return false; }
+      if (b->addr != at) { err << where(h) << ": gap or overlap at " << hex(at) << " (next block at " << hex(b->addr) << ")"; return false; }
+      if (b->size == 0 || b->size % kMinBlockSize) { err << where(h) << ": block " << hex(b->addr) << " has size " << b->size; return false; }
+      if (b->heap != &h) { err << where(h) << ": block " << hex(b->addr) << " names another heap"; return false; }
+      const bool in_set = h.free.count(const_cast<Block*>(b)) != 0;
+      if (b->is_free()) {
+        if (prev && prev->is_free()) { err << where(h) << ": adjacent free blocks at " << hex(prev->addr) << " and " << hex(b->addr) << " were not merged"; return false; }
+        if (!in_set) { err << where(h) << ": free block " << hex(b->addr) << " is missing from the free set"; return false; }
+        ++free_count[kind];
+      } else {
+        if (in_set) { err << where(h) << ": live block " << hex(b->addr) << " is in the free set"; return false; }
+        if (b->state == BlockState::kAllocated) {
+          auto it = live.find(b->addr);
+          if (it == live.end() || it->second != b) { err << where(h) << ": allocated block " << hex(b->addr) << " is not in the live map"; return false; }
+          ++live_count;
+          alloc_bytes[kind] += b->size;
+          requested_bytes[kind] += b->requested;
+        } else {
+          if (!pending.count(b)) { err << where(h) << ": pending block " << hex(b->addr) << " is not on the deferred list"; return false; }
+          ++pending_count;
+        }
+        active_bytes[kind] += b->size;
+        ++active_blocks[kind];
+        if (counts) {
+          for (std::size_t i = first_granule(h, b->addr); i < end_granule(h, b->end()); ++i) {
+            if (i >= counts->size() || !h.granules[i].handle) { err << where(h) << ": live block " << hex(b->addr) << " covers unmapped granule " << i; return false; }
+            ++(*counts)[i];
+          }
+        }
+      }
+      at = b->end();
+    }
+    if (at != hi) { err << where(h) << ": blocks end at " << hex(at) << ", not at the range end " << hex(hi); return false; }
+    return true;
+  };
+
+  for (const auto& hp : heaps) {
+    if (!hp) continue;
+    const Heap& h = *hp;
+    const std::size_t before = free_count[h.small ? 0 : 1];
+    if (vmm) {
+      std::vector<std::uint32_t> counts(h.granules.size(), 0);
+      if (!walk(h, h.first, h.base, h.base + h.span, &counts)) return err.str();
+      std::size_t mapped = 0;
+      for (std::size_t i = 0; i < h.granules.size(); ++i) {
+        const Granule& g = h.granules[i];
+        if (g.live != counts[i]) { err << where(h) << ": granule " << i << " counts " << g.live << " live blocks, found " << counts[i]; return err.str(); }
+        if (g.handle) {
+          ++mapped;
+          if (!handles.insert(g.handle).second) { err << "granule handle " << g.handle << " is mapped twice"; return err.str(); }
+        }
+        const bool reclaimable = g.handle && g.live == 0;
+        if (g.on_list != reclaimable) { err << where(h) << ": granule " << i << (reclaimable ? " is reclaimable but not listed" : " is listed but not reclaimable"); return err.str(); }
+      }
+      if (mapped != h.mapped) { err << where(h) << ": " << mapped << " granules mapped, tally says " << h.mapped; return err.str(); }
+      held_seen += mapped * gran;
+    } else {
+      std::size_t bytes = 0;
+      for (const auto& s : h.segments) {
+        if (!walk(h, s->first, s->addr, s->addr + s->size, nullptr)) return err.str();
+        for (const Block* b = s->first; b; b = b->next) {
+          if (b->segment != s.get()) { err << where(h) << ": block " << hex(b->addr) << " names another segment"; return err.str(); }
+        }
+        bytes += s->size;
+      }
+      if (bytes != h.segment_bytes) { err << where(h) << ": segments hold " << bytes << " bytes, tally says " << h.segment_bytes; return err.str(); }
+      held_seen += bytes;
+    }
+    if (free_count[h.small ? 0 : 1] - before != h.free.size()) {
+      err << where(h) << ": free set has " << h.free.size() << " blocks, the range has " << free_count[h.small ? 0 : 1] - before;
+      return err.str();
+    }
+  }
+  // Reclaimable lists.
+  for (std::uint32_t s = 0; s < slots.size(); ++s) {
+    std::size_t n = 0;
+    GranuleRef prev;
+    for (GranuleRef r = slots[s].head; !r.empty();) {
+      const Granule& g = heaps[r.heap]->granules[r.index];
+      if (!g.on_list || g.slot != s || !(g.prev == prev)) { err << "reclaimable list of stream slot " << s << " is corrupt at granule " << r.index; return err.str(); }
+      prev = r;
+      r = g.next;
+      if (++n > slots[s].listed) break;
+    }
+    if (n != slots[s].listed) { err << "reclaimable list of stream slot " << s << " has " << n << " granules, tally says " << slots[s].listed; return err.str(); }
+    listed_seen += n;
+  }
+  (void)listed_seen;
+  if (held_seen != held) { err << "the pool holds " << held_seen << " bytes, tally says " << held; return err.str(); }
+  if (live_count != live.size()) { err << live.size() << " blocks in the live map, " << live_count << " in the heaps"; return err.str(); }
+  if (pending_count != deferred.size()) { err << deferred.size() << " deferred frees, " << pending_count << " pending blocks"; return err.str(); }
+  if (active_bytes[0] + active_bytes[1] != active_total) { err << "active bytes " << active_bytes[0] + active_bytes[1] << ", tally says " << active_total; return err.str(); }
+  for (int k = 0; k < 2; ++k) {
+    if (free_count[k] != free_blocks[k]) { err << "free block tally of kind " << k << " is " << free_blocks[k] << ", found " << free_count[k]; return err.str(); }
+  }
+  // Stats equal sums.
+  const int kinds[2] = {kStatSmallPool, kStatLargePool};
+  auto expect = [&](const char* name, const Stat* stat, const std::size_t* per_kind) -> bool {
+    for (int j = 0; j < 2; ++j) {
+      if (stat[kinds[j]].current != static_cast<std::int64_t>(per_kind[j])) {
+        err << "stat " << name << "[" << (j ? "large_pool" : "small_pool") << "].current = " << stat[kinds[j]].current << ", expected " << per_kind[j];
+        return false;
+      }
+    }
+    if (stat[kStatAll].current != static_cast<std::int64_t>(per_kind[0] + per_kind[1])) {
+      err << "stat " << name << "[all].current = " << stat[kStatAll].current << ", expected " << per_kind[0] + per_kind[1];
+      return false;
+    }
+    return true;
+  };
+  std::size_t alloc_blocks[2] = {0, 0};
+  for (const auto& kv : live) ++alloc_blocks[kv.second->heap->small ? 0 : 1];
+  if (!expect("allocation", stats_.allocation, alloc_blocks)) return err.str();
+  if (!expect("allocated_bytes", stats_.allocated_bytes, alloc_bytes)) return err.str();
+  if (!expect("requested_bytes", stats_.requested_bytes, requested_bytes)) return err.str();
+  if (!expect("active", stats_.active, active_blocks)) return err.str();
+  if (!expect("active_bytes", stats_.active_bytes, active_bytes)) return err.str();
+  if (!expect("reserved_bytes", stats_.reserved_bytes, mapped_bytes)) return err.str();
+  return "";
+}
+
+PoolSnapshot Pool::Impl::snapshot() const {
+  PoolSnapshot snap;
+  auto info = [](const Block* b, Addr lo, Addr hi) {
+    BlockInfo bi;
+    bi.addr = lo;
+    bi.size = hi - lo;
+    bi.state = b->state;
+    const bool is_live = !b->is_free();
+    bi.requested = is_live ? b->requested : 0;
+    bi.stream = is_live ? b->stream : 0;
+    bi.context = is_live ? b->context : 0;
+    return bi;
+  };
+  for (const auto& hp : heaps) {
+    if (!hp) continue;
+    const Heap& h = *hp;
+    if (vmm) {
+      const Block* b = h.first;
+      for (std::size_t i = 0; i < h.granules.size();) {
+        if (!h.granules[i].handle) {
+          ++i;
+          continue;
+        }
+        std::size_t j = i;
+        while (j < h.granules.size() && h.granules[j].handle) ++j;
+        const Addr lo = h.base + i * gran, hi = h.base + j * gran;
+        SegmentInfo seg{lo, hi - lo, h.small, h.pool, 0, {}};
+        while (b && b->end() <= lo) b = b->next;
+        for (const Block* c = b; c && c->addr < hi; c = c->next) {
+          seg.blocks.push_back(info(c, std::max(c->addr, lo), std::min(c->end(), hi)));
+          if (!c->is_free() && seg.stream == 0) seg.stream = c->stream;
+        }
+        snap.segments.push_back(std::move(seg));
+        i = j;
+      }
+    } else {
+      for (const auto& s : h.segments) {
+        SegmentInfo seg{s->addr, s->size, h.small, h.pool, 0, {}};
+        for (const Block* c = s->first; c; c = c->next) {
+          seg.blocks.push_back(info(c, c->addr, c->end()));
+          if (!c->is_free() && seg.stream == 0) seg.stream = c->stream;
+        }
+        snap.segments.push_back(std::move(seg));
+      }
+    }
+  }
+  std::sort(snap.segments.begin(), snap.segments.end(),
+            [](const SegmentInfo& a, const SegmentInfo& b) { return a.addr < b.addr; });
+  snap.trace = ring.entries();
+  return snap;
+}
+
+std::size_t Pool::Impl::largest_free_block() const {
+  std::size_t best = 0;
+  for (const auto& hp : heaps) {
+    if (!hp) continue;
+    const Heap& h = *hp;
+    for (auto it = h.free.rbegin(); it != h.free.rend(); ++it) {
+      const Block* b = *it;
+      if (b->size <= best) break;
+      if (!vmm) {
+        best = b->size;
+        break;
+      }
+      // The longest mapped stretch inside the block.
+      const std::size_t g0 = first_granule(h, b->addr);
+      const std::size_t g1 = std::min(end_granule(h, b->end()), h.granules.size());
+      for (std::size_t i = g0; i < g1;) {
+        if (!h.granules[i].handle) {
+          ++i;
+          continue;
+        }
+        std::size_t j = i;
+        while (j < g1 && h.granules[j].handle) ++j;
+        const Addr lo = std::max(b->addr, h.base + i * gran);
+        const Addr hi = std::min(b->end(), h.base + j * gran);
+        best = std::max(best, static_cast<std::size_t>(hi - lo));
+        i = j;
+      }
+    }
+  }
+  return best;
+}
+
+}  // namespace torchmem

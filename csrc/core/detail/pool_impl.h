@@ -1,0 +1,157 @@
+// pool_impl.h: the pool's state and the internal operations behind pool.h.
+//
+// Pool (pool.cpp) validates input, takes the lock and calls into Impl; Impl
+// never locks. The implementation is split by concern:
+//   pool.cpp          construction, the public methods, the OOM ladder, stats
+//   detail/carve.cpp  best fit, split, merge, free, deferred frees (blocks)
+//   detail/granules.cpp  pin/unpin granules, acquire (create / reclaim / map),
+//                     fences and reclaimable lists, releasing cached granules
+//   detail/segments.cpp  cuda_malloc mode: segments
+//   detail/inspect.cpp   check_invariants, snapshot, largest free block
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/detail/block.h"
+#include "core/detail/heap.h"
+#include "core/detail/streams.h"
+#include "core/detail/trace_ring.h"
+#include "core/pool.h"
+
+namespace torchmem {
+
+struct Pool::Impl {
+  Impl(Backend& backend, PoolConfig& config);
+  ~Impl();
+  void teardown();  // returns every granule, range and segment to the backend
+
+  // ---- the two heaps of a pool id ------------------------------------------
+  struct PoolHeaps {
+    detail::Heap* small = nullptr;
+    detail::Heap* large = nullptr;
+    bool released = false;
+  };
+
+  // ---- pool.cpp ----------------------------------------------------------------
+  Addr allocate(std::size_t size, StreamId stream, PoolId pool, std::uint64_t context);
+  void deallocate(Addr addr);
+  void record_stream(Addr addr, StreamId stream);
+  void create_private_pool(PoolId pool);
+  void release_private_pool(PoolId pool);
+  std::size_t release_cached();  // also the OOM ladder's step 5
+  PoolStats stats() const;
+  std::size_t budget() const;    // limit in bytes (device capacity if 0)
+  void after_op(const char* what);  // debug checks
+
+  // Stats, updated once per successful operation (Note [Stats apart]).
+  void note_alloc(bool small, std::size_t size, std::size_t requested);
+  void note_free_requested(bool small, std::size_t size, std::size_t requested, bool deferred);
+  void note_free_completed(bool small, std::size_t size);
+  void sync_memory_stats();  // segment / reserved / inactive gauges from tallies
+  void trace(TraceAction action, Addr addr, std::size_t size, StreamId stream, PoolId pool,
+             std::uint64_t context);
+
+  // ---- heaps ---------------------------------------------------------------------
+  detail::Heap* make_heap(PoolId pool, bool small);
+  void drop_heap(detail::Heap* heap);
+  detail::Heap* heap_for(PoolId pool, std::size_t rounded);
+  void maybe_drop_released_pools();
+  bool pool_empty(const PoolHeaps& heaps) const;
+
+  // ---- detail/carve.cpp -----------------------------------------------------
+  // Best fitting free block of `heap` usable on `stream`, or null.
+  detail::Block* find_fit(detail::Heap& heap, std::size_t size, StreamId stream);
+  bool reusable(const detail::Block& block, StreamId stream);
+  // Turns the first `size` bytes of free block `b` into a live block; the rest
+  // stays free. Granules must already be mapped (VMM).
+  detail::Block* carve(detail::Block* b, std::size_t size);
+  // Makes a live or pending block free again and merges it with free neighbours.
+  detail::Block* release_block(detail::Block* b, StreamId free_stream);
+  void merge_tags(detail::Block& into, const detail::Block& other);
+  bool poll_deferred(bool wait);  // true if some deferred free completed
+
+  // ---- detail/granules.cpp --------------------------------------------------
+  std::size_t first_granule(const detail::Heap& heap, Addr addr) const;
+  std::size_t end_granule(const detail::Heap& heap, Addr end) const;
+  detail::Granule& granule(detail::GranuleRef ref);
+  // Marks the granules of [addr, addr+size) as used by one more live block and
+  // returns how many of them are unmapped.
+  std::size_t pin(detail::Heap& heap, Addr addr, std::size_t size);
+  // Undoes pin(); granules left with no live block become reclaimable under
+  // the fence of (`stream`, `seq`), or keep their previous fence if `restore`.
+  void unpin(detail::Heap& heap, Addr addr, std::size_t size, StreamId stream, std::uint64_t seq,
+             bool restore);
+  // Maps the unmapped granules of the (pinned) range, getting handles as in
+  // Note [Policy]. False (nothing changed) when the budget or device says no.
+  bool acquire(detail::Heap& heap, Addr addr, std::size_t size, std::size_t missing,
+               std::size_t request);
+  std::vector<detail::GranuleRef> pop_reclaimable(std::size_t count);
+  void unmap_granules(std::vector<detail::GranuleRef>& refs, std::vector<GranuleHandle>* handles);
+  void list_push(std::uint32_t slot, detail::GranuleRef ref, bool front);
+  void list_remove(detail::GranuleRef ref);
+  std::uint32_t slot_for(StreamId stream);
+  bool fence_done(std::uint32_t slot, std::uint64_t seq, bool may_record);
+  bool all_fences_done(std::uint64_t seq);
+  void sync_all_fences();
+  std::size_t release_reclaimable(std::size_t keep_bytes);  // unmap + release, oldest first
+  void premap_reserve();
+
+  // ---- detail/segments.cpp --------------------------------------------------
+  bool grow_segments(detail::Heap& heap, std::size_t size);
+  std::size_t release_empty_segments(bool include_pinned);
+  void free_segment(detail::Heap& heap, detail::Segment* segment);
+
+  // ---- detail/inspect.cpp --------------------------------------------------
+  std::string check_invariants() const;
+  PoolSnapshot snapshot() const;
+  std::size_t largest_free_block() const;
+
+  // ---- state ----------------------------------------------------------------
+  Backend& backend;
+  PoolConfig& config;
+  const bool vmm;
+  const std::size_t gran;
+  std::size_t capacity = 0;      // device total at construction
+  std::size_t virtual_span = 0;  // per heap (VMM)
+  bool checks = false;
+
+  detail::BlockArena arena;
+  std::vector<std::unique_ptr<detail::Heap>> heaps;  // by id; null once dropped
+  std::unordered_map<PoolId, PoolHeaps> pools;       // pool 0 included
+  detail::Heap* default_small = nullptr;
+  detail::Heap* default_large = nullptr;
+  std::size_t released_pools = 0;  // released, not yet dropped
+
+  std::unordered_map<Addr, detail::Block*> live;  // allocated blocks by address
+
+  std::vector<detail::StreamSlot> slots;  // slot 0: memory never used
+  std::unordered_map<StreamId, std::uint32_t> slot_index;
+  StreamId cached_stream = 0;
+  std::uint32_t cached_slot = 0;
+  bool cached_valid = false;
+
+  struct Deferred {
+    detail::Block* block;
+    std::vector<EventHandle> events;  // one per foreign stream; 0 once completed
+  };
+  std::vector<Deferred> deferred;
+
+  std::size_t held = 0;         // bytes held from the backend
+  std::size_t active_total = 0; // bytes of live + pending blocks, all heaps
+  std::size_t reserve_held = 0; // bytes release_cached() keeps
+  std::uint64_t seq = 0;        // operation sequence
+  // Per kind (0 small, 1 large) tallies behind the memory gauges.
+  std::size_t mapped_bytes[2] = {0, 0};
+  std::size_t segment_count[2] = {0, 0};
+  std::size_t free_blocks[2] = {0, 0};
+
+  PoolStats stats_;
+  detail::TraceRing ring;
+};
+
+}  // namespace torchmem

@@ -1,0 +1,595 @@
+// pool.cpp: Pool's public methods, construction, the OOM ladder and stats.
+//
+// Every public method validates its input, takes the one mutex and calls into
+// Pool::Impl (detail/pool_impl.h), whose parts live in csrc/core/detail/.
+// Caller errors throw PoolError before anything changes, so the pool is
+// unchanged after one. Lock order: Pool::mutex_, then the backend's own
+// lock if it has one; nothing under the lock calls user code.
+#include "core/pool.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+
+#include "core/detail/pool_impl.h"
+
+namespace torchmem {
+
+using detail::Block;
+using detail::Heap;
+
+namespace {
+
+std::string hex(Addr a) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(a));
+  return buf;
+}
+
+std::string mib(std::size_t bytes) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%zu bytes (%.2f MiB)", bytes, bytes / double(kMiB));
+  return buf;
+}
+
+// Validates `c` against `backend`; throws PoolError naming the field.
+void validate(const PoolConfig& c, Backend& backend, std::size_t capacity) {
+  const std::size_t g = backend.granularity();
+  if (g < kMinBlockSize || (g & (g - 1)) != 0) {
+    throw PoolError("backend granularity " + std::to_string(g) +
+                    " is not a power of two >= 512 bytes (a backend bug)");
+  }
+  if (c.limit_bytes != 0 && c.limit_bytes < g) {
+    throw PoolError("PoolConfig.limit_bytes = " + mib(c.limit_bytes) +
+                    " is below one granule (" + mib(g) + "); give at least one granule or 0 for no limit");
+  }
+  if (c.small_page_bytes == 0 || c.small_page_bytes % g != 0) {
+    throw PoolError("PoolConfig.small_page_bytes = " + std::to_string(c.small_page_bytes) +
+                    " is not a positive multiple of the backend granularity (" + std::to_string(g) + ")");
+  }
+  if (c.small_threshold == 0 || c.small_threshold > c.small_page_bytes) {
+    throw PoolError("PoolConfig.small_threshold = " + std::to_string(c.small_threshold) +
+                    " must be in (0, small_page_bytes = " + std::to_string(c.small_page_bytes) + "]");
+  }
+  if (!(c.reclaim_slack >= 0.0) || !std::isfinite(c.reclaim_slack)) {
+    throw PoolError("PoolConfig.reclaim_slack = " + std::to_string(c.reclaim_slack) +
+                    " must be a finite number >= 0");
+  }
+  const std::size_t limit = c.limit_bytes ? c.limit_bytes : capacity;
+  if (c.reserve_bytes > limit) {
+    throw PoolError("PoolConfig.reserve_bytes = " + mib(c.reserve_bytes) + " exceeds the limit, " +
+                    mib(limit) + "; lower reserve_bytes or raise limit_bytes");
+  }
+  if (c.virtual_bytes != 0 && c.virtual_bytes < g) {
+    throw PoolError("PoolConfig.virtual_bytes = " + std::to_string(c.virtual_bytes) +
+                    " is below one granule; use 0 for the default (twice the device memory)");
+  }
+}
+
+inline std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / unit * unit; }
+
+// Sets a gauge to `value`, recording the change as an increase or decrease.
+inline void set_gauge(Stat& stat, std::int64_t value) {
+  if (value > stat.current) {
+    stat.increase(value - stat.current);
+  } else if (value < stat.current) {
+    stat.decrease(stat.current - value);
+  }
+}
+
+}  // namespace
+
+// ============================================================================
+// Impl: construction and teardown
+// ============================================================================
+
+Pool::Impl::Impl(Backend& backend_in, PoolConfig& config_in)
+    : backend(backend_in),
+      config(config_in),
+      vmm(backend_in.supports_vmm()),
+      gran(backend_in.granularity()),
+      ring(config_in.trace_capacity) {
+  capacity = backend.mem_info().total_bytes;
+  virtual_span = round_up(config.virtual_bytes ? config.virtual_bytes : 2 * capacity, gran);
+#if TORCHMEM_DEBUG
+  checks = true;
+#else
+  checks = config.debug_checks;
+#endif
+  slots.emplace_back();  // slot 0: never-used memory, no fence needed
+  slots[0].completed_seq = detail::StreamSlot::kAlwaysComplete;
+  try {
+    PoolHeaps& heaps0 = pools[0];
+    heaps0.small = default_small = make_heap(0, true);
+    heaps0.large = default_large = make_heap(0, false);
+    if (config.reserve_bytes) {
+      if (vmm) {
+        premap_reserve();
+      } else {
+        // One pinned segment in the large heap, kept by release_cached.
+        if (!grow_segments(*default_large, round_up(config.reserve_bytes, 2 * kMiB))) {
+          throw PoolError("PoolConfig.reserve_bytes = " + mib(config.reserve_bytes) +
+                          ": the device could not provide it");
+        }
+        default_large->segments.back()->pinned = true;
+        reserve_held = held;
+      }
+    }
+  } catch (...) {
+    teardown();
+    throw;
+  }
+  sync_memory_stats();
+}
+
+Pool::Impl::~Impl() { teardown(); }
+
+void Pool::Impl::teardown() {
+  // Return everything, live or not: the owner is going away.
+  for (Deferred& d : deferred) {
+    for (EventHandle e : d.events) {
+      if (e) backend.destroy_event(e);
+    }
+  }
+  for (detail::StreamSlot& slot : slots) {
+    for (detail::Fence& f : slot.fences) backend.destroy_event(f.event);
+  }
+  for (auto& heap : heaps) {
+    if (!heap) continue;
+    if (vmm) {
+      for (std::size_t i = 0; i < heap->granules.size(); ++i) {
+        detail::Granule& gr = heap->granules[i];
+        if (!gr.handle) continue;
+        backend.unmap(heap->base + i * gran, 1);
+        backend.release_granule(gr.handle);
+        gr.handle = 0;
+      }
+      backend.unreserve(heap->base, heap->span);
+    } else {
+      for (auto& seg : heap->segments) backend.free_segment(seg->addr, seg->size);
+      heap->segments.clear();
+    }
+  }
+  heaps.clear();
+  deferred.clear();
+  slots.clear();
+}
+
+Heap* Pool::Impl::make_heap(PoolId pool, bool small) {
+  auto heap = std::make_unique<Heap>();
+  heap->id = static_cast<std::uint32_t>(heaps.size());
+  heap->pool = pool;
+  heap->small = small;
+  if (vmm) {
+    heap->base = backend.reserve(virtual_span);
+    if (!heap->base) {
+      throw std::runtime_error("torchmem: could not reserve " + mib(virtual_span) +
+                               " of virtual address space; set PoolConfig.virtual_bytes lower");
+    }
+    heap->span = virtual_span;
+    // The whole range starts as one free block: the unlimited tail.
+    Block* tail = arena.make();
+    tail->addr = heap->base;
+    tail->size = heap->span;
+    tail->heap = heap.get();
+    heap->first = tail;
+    heap->free.insert(tail);
+    ++free_blocks[small ? 0 : 1];
+  }
+  heaps.push_back(std::move(heap));
+  return heaps.back().get();
+}
+
+void Pool::Impl::drop_heap(Heap* heap) {
+  // Only called for empty heaps: no live block, nothing mapped, no segment.
+  for (Block* b = heap->first; b;) {
+    Block* next = b->next;
+    arena.recycle(b);
+    b = next;
+  }
+  free_blocks[heap->small ? 0 : 1] -= heap->free.size();
+  if (vmm) backend.unreserve(heap->base, heap->span);
+  heaps[heap->id].reset();
+}
+
+Heap* Pool::Impl::heap_for(PoolId pool, std::size_t rounded) {
+  const bool small = rounded <= config.small_threshold;
+  if (pool == 0) return small ? default_small : default_large;
+  auto it = pools.find(pool);
+  if (it == pools.end()) {
+    throw PoolError("private pool " + std::to_string(pool) +
+                    " does not exist; call create_private_pool first");
+  }
+  if (it->second.released) {
+    throw PoolError("private pool " + std::to_string(pool) +
+                    " was released; create a new one to allocate from it");
+  }
+  return small ? it->second.small : it->second.large;
+}
+
+bool Pool::Impl::pool_empty(const PoolHeaps& ph) const {
+  for (const Heap* h : {ph.small, ph.large}) {
+    if (h->live_blocks || h->mapped || !h->segments.empty()) return false;
+  }
+  return true;
+}
+
+void Pool::Impl::maybe_drop_released_pools() {
+  if (released_pools == 0) return;
+  for (auto it = pools.begin(); it != pools.end();) {
+    if (it->second.released && !vmm) {
+      // cuda_malloc: a released pool's empty segments go back at once.
+      for (Heap* h : {it->second.small, it->second.large}) {
+        for (std::size_t i = h->segments.size(); i-- > 0;) {
+          detail::Segment* s = h->segments[i].get();
+          if (s->first->is_free() && s->first->next == nullptr) free_segment(*h, s);
+        }
+      }
+    }
+    if (it->second.released && pool_empty(it->second)) {
+      drop_heap(it->second.small);
+      drop_heap(it->second.large);
+      --released_pools;
+      it = pools.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::size_t Pool::Impl::budget() const {
+  return config.limit_bytes ? config.limit_bytes : capacity;
+}
+
+// ============================================================================
+// Impl: the allocation ladder (Note [OOM ladder] in pool.h)
+// ============================================================================
+
+Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::uint64_t context) {
+  if (size == 0) throw PoolError("allocate: size 0; request at least one byte");
+  if (size > (std::size_t{1} << 62)) {
+    throw PoolError("allocate: size " + std::to_string(size) + " is not a plausible request");
+  }
+  const std::size_t rounded = round_up(size, kMinBlockSize);
+  Heap* heap = heap_for(pool, rounded);  // may throw: nothing changed yet
+  ++seq;
+  if (!deferred.empty()) poll_deferred(false);
+
+  Block* b = nullptr;
+  // Tries steps 1 and 3: a cached fit, then carving with new granules/segments.
+  auto attempt = [&]() -> Block* {
+    Block* fit = find_fit(*heap, rounded, stream);
+    if (vmm) {
+      if (!fit) return nullptr;  // the range is exhausted (or fenced off)
+      std::size_t missing = pin(*heap, fit->addr, rounded);
+      if (missing && !acquire(*heap, fit->addr, rounded, missing, rounded)) {
+        unpin(*heap, fit->addr, rounded, 0, 0, /*restore=*/true);
+        return nullptr;
+      }
+      return carve(fit, rounded);
+    }
+    if (!fit) {
+      if (!grow_segments(*heap, rounded)) return nullptr;
+      fit = find_fit(*heap, rounded, stream);
+      if (!fit) return nullptr;
+    }
+    return carve(fit, rounded);
+  };
+
+  b = attempt();
+  if (!b) {
+    // Step 4: wait for deferred frees and fences, then try again.
+    bool waited = !deferred.empty() || slots.size() > 1;
+    if (waited) {
+      poll_deferred(true);
+      sync_all_fences();
+      ++stats_.num_sync_all_streams;
+      b = attempt();
+    }
+    if (!b) {
+      // Step 5: return every cached granule/segment and retry.
+      ++stats_.num_alloc_retries;
+      release_cached();
+      b = attempt();
+    }
+    if (!b) {
+      ++stats_.num_ooms;
+      trace(TraceAction::kOom, 0, size, stream, pool, context);
+      sync_memory_stats();
+      return 0;
+    }
+  }
+  // Success: the block is live.
+  b->requested = size;
+  b->stream = stream;
+  b->context = context;
+  live.emplace(b->addr, b);
+  ++heap->live_blocks;
+  active_total += b->size;
+  note_alloc(heap->small, b->size, size);
+  sync_memory_stats();
+  trace(TraceAction::kAlloc, b->addr, size, stream, pool, context);
+  return b->addr;
+}
+
+void Pool::Impl::deallocate(Addr addr) {
+  auto it = live.find(addr);
+  if (it == live.end()) {
+    throw PoolError("free: " + hex(addr) +
+                    " is not a live block of this pool (never allocated here, or already freed)");
+  }
+  Block* b = it->second;
+  live.erase(it);
+  ++seq;
+  Heap* heap = b->heap;
+  const bool small = heap->small;
+  const std::size_t size = b->size, requested = b->requested;
+  const StreamId stream = b->stream;
+  const PoolId pool = heap->pool;
+  const std::uint64_t context = b->context;
+  --heap->live_blocks;
+  trace(TraceAction::kFreeRequested, addr, requested, stream, pool, context);
+  if (!b->uses.empty()) {
+    // Note [Record stream]: wait for every foreign stream before reuse.
+    Deferred d{b, {}};
+    d.events.reserve(b->uses.size());
+    for (StreamId s : b->uses) d.events.push_back(backend.record_event(s));
+    b->state = BlockState::kPendingFree;
+    deferred.push_back(std::move(d));
+    ++stats_.num_deferred_frees;
+    note_free_requested(small, size, requested, /*deferred=*/true);
+    return;
+  }
+  release_block(b, stream);
+  active_total -= size;
+  note_free_requested(small, size, requested, /*deferred=*/false);
+  note_free_completed(small, size);
+  trace(TraceAction::kFreeCompleted, addr, requested, stream, pool, context);
+  if (released_pools) maybe_drop_released_pools();
+  sync_memory_stats();
+}
+
+void Pool::Impl::record_stream(Addr addr, StreamId stream) {
+  auto it = live.find(addr);
+  if (it == live.end()) {
+    throw PoolError("record_stream: " + hex(addr) + " is not a live block of this pool");
+  }
+  Block* b = it->second;
+  if (stream == b->stream) return;
+  if (std::find(b->uses.begin(), b->uses.end(), stream) == b->uses.end()) b->uses.push_back(stream);
+}
+
+void Pool::Impl::create_private_pool(PoolId pool) {
+  if (pool == 0) throw PoolError("create_private_pool: id 0 is the default pool; use a non-zero id");
+  if (pools.count(pool)) {
+    throw PoolError("create_private_pool: pool " + std::to_string(pool) + " already exists" +
+                    (pools[pool].released ? " (released, with blocks still live)" : ""));
+  }
+  PoolHeaps ph;
+  ph.small = make_heap(pool, true);
+  ph.large = make_heap(pool, false);
+  pools[pool] = ph;
+}
+
+void Pool::Impl::release_private_pool(PoolId pool) {
+  if (pool == 0) throw PoolError("release_private_pool: the default pool (id 0) cannot be released");
+  auto it = pools.find(pool);
+  if (it == pools.end() || it->second.released) {
+    throw PoolError("release_private_pool: no private pool " + std::to_string(pool) +
+                    (it == pools.end() ? "" : " (already released)"));
+  }
+  it->second.released = true;
+  ++released_pools;
+  // cuda_malloc: its empty segments go back now; VMM: its cached granules are
+  // reclaimable like any others and go when stitched or released.
+  maybe_drop_released_pools();
+  sync_memory_stats();
+}
+
+std::size_t Pool::Impl::release_cached() {
+  poll_deferred(true);
+  sync_all_fences();
+  const std::size_t before = held;
+  if (vmm) {
+    release_reclaimable(reserve_held);
+  } else {
+    release_empty_segments(false);
+  }
+  maybe_drop_released_pools();
+  sync_memory_stats();
+  return before - held;
+}
+
+void Pool::Impl::after_op(const char* what) {
+  if (!checks) return;
+  std::string problem = check_invariants();
+  if (!problem.empty()) {
+    throw std::logic_error(std::string("torchmem pool invariant violated after ") + what + ": " + problem);
+  }
+}
+
+// ============================================================================
+// Impl: stats (Note [Stats apart])
+// ============================================================================
+
+void Pool::Impl::note_alloc(bool small, std::size_t size, std::size_t requested) {
+  const int k = small ? kStatSmallPool : kStatLargePool;
+  for (int i : {int(kStatAll), k}) {
+    stats_.allocation[i].increase(1);
+    stats_.active[i].increase(1);
+    stats_.allocated_bytes[i].increase(static_cast<std::int64_t>(size));
+    stats_.active_bytes[i].increase(static_cast<std::int64_t>(size));
+    stats_.requested_bytes[i].increase(static_cast<std::int64_t>(requested));
+  }
+  ++stats_.num_allocs;
+}
+
+void Pool::Impl::note_free_requested(bool small, std::size_t size, std::size_t requested, bool) {
+  const int k = small ? kStatSmallPool : kStatLargePool;
+  for (int i : {int(kStatAll), k}) {
+    stats_.allocation[i].decrease(1);
+    stats_.allocated_bytes[i].decrease(static_cast<std::int64_t>(size));
+    stats_.requested_bytes[i].decrease(static_cast<std::int64_t>(requested));
+  }
+  ++stats_.num_frees;
+}
+
+void Pool::Impl::note_free_completed(bool small, std::size_t size) {
+  const int k = small ? kStatSmallPool : kStatLargePool;
+  for (int i : {int(kStatAll), k}) {
+    stats_.active[i].decrease(1);
+    stats_.active_bytes[i].decrease(static_cast<std::int64_t>(size));
+  }
+}
+
+void Pool::Impl::sync_memory_stats() {
+  std::int64_t total_segments = 0, total_reserved = 0, total_free = 0;
+  const int kinds[2] = {kStatSmallPool, kStatLargePool};
+  std::size_t vmm_heaps[2] = {0, 0};
+  if (vmm) {
+    for (const auto& h : heaps) {
+      if (h) ++vmm_heaps[h->small ? 0 : 1];
+    }
+  }
+  for (int j = 0; j < 2; ++j) {
+    const int k = kinds[j];
+    const std::int64_t segments =
+        static_cast<std::int64_t>(vmm ? mapped_bytes[j] / gran : segment_count[j]);
+    const std::int64_t reserved = static_cast<std::int64_t>(mapped_bytes[j]);
+    const std::int64_t free_count = static_cast<std::int64_t>(free_blocks[j] - vmm_heaps[j]);
+    set_gauge(stats_.segment[k], segments);
+    set_gauge(stats_.reserved_bytes[k], reserved);
+    set_gauge(stats_.inactive_split[k], free_count);
+    set_gauge(stats_.inactive_split_bytes[k], reserved - stats_.active_bytes[k].current);
+    total_segments += segments;
+    total_reserved += reserved;
+    total_free += free_count;
+  }
+  set_gauge(stats_.segment[kStatAll], total_segments);
+  set_gauge(stats_.reserved_bytes[kStatAll], total_reserved);
+  set_gauge(stats_.inactive_split[kStatAll], total_free);
+  set_gauge(stats_.inactive_split_bytes[kStatAll], total_reserved - stats_.active_bytes[kStatAll].current);
+}
+
+PoolStats Pool::Impl::stats() const {
+  PoolStats s = stats_;
+  s.largest_free_block = largest_free_block();
+  s.limit_bytes = config.limit_bytes;
+  s.granularity = gran;
+  return s;
+}
+
+void Pool::Impl::trace(TraceAction action, Addr addr, std::size_t size, StreamId stream, PoolId pool,
+                       std::uint64_t context) {
+  if (ring.enabled()) ring.push(TraceEntry{action, addr, size, stream, pool, context, seq});
+}
+
+// ============================================================================
+// Pool: the public surface
+// ============================================================================
+
+Pool::Pool(Backend& backend, const PoolConfig& config) : backend_(backend), config_(config) {
+  validate(config_, backend_, backend_.mem_info().total_bytes);
+  impl_ = std::make_unique<Impl>(backend_, config_);
+}
+
+Pool::~Pool() = default;
+
+Addr Pool::allocate(std::size_t size, StreamId stream, PoolId pool, std::uint64_t context) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Addr a = impl_->allocate(size, stream, pool, context);
+  impl_->after_op("allocate");
+  return a;
+}
+
+void Pool::deallocate(Addr addr) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  impl_->deallocate(addr);
+  impl_->after_op("free");
+}
+
+void Pool::record_stream(Addr addr, StreamId stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  impl_->record_stream(addr, stream);
+}
+
+void Pool::create_private_pool(PoolId pool) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  impl_->create_private_pool(pool);
+  impl_->after_op("create_private_pool");
+}
+
+void Pool::release_private_pool(PoolId pool) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  impl_->release_private_pool(pool);
+  impl_->after_op("release_private_pool");
+}
+
+std::size_t Pool::release_cached() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++impl_->stats_.num_cache_releases;
+  std::size_t freed = impl_->release_cached();
+  impl_->after_op("release_cached");
+  return freed;
+}
+
+void Pool::set_limit(std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::size_t g = backend_.granularity();
+  if (bytes != 0 && bytes < g) {
+    throw PoolError("set_limit: " + mib(bytes) + " is below one granule (" + mib(g) +
+                    "); give at least one granule or 0 for no limit");
+  }
+  config_.limit_bytes = bytes;
+}
+
+std::size_t Pool::limit() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return config_.limit_bytes;
+}
+
+PoolStats Pool::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return impl_->stats();
+}
+
+void Pool::reset_peak_stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  PoolStats& s = impl_->stats_;
+#define TORCHMEM_RESET_PEAK(name) \
+  for (Stat& st : s.name) st.reset_peak();
+  TORCHMEM_STAT_ARRAYS(TORCHMEM_RESET_PEAK)
+#undef TORCHMEM_RESET_PEAK
+}
+
+void Pool::reset_accumulated_stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  PoolStats& s = impl_->stats_;
+#define TORCHMEM_RESET_ACC(name) \
+  for (Stat& st : s.name) st.reset_accumulated();
+  TORCHMEM_STAT_ARRAYS(TORCHMEM_RESET_ACC)
+#undef TORCHMEM_RESET_ACC
+#define TORCHMEM_RESET_COUNTER(name) s.name = 0;
+  TORCHMEM_COUNTERS(TORCHMEM_RESET_COUNTER)
+#undef TORCHMEM_RESET_COUNTER
+}
+
+PoolSnapshot Pool::snapshot() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return impl_->snapshot();
+}
+
+std::size_t Pool::block_size(Addr addr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = impl_->live.find(addr);
+  return it == impl_->live.end() ? 0 : it->second->size;
+}
+
+std::string Pool::check_invariants() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return impl_->check_invariants();
+}
+
+}  // namespace torchmem
