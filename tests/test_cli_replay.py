@@ -1,0 +1,118 @@
+"""`python -m torchmem replay` and `python -m torchmem demo` (CPU replay path):
+output, JSON fields, --snapshot, and errors."""
+
+import json
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+from torchmem import trace as trace_io
+from torchmem.cli import main
+from support import REPO
+
+JSON_FIELDS = {"trace", "policy", "events", "peak_requested", "peak_reserved", "ratio", "ooms",
+               "backend_calls", "modeled_backend_us"}
+
+
+@pytest.fixture(scope="module")
+def short_trace(tmp_path_factory):
+    """The first 30,000 events of the gpt2 trace, as a trace file."""
+    full = trace_io.load(trace_io.bundled_trace("gpt2"))
+    part = trace_io.Trace(events=full.events[:30000], workload="gpt2_head", torch_version=full.torch_version)
+    return str(trace_io.save(part, tmp_path_factory.mktemp("traces") / "gpt2_head.json.gz"))
+
+
+def test_table_side_by_side(short_trace, capsys):
+    assert main(["replay", short_trace]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == f"{short_trace}: 30,000 events"
+    assert lines[1].split() == ["torchmem", "native", "recorded"]
+    labels = [line[:22].strip() for line in lines[2:]]
+    for label in ("peak requested", "peak reserved", "ratio", "OOMs", "modeled backend time"):
+        assert label in labels
+    ratio_row = next(line for line in lines if line.startswith("ratio"))
+    ours, native, recorded = (float(x) for x in ratio_row.split()[1:])
+    assert native == pytest.approx(recorded, rel=0.01) and ours <= native
+
+
+def test_json_lines_with_min_cap(short_trace, capsys):
+    assert main(["replay", short_trace, short_trace, "--json", "--min-cap", "--policy", "all"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["trace"], r["policy"]) for r in records] == [(short_trace, "torchmem"), (short_trace, "native")] * 2
+    for r in records:
+        assert JSON_FIELDS | {"min_cap", "min_cap_ratio"} <= set(r)
+        assert r["events"] == 30000 and r["ooms"] == 0
+        assert r["ratio"] == pytest.approx(r["peak_reserved"] / r["peak_requested"])
+        assert r["min_cap_ratio"] == pytest.approx(r["min_cap"] / r["peak_requested"])
+        assert isinstance(r["backend_calls"], dict) and "map_calls" in r["backend_calls"]
+
+
+def test_json_without_min_cap_has_no_min_cap_fields(short_trace, capsys):
+    assert main(["replay", short_trace, "--json", "--policy", "native"]) == 0
+    (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert record["policy"] == "native" and "min_cap" not in record
+
+
+def test_limit_and_config_options(short_trace, capsys):
+    assert main(["replay", short_trace, "--json", "--policy", "torchmem", "--limit", "64MiB",
+                 "--config", "reclaim_slack=0.01"]) == 0
+    (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert record["limit"] == 64 << 20
+    assert record["ooms"] > 0 and record["peak_reserved"] <= 64 << 20
+
+
+def test_snapshot_at_peak_is_a_torch_memory_snapshot(short_trace, tmp_path, capsys):
+    out = tmp_path / "peak.pickle"
+    assert main(["replay", short_trace, "--policy", "torchmem", "--json", "--snapshot", str(out)]) == 0
+    captured = capsys.readouterr()
+    record = json.loads(captured.out.splitlines()[0])
+    assert f"at event {record['peak_reserved_event']:,}" in captured.err
+    with open(out, "rb") as f:
+        assert f.read(2) == b"\x80\x04"  # pickle protocol 4
+    with open(out, "rb") as f:
+        snapshot = pickle.load(f)
+    assert {"segments", "device_traces", "allocator_settings"} <= set(snapshot)
+    assert snapshot["allocator_settings"]["replayed_event"] == record["peak_reserved_event"]
+    mapped = sum(s["total_size"] for s in snapshot["segments"])
+    assert 0 < mapped <= record["peak_reserved"]
+    from torch.cuda import _memory_viz
+
+    summary = _memory_viz.segsum(snapshot)  # PyTorch's own viewer reads it
+    assert f"segments: {len(snapshot['segments'])}" in summary and "total_reserved" in summary
+
+
+def test_errors_name_the_problem(tmp_path, capsys):
+    assert main(["replay", str(tmp_path / "nope.json.gz")]) == 2
+    assert "trace file not found" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert main(["replay", str(bad)]) == 2
+    assert "'events' list" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["replay", str(bad), "--policy", "tlsf"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'tlsf'" in capsys.readouterr().err
+    assert main(["replay", str(bad), "--limit", "lots"]) == 2
+    assert "--limit" in capsys.readouterr().err
+    assert main(["replay", str(bad), str(bad), "--snapshot", str(tmp_path / "x.pickle")]) == 2
+    assert "give one TRACE" in capsys.readouterr().err
+
+
+def test_module_entry_point_json(short_trace):
+    proc = subprocess.run([sys.executable, "-m", "torchmem", "replay", short_trace, "--json"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [r["policy"] for r in records] == ["torchmem", "native"]
+
+
+def test_demo_replays_gpt2_side_by_side(capsys):
+    assert main(["demo", "--replay"]) == 0
+    out = capsys.readouterr().out
+    assert "gpt2_train: 214,231 events" in out
+    assert "min-cap ratio" in out
+    assert "expandable_segments" in out and "cudaMallocAsync" in out  # the H200 anchors
+    assert "GiB less at peak than PyTorch's native allocator" in out
