@@ -27,8 +27,9 @@ its message.
 Note [Remembered sizes]
 The size that worked is remembered per call site (the decorated function) and
 per bucket of free memory, as toma does: when free memory rises into a new
-bucket (a model was freed, a budget was raised) the search starts again from
-the full size, which is how the decorator grows back.
+bucket at least two buckets (512 MiB) above the one where a size was learnt
+(a model was freed, a budget was raised) the search starts again from the full
+size, which is how the decorator grows back; one bucket of jitter is ignored.
 """
 
 import functools
@@ -150,8 +151,13 @@ class _SizeCache:
         return -1 if free is None else free // MEMORY_BUCKET_BYTES
 
     def get(self, site):
+        """The size for the current bucket; a size from one bucket lower also
+        counts (free memory jitters across a bucket edge between calls); from
+        two or more buckets lower it does not: memory rose, search again."""
+        bucket = self.bucket()
         with self._lock:
-            return self._sizes.get((site, self.bucket()))
+            size = self._sizes.get((site, bucket))
+            return size if size is not None else self._sizes.get((site, bucket - 1))
 
     def put(self, site, size):
         with self._lock:
