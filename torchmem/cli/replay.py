@@ -99,7 +99,7 @@ def format_table(trace, results):
     if any(r.limit for r in results):
         row("budget", [_mib(r.limit) if r.limit else "device" for r in results])
     row("OOMs", [f"{r.ooms:,}" for r in results])
-    kinds = sorted({k for r in results for k, v in r.backend_calls.items() if v})
+    kinds = [k for k in results[0].backend_calls if any(r.backend_calls.get(k) for r in results)] if results else []
     for kind in kinds:
         row(f"{kind.replace('_calls', '')} calls", [f"{r.backend_calls.get(kind, 0):,}" for r in results])
     row("stitched granules", [f"{r.reclaims:,}" if r.policy == "torchmem" else "-" for r in results])
