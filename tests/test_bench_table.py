@@ -1,0 +1,45 @@
+"""bench/bench_table.py turns benchmark JSON lines into the Markdown tables of
+BENCHMARKS.md; checked here on synthetic rows (the real ones come from the GPU)."""
+
+import json
+import os
+import subprocess
+import sys
+
+from support import REPO
+
+
+def row(workload, allocator, step, alloc=1000 << 20, reserved=1100 << 20):
+    return {"workload": workload, "allocator": allocator, "peak_allocated": alloc, "peak_reserved": reserved,
+            "device_used_peak": reserved + (50 << 20), "ratio": reserved / alloc, "median_step_s": step}
+
+
+def test_tables_from_synthetic_results(tmp_path):
+    rows = [row("gpt2", "native", 0.200, reserved=1630 << 20), row("gpt2", "native", 0.210, reserved=1630 << 20),
+            row("gpt2", "torchmem", 0.190, reserved=1010 << 20), row("gpt2", "torchmem", 0.195, reserved=1010 << 20),
+            {"workload": "microbench", "allocator": "native", "mean_s_per_alloc": 2.7e-6,
+             "rounds_s_per_alloc": [2.6e-6, 2.8e-6], "ratio": 1.1},
+            {"workload": "microbench", "allocator": "torchmem", "mean_s_per_alloc": 2.5e-6,
+             "rounds_s_per_alloc": [2.5e-6, 2.5e-6], "ratio": 1.0}]
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "bench_table.py"), str(path)],
+                          capture_output=True, text=True, check=True)
+    lines = proc.stdout.splitlines()
+    native = next(line for line in lines if line.startswith("| gpt2 | native |"))
+    mine = next(line for line in lines if line.startswith("| gpt2 | torchmem |"))
+    assert "| 2 | 1,000 | 1,630 |" in native and "| 1.630 |" in native and "| 1.000 |" in native
+    assert "| 1.010 |" in mine
+    assert "192.5 (5.0)" in mine and "| 0.939 |" in mine  # median 192.5 ms, spread 5 ms, vs native 205.0 ms
+    assert any(line.startswith("| torchmem | 1 | 2.50 (0.00) | 1.000 |") for line in lines), proc.stdout
+    assert any(line.startswith("| native | 1 | 2.70 (0.20) |") for line in lines), proc.stdout
+
+
+def test_workload_script_validates_arguments():
+    script = os.path.join(REPO, "bench", "gpu_workloads.py")
+    proc = subprocess.run([sys.executable, script, "--workload", "gpt2", "--allocator", "torchmem", "--out", "x",
+                           "--record-trace", "t.json.gz"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--record-trace needs --allocator native" in proc.stderr
+    proc = subprocess.run([sys.executable, script, "--workload", "nope", "--allocator", "native", "--out", "x"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr
