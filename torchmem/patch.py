@@ -26,6 +26,7 @@ wrapped ours keeps theirs).
 """
 
 import functools
+import importlib
 import threading
 
 _lock = threading.Lock()
@@ -52,6 +53,12 @@ def _stats():
     from torchmem import stats
 
     return stats
+
+
+def _snapshot_module():
+    # importlib, not `from torchmem import snapshot`: the package's lazy attribute of that
+    # name is the snapshot() function, not the module.
+    return importlib.import_module("torchmem.snapshot")
 
 
 def memory_stats(device=None):
@@ -96,23 +103,19 @@ def memory_summary(device=None, abbreviated=False):
 
 
 def _snapshot(device=None, augment_with_fx_traces=False):
-    from torchmem import snapshot
-
+    snapshot = _snapshot_module()
     del augment_with_fx_traces  # torchmem records no FX traces
     return snapshot.snapshot(**_device_kwargs(device))
 
 
 def memory_snapshot(mempool_id=None, include_traces=True):
-    from torchmem import snapshot
-
+    snapshot = _snapshot_module()
     del mempool_id  # torchmem's snapshot covers every pool of the device
     return snapshot.snapshot(include_traces=include_traces, **_device_kwargs(None))["segments"]
 
 
 def _record_memory_history(enabled="all", *args, **kwargs):
-    from torchmem import snapshot
-
-    snapshot.torch_record_memory_history(enabled, *args, **kwargs)
+    _snapshot_module().torch_record_memory_history(enabled, *args, **kwargs)
 
 
 # name -> our replacement; each answers from torchmem when _use_torchmem(), else calls torch's.

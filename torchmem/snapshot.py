@@ -18,12 +18,21 @@ dicts. The table therefore grows with distinct stacks, not with allocations.
 Ids are never reused, so a block allocated long ago still finds its stack.
 Frames are innermost first, as in torch's snapshots; torchmem's own frames are
 dropped and at most MAX_FRAMES kept.
+
+Note [Callable module]
+`torchmem.snapshot` names both this module and its snapshot() function (the
+package exports the function lazily). Importing the module, which other parts
+of torchmem do, makes Python set the package attribute to the module, and
+`torchmem.snapshot()` would then fail. So the module is callable: calling it
+calls snapshot(). Code inside torchmem reaches the module with
+importlib.import_module("torchmem.snapshot").
 """
 
 import os
 import pickle
 import sys
 import threading
+import types
 import warnings
 
 from torchmem import stats as _stats
@@ -156,3 +165,13 @@ def torch_record_memory_history(enabled="all", context="all", stacks="all", max_
         on = enabled is not None
     record_history(enabled=on, stacks="python" if (on and context is not None) else None,
                    max_entries=max_entries if isinstance(max_entries, int) and max_entries >= 1 else MAX_TRACE_ENTRIES)
+
+
+class _CallableModule(types.ModuleType):
+    """Note [Callable module]."""
+
+    def __call__(self, *args, **kwargs):
+        return snapshot(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

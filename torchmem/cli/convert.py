@@ -1,15 +1,14 @@
 """`python -m torchmem convert IN OUT`: PyTorch snapshot pickle <-> torchmem trace (.json.gz).
 
 snapshot -> trace: the snapshot's device trace becomes the shared trace format
-(torchmem/data/traces/README.md), ready for `python -m torchmem replay`.
+(torchmem/data/traces/README.md), ready for `python -m torchmem replay`
+(torchmem.trace reads it, adding allocs for blocks live before recording began).
 trace -> snapshot: the trace becomes a snapshot's device_traces, and the
 state at its end (segments still allocated, tiled by the allocations still
 live and free gaps) becomes its segments, so PyTorch's memory_viz tools can
 draw it. The direction follows IN's content (a pickle or not).
 """
 
-import gzip
-import json
 import os
 import pickle
 
@@ -24,31 +23,28 @@ def add_arguments(parser):
                         help="snapshot device whose trace to convert (default: the one with the most entries)")
 
 
-def snapshot_to_trace(snapshot, device=None, workload="snapshot"):
-    """The shared trace format's dict from a torch-format snapshot's device trace."""
-    from torchmem.plot import ACTION_NAMES, snapshot_events
-
-    events, device = snapshot_events(snapshot, device)
-    return {"workload": workload, "torch": None, "device": device,
-            "actions": {str(code): name for code, name in ACTION_NAMES.items()},
-            "events": events.tolist()}
-
-
 def trace_to_snapshot(trace, device=0):
-    """A torch-format snapshot: the trace as device_traces, its end state as segments."""
-    from torchmem.plot import ACTION_NAMES, ALLOC, FREE_REQUESTED, SEGMENT_ALLOC, SEGMENT_FREE
+    """A torch-format snapshot from a torchmem.trace.Trace: its events as device_traces, its
+    end state as segments."""
+    from torchmem import trace as trace_io
 
+    names = {code: name for name, code in trace_io.ACTIONS.items()}
+    grows = (trace_io.SEGMENT_ALLOC, trace_io.SEGMENT_MAP)
+    shrinks = (trace_io.SEGMENT_FREE, trace_io.SEGMENT_UNMAP)
     entries, segments, live = [], {}, {}
-    for sequence, (action, addr, size, stream) in enumerate(trace["events"]):
-        entries.append({"action": ACTION_NAMES.get(action, "alloc"), "addr": addr, "size": size,
-                        "stream": stream, "time_us": sequence, "frames": []})
-        if action == ALLOC:
+    for sequence, (action, addr, size, stream) in enumerate(trace.events.tolist()):
+        entry = {"action": names[action], "addr": addr, "size": size, "stream": stream, "time_us": sequence,
+                 "frames": []}
+        if action == trace_io.OOM:
+            entry["device_free"] = 0
+        entries.append(entry)
+        if action == trace_io.ALLOC:
             live[addr] = (size, stream)
-        elif action == FREE_REQUESTED:
+        elif action == trace_io.FREE_REQUESTED:
             live.pop(addr, None)
-        elif action == SEGMENT_ALLOC:
+        elif action in grows:
             segments[addr] = (size, stream)
-        elif action == SEGMENT_FREE:
+        elif action in shrinks:
             segments.pop(addr, None)
     out_segments = []
     starts = sorted(segments)
@@ -85,7 +81,7 @@ def trace_to_snapshot(trace, device=0):
     traces = [[] for _ in range(device + 1)]
     traces[device] = entries
     return {"segments": out_segments, "device_traces": traces,
-            "allocator_settings": {"converted_from": str(trace.get("workload", "trace"))}}
+            "allocator_settings": {"converted_from": str(trace.name)}}
 
 
 def _is_trace_path(path):
@@ -94,6 +90,7 @@ def _is_trace_path(path):
 
 def run(args):
     from torchmem import plot
+    from torchmem import trace as trace_io
     from torchmem.snapshot import PICKLE_PROTOCOL
 
     if not os.path.exists(args.input):
@@ -101,18 +98,16 @@ def run(args):
     if plot.is_snapshot_path(args.input):
         if not _is_trace_path(args.output):
             raise ValueError(f"OUT: converting a snapshot writes a trace; expected a .json.gz or .json path, got {args.output!r}")
-        snapshot = plot.read_snapshot(args.input)
-        trace = snapshot_to_trace(snapshot, args.device, workload=os.path.basename(args.input))
-        opener = gzip.open if args.output.endswith(".gz") else open
-        with opener(args.output, "wt") as f:
-            json.dump(trace, f)
-        print(f"wrote {args.output}: {len(trace['events'])} events (device {trace['device']})")
+        trace = trace_io.load(args.input, device=args.device)
+        trace_io.save(trace, args.output)
+        extra = f", {trace.prologue} allocations live before recording began" if trace.prologue else ""
+        print(f"wrote {args.output}: {len(trace)} events (device {trace.device}{extra})")
         return 0
     if not args.output.endswith((".pickle", ".pkl")):
         raise ValueError(f"OUT: converting a trace writes a snapshot; expected a .pickle or .pkl path, got {args.output!r}")
-    trace = plot.read_trace(args.input)
+    trace = trace_io.load(args.input)
     snapshot = trace_to_snapshot(trace, device=args.device or 0)
     with open(args.output, "wb") as f:
         pickle.dump(snapshot, f, protocol=PICKLE_PROTOCOL)
-    print(f"wrote {args.output}: {len(snapshot['segments'])} segments, {len(trace['events'])} trace entries")
+    print(f"wrote {args.output}: {len(snapshot['segments'])} segments, {len(trace)} trace entries")
     return 0

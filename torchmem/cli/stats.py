@@ -59,11 +59,10 @@ def _print_snapshot_table(path, figures):
 def _trace_figures(path):
     from torchmem import plot
 
-    events, description, _ = plot.load_events(path)
-    requested, reserved = plot.curves(events)
-    peak_requested = int(requested.max()) if len(events) else 0
-    peak_reserved = int(reserved.max()) if len(events) else 0
-    return {"trace": description, "events": int(len(events)), "peak_requested": peak_requested,
+    trace, description = plot.load_events(path)
+    peak_requested = trace.peak_requested()
+    peak_reserved = trace.recorded_peak_reserved() or 0
+    return {"trace": description, "events": int(len(trace)), "peak_requested": peak_requested,
             "peak_reserved_recorded": peak_reserved,
             "ratio_recorded": peak_reserved / peak_requested if peak_requested else 0.0}
 
@@ -84,7 +83,18 @@ def run(args):
     except FileNotFoundError:
         raise FileNotFoundError(f"FILE: no such file: {args.file}") from None
     if is_snapshot:
-        figures = snapshot_figures(plot.read_snapshot(args.file))
+        from torchmem.trace import _DataOnlyUnpickler
+
+        try:
+            with open(args.file, "rb") as f:
+                snapshot = _DataOnlyUnpickler(f).load()
+        except Exception as exc:  # any unpickling failure is a bad file
+            raise ValueError(f"FILE: {args.file} is not a memory-snapshot pickle ({exc})") from None
+        if isinstance(snapshot, list):  # torch.cuda.memory_snapshot() dumps: segments only
+            snapshot = {"segments": snapshot}
+        if not isinstance(snapshot, dict) or "segments" not in snapshot:
+            raise ValueError(f"FILE: {args.file} is not a memory snapshot (no 'segments')")
+        figures = snapshot_figures(snapshot)
         if args.json:
             print(json.dumps(figures))
         else:
