@@ -19,7 +19,8 @@ Workloads: gpt2 (GPT-2 124M, AdamW, bf16 autocast, batch 2..16 x seq 64..1024),
 llama_ckpt (Llama-style ~300M, 16 layers, 1024 wide, GQA 16/4, gradient
 checkpointing, batch 1..8 x seq 128..4096), kv_generate (autoregressive decoding
 with a growing KV cache, varying prompt lengths and batch), vision (torchvision
-resnet50 training at varying resolutions and batch sizes).
+resnet50 training at varying resolutions and batch sizes; a plain-torch
+ResNet-50 where torchvision is missing).
 """
 
 import argparse
@@ -114,7 +115,8 @@ def reset_peaks(torch, allocator):
 def gpt2_workload(torch):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    model = GPT2LMHeadModel(GPT2Config()).cuda()
+    with torch.device("cuda"):  # initialize on the GPU: minutes faster than on the CPU
+        model = GPT2LMHeadModel(GPT2Config())
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     vocab = model.config.vocab_size
@@ -137,7 +139,8 @@ def llama_workload(torch):
 
     config = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=16,
                          num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=4096)
-    model = LlamaForCausalLM(config).cuda()
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config)
     model.gradient_checkpointing_enable()
     model.config.use_cache = False
     model.train()
@@ -161,12 +164,13 @@ def kv_generate_workload(torch):
     request has its own prompt length, batch and output length."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    model = GPT2LMHeadModel(GPT2Config(n_positions=2048)).cuda().to(torch.bfloat16).eval()
+    with torch.device("cuda"):
+        model = GPT2LMHeadModel(GPT2Config(n_positions=2048)).to(torch.bfloat16).eval()
     vocab = model.config.vocab_size
 
     @torch.no_grad()
     def step(rng):
-        batch, prompt, new = rng.randint(1, 32), rng.randint(16, 1024), rng.randint(32, 256)
+        batch, prompt, new = rng.randint(1, 32), rng.randint(16, 1024), rng.randint(16, 128)
         ids = torch.randint(0, vocab, (batch, prompt), device="cuda")
         out = model(input_ids=ids, use_cache=True)
         past = out.past_key_values
@@ -180,10 +184,44 @@ def kv_generate_workload(torch):
     return step
 
 
-def vision_workload(torch):
-    import torchvision
+def resnet50(torch):
+    """ResNet-50 from plain torch.nn, for machines without torchvision (same
+    layer shapes: bottlenecks of 3, 4, 6, 3 blocks, widths 64..512, expansion 4)."""
+    nn = torch.nn
 
-    model = torchvision.models.resnet50(num_classes=1000).cuda().to(memory_format=torch.channels_last)
+    class Bottleneck(nn.Module):
+        def __init__(self, cin, width, stride):
+            super().__init__()
+            cout = width * 4
+            self.body = nn.Sequential(
+                nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+                nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+                nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout))
+            self.skip = (nn.Identity() if stride == 1 and cin == cout else
+                         nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)))
+
+        def forward(self, x):
+            return torch.relu(self.body(x) + self.skip(x))
+
+    layers = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
+              nn.MaxPool2d(3, 2, 1)]
+    cin = 64
+    for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+        for i in range(blocks):
+            layers.append(Bottleneck(cin, width, stride if i == 0 else 1))
+            cin = width * 4
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 1000)]
+    return nn.Sequential(*layers)
+
+
+def vision_workload(torch):
+    try:
+        import torchvision
+
+        model = torchvision.models.resnet50(num_classes=1000)
+    except ImportError:
+        model = resnet50(torch)
+    model = model.cuda().to(memory_format=torch.channels_last)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
