@@ -1,0 +1,97 @@
+"""Lightning/HF integrations without the frameworks: lazy imports fail clearly,
+and the HF Trainer mixin's training_step (over a stand-in Trainer) splits the
+batch and produces full-batch gradients."""
+
+import importlib.util
+import types
+
+import pytest
+import torch
+
+from torchmem.batch import SyntheticMemory
+from torchmem.integrations.figures import memory_figures
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lightning") is not None
+                    or importlib.util.find_spec("pytorch_lightning") is not None, reason="Lightning installed")
+def test_lightning_callback_without_lightning_says_how_to_install():
+    import torchmem.integrations.lightning as integration
+    with pytest.raises(ImportError, match="pip install lightning"):
+        integration.TorchmemCallback
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is not None, reason="transformers installed")
+def test_hf_callback_without_transformers_says_how_to_install():
+    import torchmem.integrations.hf as integration
+    with pytest.raises(ImportError, match="pip install transformers"):
+        integration.TorchmemTrainerCallback
+
+
+class FakeTrainer:
+    """The parts of transformers.Trainer that the mixin uses."""
+
+    def __init__(self, model, optimizer):
+        self.model = model
+        self.optimizer = optimizer
+        self.args = types.SimpleNamespace(gradient_accumulation_steps=1, world_size=1, n_gpu=1)
+        self.accelerator = types.SimpleNamespace(backward=lambda loss: loss.backward(), scaler=None)
+        self.logged = []
+
+    def _prepare_inputs(self, inputs):
+        return inputs
+
+    def compute_loss_context_manager(self):
+        import contextlib
+        return contextlib.nullcontext()
+
+    def compute_loss(self, model, inputs):
+        return torch.nn.functional.mse_loss(model(inputs["x"]), inputs["labels"])
+
+    def log(self, logs):
+        self.logged.append(logs)
+
+
+def test_hf_mixin_training_step_splits_and_matches_full_batch_gradients():
+    from torchmem.integrations.hf import make_trainer_class
+    torch.manual_seed(0)
+    inputs = {"x": torch.randn(24, 4, dtype=torch.double), "labels": torch.randn(24, 1, dtype=torch.double)}
+    reference = torch.nn.Linear(4, 1).double()
+    model = torch.nn.Linear(4, 1).double()
+    model.load_state_dict(reference.state_dict())
+    torch.nn.functional.mse_loss(reference(inputs["x"]), inputs["labels"]).backward()
+
+    memory = SyntheticMemory(0, 1, 10)
+    trainer_class = make_trainer_class(FakeTrainer)
+    trainer = trainer_class(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                            torchmem_controller_kwargs={"probe": memory, "margin": 0.0})
+    original = trainer.compute_loss
+
+    def compute_loss(model, batch):
+        memory.use(batch["x"].shape[0])
+        return original(model, batch)
+
+    trainer.compute_loss = compute_loss
+    loss = trainer.training_step(model, inputs)
+    assert trainer.torchmem_controller.ooms >= 1 and trainer.torchmem_controller.micro_batch == 8
+    assert torch.allclose(model.weight.grad, reference.weight.grad, atol=1e-12)
+    assert abs(loss.item() - torch.nn.functional.mse_loss(reference(inputs["x"]), inputs["labels"]).item()) < 1e-9
+    trainer.log({"loss": 1.0})
+    assert trainer.logged[-1]["torchmem/micro_batch"] == 8.0 and trainer.logged[-1]["loss"] == 1.0
+
+
+def test_hf_mixin_refuses_trainer_side_accumulation():
+    from torchmem.integrations.hf import make_trainer_class
+    model = torch.nn.Linear(4, 1)
+    trainer = make_trainer_class(FakeTrainer)(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    trainer.args.gradient_accumulation_steps = 4
+    with pytest.raises(ValueError, match="gradient_accumulation_steps=1"):
+        trainer.training_step(model, {"x": torch.randn(8, 4), "labels": torch.randn(8, 1)})
+
+
+def test_memory_figures_without_cuda_report_the_controller():
+    from torchmem.batch import BatchSizeController, NullProbe
+    ctl = BatchSizeController(32, model=torch.nn.Linear(2, 1), probe=NullProbe(), micro_batch=8)
+    figures = memory_figures(controller=ctl)
+    assert figures["torchmem/micro_batch"] == 8.0 and figures["torchmem/accumulation_steps"] == 4.0
+    if not torch.cuda.is_available():
+        assert "torchmem/peak_reserved_gib" not in figures
