@@ -317,7 +317,8 @@ void configure(const RuntimeConfig& config) {
   }
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  if (r.configured && !same_config(r.config, config)) {
+  if (r.configured) {
+    if (same_config(r.config, config)) return;  // no write: allocation paths read the config unlocked
     throw std::invalid_argument(
         "torchmem: the allocator is already configured with a different config, and its pools hold memory; "
         "configure torchmem once per process (call torchmem.install() with the same options)");

@@ -66,7 +66,10 @@ std::vector<int> devices();        // devices that have a pool, ascending
 std::string backend_name(int device);
 MemInfo device_mem_info(int device);
 std::size_t empty_cache();         // release_cached() on every pool; bytes returned
-void set_trace_capacity(std::size_t entries);  // for pools made later, and the live ones' configs are fixed: see runtime.cpp
+// Trace ring size for pools made from now on, and for live pools where the
+// core Pool offers set_trace_capacity() (else a live pool keeps its own and
+// this throws std::runtime_error saying to pass trace_capacity at install).
+void set_trace_capacity(std::size_t entries);
 
 // ---- callbacks (Python, through the bindings) ---------------------------------
 // Called after a failed allocation with no torchmem lock held; returns true if it
