@@ -100,10 +100,12 @@ class TorchmemProbe(MemoryProbe):
         torchmem.reset_peak_memory_stats(self.device)
 
     def peak_bytes(self):
-        return int(self._stats().get("allocated_bytes.all.peak", 0))
+        import torchmem
+        return int(torchmem.max_memory_allocated(self.device))
 
     def current_bytes(self):
-        return int(self._stats().get("allocated_bytes.all.current", 0))
+        import torchmem
+        return int(torchmem.memory_allocated(self.device))
 
     def budget_bytes(self):
         stats = self._stats()
