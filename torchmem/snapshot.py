@@ -12,12 +12,18 @@ entry; snapshots turn ids back into frames.
 Note [Stack table]
 Stacks repeat: a training loop allocates from the same few hundred call sites.
 The provider walks the frames (sys._getframe, cheaper than
-traceback.extract_stack, which reads source lines) into a tuple of
-(code, line) pairs and looks it up in a dict; only a new stack builds frame
-dicts. The table therefore grows with distinct stacks, not with allocations.
+traceback.extract_stack, which reads source lines) into a flat tuple of
+(id(code), line) ints and looks it up in a dict (hashing code objects
+themselves is slow); only a new stack builds frame dicts, and the table keeps
+its code objects alive so their ids cannot be reused. The table therefore grows with distinct stacks, not with allocations.
 Ids are never reused, so a block allocated long ago still finds its stack.
 Frames are innermost first, as in torch's snapshots; torchmem's own frames are
 dropped and at most MAX_FRAMES kept.
+
+Note [Fixed trace capacity]
+The core sizes a pool's trace ring when the pool is created (at a device's
+first allocation). record_history() before that, or install(trace_capacity=N),
+always works; later, it works only if the core can resize the ring.
 
 Note [Callable module]
 `torchmem.snapshot` names both this module and its snapshot() function (the
@@ -48,6 +54,7 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _table_lock = threading.Lock()
 _stack_ids = {}    # tuple((code, line), ...) -> id
 _stack_frames = {}  # id -> [{"filename", "line", "name"}, ...]
+_stack_codes = {}  # id -> the code objects of the stack (Note [Stack table])
 _recording = {"enabled": False, "stacks": None, "max_entries": 0}
 
 
@@ -57,12 +64,15 @@ def capture_stack():
     pass its result as `context=` to a simulated _C.Pool.allocate to get stacks there."""
     frame = sys._getframe(1)
     key = []
-    while frame is not None and len(key) < MAX_FRAMES:
+    codes = []
+    while frame is not None and len(codes) < MAX_FRAMES:
         code = frame.f_code
         if not code.co_filename.startswith(_PACKAGE_DIR):
-            key.append((code, frame.f_lineno))
+            key.append(id(code))
+            key.append(frame.f_lineno)
+            codes.append(code)
         frame = frame.f_back
-    if not key:
+    if not codes:
         return 0
     key = tuple(key)
     stack_id = _stack_ids.get(key)  # dict reads are atomic under the GIL: the fast path takes no lock
@@ -71,9 +81,12 @@ def capture_stack():
             stack_id = _stack_ids.get(key)
             if stack_id is None:
                 stack_id = len(_stack_frames) + 1
+                lines = key[1::2]
                 _stack_frames[stack_id] = [
-                    {"filename": code.co_filename, "line": line, "name": code.co_name} for code, line in key
+                    {"filename": code.co_filename, "line": line, "name": code.co_name}
+                    for code, line in zip(codes, lines)
                 ]
+                _stack_codes[stack_id] = codes  # keeps the ids in `key` from being reused
                 _stack_ids[key] = stack_id
     return stack_id
 
@@ -139,13 +152,40 @@ def record_history(enabled=True, stacks="python", max_entries=100_000):
         max_entries = MAX_TRACE_ENTRIES
     runtime = _stats._runtime()
     if enabled:
-        runtime.runtime_set_trace_capacity(max_entries)
+        _set_trace_capacity(runtime, max_entries)
         runtime.runtime_set_context_provider(capture_stack if stacks == "python" else None)
     else:
         runtime.runtime_set_context_provider(None)
-        runtime.runtime_set_trace_capacity(0)
+        try:
+            runtime.runtime_set_trace_capacity(0)
+        except RuntimeError:
+            pass  # Note [Fixed trace capacity]: the ring keeps recording events, without stacks
     _recording.update(enabled=bool(enabled), stacks=stacks if enabled else None,
                       max_entries=max_entries if enabled else 0)
+
+
+def _set_trace_capacity(runtime, entries):
+    """Note [Fixed trace capacity]: a device pool that already exists may not be able to
+    resize its trace ring (the core fixes it at creation). Then a ring set at install
+    (trace_capacity=N) is kept; without one, the error says how to get history."""
+    try:
+        runtime.runtime_set_trace_capacity(entries)
+    except RuntimeError as exc:
+        if "trace capacity" not in str(exc):
+            raise
+        from torchmem import install
+
+        configured = install.installed_config()
+        kept = configured.trace_capacity if configured is not None else 0
+        if not kept:
+            raise RuntimeError(
+                "torchmem.record_history: the device pools already exist and cannot start a trace now; "
+                "call record_history() before the first CUDA allocation, or install with "
+                "torchmem.install(trace_capacity=N)"
+            ) from exc
+        if kept != entries:
+            warnings.warn(f"torchmem.record_history: keeping the trace_capacity={kept} set at install "
+                          f"(the pools exist; max_entries={entries} cannot apply)")
 
 
 def history_settings():
