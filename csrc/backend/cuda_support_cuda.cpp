@@ -39,7 +39,13 @@ FencePool::Fence* FencePool::as_fence(EventHandle handle) {
 
 bool FencePool::try_record(Fence& fence) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  check(cudaStreamIsCapturing(fence.stream, &status), "cudaStreamIsCapturing");
+  cudaError_t query = cudaStreamIsCapturing(fence.stream, &status);
+  if (query == cudaErrorStreamCaptureImplicit || query == cudaErrorStreamCaptureUnsupported) {
+    // The legacy stream, while a blocking stream captures: as good as capturing.
+    (void)cudaGetLastError();
+    return false;
+  }
+  check(query, "cudaStreamIsCapturing");
   if (status != cudaStreamCaptureStatusNone) return false;  // Note [Fences during capture]
   check(cudaEventRecord(fence.event, fence.stream), "cudaEventRecord");
   fence.recorded = true;
