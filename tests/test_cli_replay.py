@@ -84,6 +84,21 @@ def test_snapshot_at_peak_is_a_torch_memory_snapshot(short_trace, tmp_path, caps
     assert f"segments: {len(snapshot['segments'])}" in summary and "total_reserved" in summary
 
 
+def test_snapshot_of_the_native_model(short_trace, tmp_path, capsys):
+    out = tmp_path / "native.pickle"
+    assert main(["replay", short_trace, "--policy", "native", "--json", "--snapshot", str(out)]) == 0
+    record = json.loads(capsys.readouterr().out.splitlines()[0])
+    with open(out, "rb") as f:
+        snapshot = pickle.load(f)
+    assert snapshot["allocator_settings"]["replayed_policy"] == "native"
+    assert not any(s["is_expandable"] for s in snapshot["segments"])
+    # At its peak event the native model holds exactly its peak in segments.
+    assert sum(s["total_size"] for s in snapshot["segments"]) == record["peak_reserved"]
+    from torch.cuda import _memory_viz
+
+    assert f"segments: {len(snapshot['segments'])}" in _memory_viz.segsum(snapshot)
+
+
 def test_errors_name_the_problem(tmp_path, capsys):
     assert main(["replay", str(tmp_path / "nope.json.gz")]) == 2
     assert "trace file not found" in capsys.readouterr().err

@@ -9,7 +9,7 @@ import pytest
 from torchmem import trace as trace_io
 from torchmem._loader import _C
 
-KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+KiB, MiB = 1 << 10, 1 << 20
 
 
 def model(**kwargs):
