@@ -194,6 +194,7 @@ class BatchSizeController:
         self._proposal = self._micro
         self._ceiling = None          # smallest size that OOMed since memory last changed
         self._ceiling_budget = None   # the budget when it did
+        self._baseline = None         # bytes in use when the last attempt began
         self.clean_steps = 0
         self.steps = 0
         self.ooms = 0
@@ -285,6 +286,8 @@ class BatchSizeController:
         parts = split_batch(batch, sizes, batch_size=total, split_lists=self.split_lists)
         self.probe.reset()
         baseline = self.probe.current_bytes()
+        if baseline is not None:
+            self._baseline = baseline
         loss_sum = None
         failure = None
         failed_in_optimizer = False
@@ -356,7 +359,10 @@ class BatchSizeController:
 
     # ----------------------------------------------------------- decisions
     def _target(self, budget):
-        return None if budget is None else budget * (1.0 - self.margin)
+        """Bytes a step may add above its baseline: budget x (1 - margin) - baseline."""
+        if budget is None:
+            return None
+        return budget * (1.0 - self.margin) - (self._baseline or 0)
 
     def _shrink_target(self, micro):
         """The size to retry at after an OOM at `micro` (always < micro)."""
@@ -403,8 +409,8 @@ class BatchSizeController:
         self.last_peak = outcome["peak"]
         self.last_micro_steps = outcome["micro_steps"]
         if outcome["peak"] is not None:
-            self.memory_model.observe(micro, outcome["peak"], outcome["baseline"])
-        proposal = self._grow_or_keep(micro, outcome["peak"])
+            self.memory_model.observe(micro, outcome["peak"] - (outcome["baseline"] or 0))
+        proposal = self._grow_or_keep(self._micro, outcome["peak"])
         if self.world == 1:
             chosen = proposal
         else:
@@ -437,10 +443,11 @@ class BatchSizeController:
                 else:
                     candidate = min(candidate, self._quantize(self._ceiling - 1, cap))
             if candidate > micro:
-                self._last_reason = f"model: peak ~ {self.memory_model.fixed:.0f} + {self.memory_model.slope:.0f} x micro"
+                self._last_reason = (f"model: peak ~ {self._baseline or 0} + {self.memory_model.fixed:.0f} + "
+                                     f"{self.memory_model.slope:.0f} x micro")
                 return candidate
-            if candidate < micro and peak is not None and target is not None and peak > target:
-                self._last_reason = f"peak {peak} above budget x (1 - margin) = {target:.0f}"
+            if candidate < micro and peak is not None and budget is not None and peak > budget * (1 - self.margin):
+                self._last_reason = f"peak {peak} above budget x (1 - margin) = {budget * (1 - self.margin):.0f}"
                 return max(1, candidate)
             return micro
         if self.clean_steps >= self.grow_after and micro < cap:
@@ -564,7 +571,7 @@ class BatchSizeController:
     def state_dict(self):
         """Everything needed to resume with the same sizes and memory model."""
         return {"version": 1, "micro": self._micro, "proposal": self._proposal, "ceiling": self._ceiling,
-                "ceiling_budget": self._ceiling_budget,
+                "ceiling_budget": self._ceiling_budget, "baseline": self._baseline,
                 "clean_steps": self.clean_steps, "steps": self.steps, "ooms": self.ooms,
                 "global_batch": self.global_batch, "base_global_batch": self.base_global_batch,
                 "lr_factor": self.lr_factor, "memory_model": self.memory_model.state_dict()}
@@ -577,6 +584,7 @@ class BatchSizeController:
         self._proposal = int(state["proposal"])
         self._ceiling = state["ceiling"]
         self._ceiling_budget = state["ceiling_budget"]
+        self._baseline = state.get("baseline")
         self.clean_steps = int(state["clean_steps"])
         self.steps = int(state["steps"])
         self.ooms = int(state["ooms"])

@@ -1,27 +1,26 @@
-"""The controller's memory model: peak bytes = fixed + per_sample x micro-batch.
+"""The controller's memory model: a step's extra bytes = fixed + per_sample x micro.
 
 Activations grow linearly with the micro-batch at a fixed sequence length;
-parameters, gradients, optimizer state and workspaces do not. So two steps at
-two sizes determine the line, and the largest size under a budget is one
-division away: the controller jumps there instead of halving and doubling
-(Accelerate, Lightning, Composer), which costs log2 steps and as many OOMs.
+gradients and workspaces do not. So two steps at two sizes determine the line,
+and the largest size under a budget is one division away: the controller jumps
+there instead of halving and doubling (Accelerate, Lightning, Composer), which
+costs log2 steps and as many OOMs.
 
-Note [Fitting a drifting line]
-The fixed part drifts: Adam allocates its state during the first optimizer
-step, caches warm up, a user keeps a tensor alive. So the slope comes from a
-least-squares fit over a short window of recent steps (it needs two distinct
-sizes; until then the last slope is kept), while the intercept is anchored at
-the most recent observation: fixed = last_peak - slope x last_micro. The
-prediction is then exact at the size in use and errs on the side of caution
-further out when the slope is over-estimated, e.g. when the window mixes
-steps from before and after Adam's state appeared.
+Note [Modelling the increment, not the peak]
+What is fitted is the step's increment: peak bytes minus the bytes in use when
+the step began (parameters, optimizer state, anything the user keeps). That
+baseline drifts (Adam allocates its state during the first optimizer step,
+users cache tensors), and measuring it at every step keeps the drift out of
+the fit; the prediction for a size is then baseline + increment. The slope
+comes from least squares over a short window of recent steps (two distinct
+sizes needed; until then the last slope is kept), and the intercept is
+anchored at the latest step, so the prediction is exact at the size in use.
 
 Note [Cold start]
 With one observation the split between fixed and per-sample bytes is unknown.
-The bytes in use at the start of the step (parameters, optimizer state: no
-activations, gradients set to None) are a lower bound on the fixed part, so
-(peak - baseline) / micro is an upper bound on per-sample bytes: a safe slope
-for a first jump. The second size then yields the real line.
+The fixed part of the increment is >= 0, so increment / micro is an upper
+bound on the per-sample bytes: a safe slope for the first jump. The second
+size then yields the real line.
 """
 
 import collections
@@ -30,7 +29,7 @@ __all__ = ["LinearMemoryModel"]
 
 
 class LinearMemoryModel:
-    """Observations of (micro-batch, peak bytes) and the line through them."""
+    """Observations of (micro-batch, increment bytes) and the line through them."""
 
     def __init__(self, window=8):
         if window < 2:
@@ -40,19 +39,20 @@ class LinearMemoryModel:
         self.slope = None
         self.fixed = None
 
-    def observe(self, micro, peak, baseline=None):
-        """Records a clean step over `micro` samples that peaked at `peak` bytes;
-        `baseline` is the bytes in use when the step began (optional)."""
-        if micro < 1 or peak is None:
+    def observe(self, micro, increment):
+        """Records a clean step over `micro` samples that needed `increment`
+        bytes above its starting baseline (Note [Modelling the increment])."""
+        if micro < 1 or increment is None:
             return
-        self.observations.append((int(micro), int(peak)))
+        increment = max(0, int(increment))
+        self.observations.append((int(micro), increment))
         slope = self._least_squares_slope()
-        if slope is None and self.slope is None and baseline is not None and peak > baseline:
-            slope = (peak - baseline) / micro
+        if slope is None and self.slope is None and increment > 0:
+            slope = increment / micro
         if slope is not None and slope > 0:
             self.slope = slope
         if self.slope is not None:
-            self.fixed = peak - self.slope * micro
+            self.fixed = increment - self.slope * micro
 
     def _least_squares_slope(self):
         sizes = [m for m, _ in self.observations]
@@ -71,12 +71,12 @@ class LinearMemoryModel:
         return self.slope is not None and self.fixed is not None
 
     def predict(self, micro):
-        """Predicted peak bytes at `micro`, or None before the model is ready."""
+        """Predicted increment at `micro`, or None before the model is ready."""
         return None if not self.ready else self.fixed + self.slope * micro
 
     def largest_under(self, target_bytes):
-        """The largest (real-valued) micro-batch whose predicted peak stays under
-        `target_bytes`, or None before the model is ready."""
+        """The largest (real-valued) micro-batch whose predicted increment stays
+        under `target_bytes`, or None before the model is ready."""
         if not self.ready or target_bytes is None:
             return None
         return max(0.0, (target_bytes - self.fixed) / self.slope)
