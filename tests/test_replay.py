@@ -131,6 +131,8 @@ def test_min_cap_on_a_known_case():
     assert native["min_cap_ratio"] == pytest.approx(1.0)
     ours = replay_api.find_min_cap(trace, "torchmem")
     assert ours["min_cap"] == 14 * MiB and ours["replays"] >= 2
+    with pytest.raises(ValueError, match="does not replay without OOM even with no budget"):
+        replay_api.find_min_cap(trace, "native", capacity=8 * MiB)
 
 
 def test_config_reaches_the_pool():

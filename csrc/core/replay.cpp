@@ -198,7 +198,7 @@ MinCapResult find_min_cap(const TraceEvent* events, std::size_t count, const Rep
   found.peak_requested = unlimited.peak_requested;
   found.unlimited_peak_reserved = unlimited.peak_reserved;
   if (unlimited.ooms > 0) {
-    throw std::runtime_error("find_min_cap: the trace does not replay without OOM even with no budget (" +
+    throw std::invalid_argument("find_min_cap: the trace does not replay without OOM even with no budget (" +
                              std::to_string(unlimited.ooms) + " OOMs at the device capacity); raise the capacity");
   }
   if (unlimited.peak_requested == 0) return found;  // nothing to place
@@ -213,7 +213,7 @@ MinCapResult find_min_cap(const TraceEvent* events, std::size_t count, const Rep
     // Not monotonic after all (Note [Min-cap]): widen until it passes.
     const std::size_t capacity = options.capacity_bytes ? options.capacity_bytes : options.sim.capacity_bytes;
     if (hi * precision >= capacity) {
-      throw std::runtime_error("find_min_cap: no budget up to the device capacity replays without OOM");
+      throw std::invalid_argument("find_min_cap: no budget up to the device capacity replays without OOM");
     }
     lo = hi;
     hi = std::min(hi * 2, capacity / precision);
