@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from torchmem.batch import (BatchSizeController, MicroBatchOOMError, NullProbe, OptimizerStepOOMError,
+from torchmem.batch import (AdaptiveBatchSampler, BatchSizeController, MicroBatchOOMError, NullProbe, OptimizerStepOOMError,
                             SyntheticMemory)
 
 
@@ -240,6 +240,8 @@ def test_adapt_global_scales_learning_rate_by_rule():
         ctl.run(step_fn, torch.randn(ctl.local_batch, 3))
     assert ctl.global_batch == 128
     assert math.isclose(optimizer.param_groups[0]["lr"], 0.4 * math.sqrt(2))
+    sampler = AdaptiveBatchSampler(range(300), ctl)
+    assert [len(b) for b in sampler] == [128, 128, 44] and len(sampler) == 3
 
 
 def test_scaler_state_is_reset_after_oom():
