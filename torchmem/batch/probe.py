@@ -50,9 +50,11 @@ class NullProbe(MemoryProbe):
 
 
 def _device_index(device):
-    if device is None:
-        return torch.cuda.current_device()
-    return torch.device(device).index if not isinstance(device, int) else device
+    """An int device index, or None for "the current device" (resolved by each
+    call, so building a probe does not initialize CUDA)."""
+    if device is None or isinstance(device, int):
+        return device
+    return torch.device(device).index
 
 
 class TorchProbe(MemoryProbe):
