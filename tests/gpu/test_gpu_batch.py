@@ -29,12 +29,16 @@ model = GPT(cfg).cuda()
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 ctl = torchmem.BatchSizeController(64, model=model, optimizer=opt)
 gen = torch.Generator().manual_seed(0)
+
+def loss_fn(ids):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        return model.loss(ids)
+
 losses, micro, ooms_per_step = [], [], []
 for step in range(25):
     ooms = ctl.ooms
     batch = synthetic_tokens(64, cfg, gen, "cuda")
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = ctl.run(model.loss, batch)
+    loss = ctl.run(loss_fn, batch)
     ctl.step()
     losses.append(loss.item()); micro.append(ctl.micro_batch); ooms_per_step.append(ctl.ooms - ooms)
 print(json.dumps({{"losses": losses, "micro": micro, "ooms": ooms_per_step, "probe": ctl.probe.name}}))
