@@ -63,6 +63,17 @@ def format_anchors(workload, anchors):
     return lines
 
 
+def backend_time_line(result, anchor_rows):
+    """torchmem's modeled driver time per training step, next to the H200's step time."""
+    native = anchor_rows.get("native")
+    if not native or not native.get("n_steps"):
+        return None
+    per_step_ms = result.modeled_backend_us / 1000 / native["n_steps"]
+    step_ms = native["median_step_s"] * 1000
+    return (f"torchmem's backend calls cost ~{per_step_ms:.1f} ms per step (modeled at H200 driver costs, "
+            f"{native['n_steps']} steps), {100 * per_step_ms / step_ms:.1f}% of a {step_ms:.0f} ms native step.")
+
+
 def summary_line(results):
     """How much less torchmem holds than the native model, in words."""
     by_policy = {r.policy: r for r in results}
@@ -114,6 +125,10 @@ def run_replay(args, out=None):
         summary = summary_line(results)
         if summary:
             print(summary, file=out, flush=True)
+        ours = next((r for r in results if r.policy == "torchmem"), None)
+        timing = backend_time_line(ours, anchors.get(trace.name, {})) if ours else None
+        if timing:
+            print(timing, file=out, flush=True)
     return 0
 
 
