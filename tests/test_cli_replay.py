@@ -99,6 +99,20 @@ def test_snapshot_of_the_native_model(short_trace, tmp_path, capsys):
     assert f"segments: {len(snapshot['segments'])}" in _memory_viz.segsum(snapshot)
 
 
+def test_replays_a_torch_snapshot_pickle(tmp_path, capsys):
+    from test_trace import snapshot_dict
+
+    path = tmp_path / "snap.pickle"
+    with open(path, "wb") as f:
+        pickle.dump(snapshot_dict(), f, protocol=4)
+    assert main(["replay", str(path), "--json"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    for r in records:
+        assert (r["allocs"], r["frees"], r["unmatched_frees"], r["ooms"]) == (3, 1, 0, 0)
+        assert r["peak_requested"] == 4096 + 8000
+        assert r["recorded_peak_reserved"] == 4 << 20
+
+
 def test_errors_name_the_problem(tmp_path, capsys):
     assert main(["replay", str(tmp_path / "nope.json.gz")]) == 2
     assert "trace file not found" in capsys.readouterr().err
