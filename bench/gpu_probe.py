@@ -1,7 +1,9 @@
 """Times the CUDA backends' driver calls on this GPU, for BENCHMARKS.md:
 cuMemAddressReserve, cuMemCreate, cuMemMap + cuMemSetAccess (first time on a
 range, and again), cuMemUnmap, cuMemRelease, cudaMalloc / cudaFree (2 MiB,
-20 MiB, 1 GiB) and event record / query.
+20 MiB, 1 GiB), event record / query, and one free + allocate pair through
+torchmem's own allocation path (C++, no torch wrapper: compare with the churn
+microbenchmark to see what torch's CUDAPluggableAllocator adds).
 
     python bench/gpu_probe.py [--device 0] [--repeats 20] [--granules 1 16] [--out probe.json]
 
@@ -41,6 +43,9 @@ def main(argv=None):
             if name.endswith("_per_call") and granules > 1:
                 per = f"   ({value / granules:.2f} us per granule)"
             print(f"{name:40s} {value:12.2f}{per}")
+    pair_ns = _C.runtime_probe_pool_pair(args.device, 200_000)
+    result["shim_pair_ns"] = pair_ns
+    print(f"{'torchmem free+allocate pair (C++, ns)':40s} {pair_ns:12.1f}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

@@ -96,5 +96,8 @@ void release_pool(int device, MempoolKey key);
 // Times each backend primitive `repeats` times on `device` outside any pool and
 // returns (name, mean microseconds) pairs.
 std::vector<std::pair<std::string, double>> probe_backend_costs(int device, int repeats, std::size_t granules);
+// Nanoseconds per free + allocate pair through the shim's allocation path (the
+// device's torchmem pool, legacy stream), 64 live blocks of mixed sizes.
+double probe_pool_pair_ns(int device, int iterations);
 
 }  // namespace torchmem::shim

@@ -1,9 +1,13 @@
 // runtime_probe.cpp: times the CUDA backends' primitives on a real device, for
 // bench/gpu_probe.py and BENCHMARKS.md ("time per backend call on the H200").
 //
-// Runs on fresh backends outside every pool, so it measures the driver, not
-// torchmem's policy. Memory used is `granules` granules and one 1 GiB segment.
+// probe_backend_costs runs on fresh backends outside every pool, so it measures
+// the driver, not torchmem's policy (memory used: `granules` granules and one
+// 1 GiB segment). probe_pool_pair_ns times torchmem's own allocation path on the
+// device's pool, to split the Python-level churn figure into torchmem's share
+// and the share of torch's wrapper.
 #include <chrono>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -96,6 +100,33 @@ std::vector<std::pair<std::string, double>> probe_backend_costs(int device, int 
   out.emplace_back("event_record_us", record.mean());
   out.emplace_back("event_query_us", query.mean());
   return out;
+}
+
+double probe_pool_pair_ns(int device, int iterations) {
+  if (iterations <= 0) throw std::invalid_argument("probe: iterations must be > 0");
+  // Mixed sizes, 64 live blocks replaced one at a time: the churn benchmark's
+  // pattern without torch's wrapper, through the same path torch calls.
+  constexpr int kLive = 64;
+  std::vector<std::size_t> sizes(static_cast<std::size_t>(iterations));
+  std::uint64_t state = 0x9E3779B97F4A7C15ull;
+  for (auto& size : sizes) {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    size = std::size_t{512} << (state % 16);  // 512 B .. 16 MiB
+  }
+  std::vector<void*> live(kLive, nullptr);
+  auto churn = [&](std::size_t i) {
+    void*& slot = live[i % kLive];
+    if (slot) deallocate(slot, device);
+    slot = allocate_or_throw(sizes[i], device, nullptr);
+  };
+  for (std::size_t i = 0; i < sizes.size() / 10; ++i) churn(i);  // warm the cache
+  auto start = Clock::now();
+  for (std::size_t i = 0; i < sizes.size(); ++i) churn(i);
+  double ns = std::chrono::duration<double, std::nano>(Clock::now() - start).count() / iterations;
+  for (void* ptr : live) {
+    if (ptr) deallocate(ptr, device);
+  }
+  return ns;
 }
 
 }  // namespace torchmem::shim
