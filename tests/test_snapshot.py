@@ -9,6 +9,7 @@ import pytest
 import torchmem
 from torchmem import snapshot_format
 from torchmem.snapshot import capture_stack, stack_frames
+from memory_viz_check import undo_like_memory_viz
 from sim_pool import MiB, make_pool
 from support import REPO
 
@@ -130,3 +131,18 @@ def test_package_attribute_stays_callable_after_module_import():
     importlib.import_module("torchmem.snapshot")
     pool, _ = _busy_pool()
     assert torchmem.snapshot(pool=pool)["segments"]
+
+
+def test_trace_and_segments_agree_for_the_memory_viz_page():
+    pool = make_pool(limit=64 * MiB)
+    live = [pool.allocate(5 * MiB + 4096 * i, 0, 0, capture_stack()) for i in range(10)]
+    for addr in live[::2]:
+        pool.free(addr)
+    stitched = pool.allocate(20 * MiB)  # needs granules from the freed holes: stitching
+    small = [pool.allocate(3000) for _ in range(50)]
+    for addr in small[::3]:
+        pool.free(addr)
+    assert stitched and torchmem.memory_stats(pool=pool)["torchmem.num_reclaims"] > 0
+    snap = torchmem.snapshot(pool=pool)
+    assert {"segment_map", "segment_unmap"} <= {e["action"] for e in snap["device_traces"][0]}
+    assert undo_like_memory_viz(snap) >= 80

@@ -8,6 +8,7 @@ Lightning and transformers exist only on the GPU machine: those tests skip witho
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 
@@ -187,6 +188,12 @@ assert sum(s["total_size"] for s in snap["segments"]) == torch.cuda.memory_reser
 """)
     with open(path, "rb") as f:
         assert f.read(2) == b"\x80\x04"
+    from memory_viz_check import undo_like_memory_viz
+
+    with open(path, "rb") as f:
+        data = pickle.load(f)
+    device = max(range(len(data["device_traces"])), key=lambda d: len(data["device_traces"][d]))
+    assert undo_like_memory_viz(data, device) > 0
     for args in (["stats", path], ["trace_plot", path, "-o", str(tmp_path / "t.html")],
                  ["segment_plot", path, "-o", str(tmp_path / "s.html")]):
         proc = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", *args], cwd=REPO,
