@@ -14,10 +14,11 @@ void throw_cuda_error(const char* call, cudaError_t status) {
 
 DeviceGuard::DeviceGuard(int device) {
   check(cudaGetDevice(&previous_), "cudaGetDevice");
-  if (previous_ != device) {
-    check(cudaSetDevice(device), "cudaSetDevice");
-    switched_ = true;
-  }
+  // Set even when current: on a thread that never made a runtime call that
+  // binds a context, cudaSetDevice makes the primary context current, which
+  // the driver calls (cuMem*) need. It is cheap next to any backend call.
+  check(cudaSetDevice(device), "cudaSetDevice");
+  switched_ = previous_ != device;
 }
 
 DeviceGuard::~DeviceGuard() {

@@ -54,8 +54,8 @@ class RelaxedCaptureGuard {
   cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
 };
 
-// Makes `device` current for the enclosing scope and restores the previous
-// device after; does nothing when it is current already (the usual case).
+// Makes `device` (and its primary context) current for the enclosing scope and
+// restores the previous device after.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);
