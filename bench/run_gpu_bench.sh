@@ -6,7 +6,10 @@
 #   bench/run_gpu_bench.sh RESULTS_DIR [REPEATS]
 #
 # REPEATS (default 1) runs the whole matrix that many times with different seeds
-# so the table can show run-to-run spread. STEPS (env, default 20) sets the steps
+# (SEED0 + 0, 1, ...; SEED0 defaults to 0) so the table can show run-to-run
+# spread. To stay under a per-command time limit, run it once per seed into
+# separate directories (SEED0=1 ...) and table the concatenation:
+#   cat DIR*/results.jsonl > all.jsonl && python3 bench/bench_table.py all.jsonl STEPS (env, default 20) sets the steps
 # per run; with the defaults the matrix takes ~6 minutes on an H200.
 # TRACES=1 also records native traces of each workload under RESULTS_DIR/traces.
 set -u
@@ -21,7 +24,7 @@ LOG="$OUT_DIR/log.txt"
 : > "$LOG"
 
 for repeat in $(seq 1 "$REPEATS"); do
-  seed=$((repeat - 1))
+  seed=$((${SEED0:-0} + repeat - 1))
   for workload in gpt2 llama_ckpt kv_generate vision; do
     for allocator in native expandable async torchmem; do
       echo "== $workload / $allocator / seed $seed" | tee -a "$LOG"
