@@ -27,5 +27,13 @@ test: setup
 test-gpu: setup
 	$(PYTHON) -m pytest -q -m gpu
 
+# C++ microbenchmark of the pool's cached fast path (plain g++, no torch).
+bench-micro:
+	@mkdir -p build/bench
+	$(CXX) -std=c++17 -O3 -DNDEBUG -DTORCHMEM_DEBUG=0 -pthread -Icsrc csrc/core/pool.cpp \
+	  $(filter-out csrc/core/detail/random_ops.cpp,$(wildcard csrc/core/detail/*.cpp)) \
+	  csrc/backend/sim_backend.cpp bench/pool_microbench.cpp -o build/bench/pool_microbench
+	./build/bench/pool_microbench
+
 clean:
 	rm -rf build torchmem/_C*.so *.egg-info

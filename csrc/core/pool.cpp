@@ -178,6 +178,7 @@ Heap* Pool::Impl::make_heap(PoolId pool, bool small) {
     heap->free.insert(tail);
     ++free_blocks[small ? 0 : 1];
   }
+  ++heap_count[small ? 0 : 1];
   heaps.push_back(std::move(heap));
   return heaps.back().get();
 }
@@ -191,6 +192,7 @@ void Pool::Impl::drop_heap(Heap* heap) {
   }
   free_blocks[heap->small ? 0 : 1] -= heap->free.size();
   if (vmm) backend.unreserve(heap->base, heap->span);
+  --heap_count[heap->small ? 0 : 1];
   heaps[heap->id].reset();
 }
 
@@ -305,23 +307,25 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
   b->requested = size;
   b->stream = stream;
   b->context = context;
-  live.emplace(b->addr, b);
+  live.insert(b->addr, b);
   ++heap->live_blocks;
   active_total += b->size;
   note_alloc(heap->small, b->size, size);
-  sync_memory_stats();
+  if (memory_dirty) {
+    sync_memory_stats();
+  } else {
+    sync_free_stats(heap->small);
+  }
   trace(TraceAction::kAlloc, b->addr, size, stream, pool, context);
   return b->addr;
 }
 
 void Pool::Impl::deallocate(Addr addr) {
-  auto it = live.find(addr);
-  if (it == live.end()) {
+  Block* b = live.erase(addr);
+  if (!b) {
     throw PoolError("free: " + hex(addr) +
                     " is not a live block of this pool (never allocated here, or already freed)");
   }
-  Block* b = it->second;
-  live.erase(it);
   ++seq;
   Heap* heap = b->heap;
   const bool small = heap->small;
@@ -347,16 +351,17 @@ void Pool::Impl::deallocate(Addr addr) {
   note_free_requested(small, size, requested, /*deferred=*/false);
   note_free_completed(small, size);
   trace(TraceAction::kFreeCompleted, addr, requested, stream, pool, context);
-  if (released_pools) maybe_drop_released_pools();
-  sync_memory_stats();
+  if (released_pools) {
+    maybe_drop_released_pools();
+    sync_memory_stats();
+  } else {
+    sync_free_stats(small);
+  }
 }
 
 void Pool::Impl::record_stream(Addr addr, StreamId stream) {
-  auto it = live.find(addr);
-  if (it == live.end()) {
-    throw PoolError("record_stream: " + hex(addr) + " is not a live block of this pool");
-  }
-  Block* b = it->second;
+  Block* b = live.find(addr);
+  if (!b) throw PoolError("record_stream: " + hex(addr) + " is not a live block of this pool");
   if (stream == b->stream) return;
   if (std::find(b->uses.begin(), b->uses.end(), stream) == b->uses.end()) b->uses.push_back(stream);
 }
@@ -445,20 +450,16 @@ void Pool::Impl::note_free_completed(bool small, std::size_t size) {
 }
 
 void Pool::Impl::sync_memory_stats() {
+  memory_dirty = false;
   std::int64_t total_segments = 0, total_reserved = 0, total_free = 0;
   const int kinds[2] = {kStatSmallPool, kStatLargePool};
-  std::size_t vmm_heaps[2] = {0, 0};
-  if (vmm) {
-    for (const auto& h : heaps) {
-      if (h) ++vmm_heaps[h->small ? 0 : 1];
-    }
-  }
   for (int j = 0; j < 2; ++j) {
     const int k = kinds[j];
     const std::int64_t segments =
         static_cast<std::int64_t>(vmm ? mapped_bytes[j] / gran : segment_count[j]);
     const std::int64_t reserved = static_cast<std::int64_t>(mapped_bytes[j]);
-    const std::int64_t free_count = static_cast<std::int64_t>(free_blocks[j] - vmm_heaps[j]);
+    // A VMM heap's tail is free space, not a cached block.
+    const std::int64_t free_count = static_cast<std::int64_t>(free_blocks[j] - (vmm ? heap_count[j] : 0));
     set_gauge(stats_.segment[k], segments);
     set_gauge(stats_.reserved_bytes[k], reserved);
     set_gauge(stats_.inactive_split[k], free_count);
@@ -471,6 +472,21 @@ void Pool::Impl::sync_memory_stats() {
   set_gauge(stats_.reserved_bytes[kStatAll], total_reserved);
   set_gauge(stats_.inactive_split[kStatAll], total_free);
   set_gauge(stats_.inactive_split_bytes[kStatAll], total_reserved - stats_.active_bytes[kStatAll].current);
+}
+
+void Pool::Impl::sync_free_stats(bool small) {
+  // The fast path moves blocks of one heap kind between live and cached,
+  // never memory: only that kind's inactive gauges (and "all") change.
+  const int j = small ? 0 : 1, k = small ? kStatSmallPool : kStatLargePool;
+  const std::int64_t count = static_cast<std::int64_t>(free_blocks[j] - (vmm ? heap_count[j] : 0));
+  const std::int64_t delta = count - stats_.inactive_split[k].current;
+  if (delta) {
+    set_gauge(stats_.inactive_split[k], count);
+    set_gauge(stats_.inactive_split[kStatAll], stats_.inactive_split[kStatAll].current + delta);
+  }
+  set_gauge(stats_.inactive_split_bytes[k], stats_.reserved_bytes[k].current - stats_.active_bytes[k].current);
+  set_gauge(stats_.inactive_split_bytes[kStatAll],
+            stats_.reserved_bytes[kStatAll].current - stats_.active_bytes[kStatAll].current);
 }
 
 PoolStats Pool::Impl::stats() const {
@@ -583,8 +599,8 @@ PoolSnapshot Pool::snapshot() const {
 
 std::size_t Pool::block_size(Addr addr) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = impl_->live.find(addr);
-  return it == impl_->live.end() ? 0 : it->second->size;
+  const Block* b = impl_->live.find(addr);
+  return b ? b->size : 0;
 }
 
 std::string Pool::check_invariants() const {

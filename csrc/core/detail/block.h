@@ -3,19 +3,15 @@
 //
 // A Block is a run of bytes of one range: the heap's virtual range (VMM) or
 // one segment (cuda_malloc). Blocks of a range tile it exactly and are linked
-// to their address neighbours (prev/next), so a free merges in O(1). Free
-// blocks also sit in their heap's FreeSet ordered by (size, address): best fit
-// is one lower_bound, ties going to the lowest address, as in PyTorch.
+// to their address neighbours (prev/next), so a free merges in O(1).
 //
 // Blocks are recycled through a BlockArena so the fast path allocates no
-// memory for them; the FreeSet reuses set nodes through extract/insert where
-// the fast path replaces one free block by another.
+// memory for them. Free blocks are indexed by free_index.h.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <set>
 #include <vector>
 
 #include "core/pool.h"
@@ -63,7 +59,13 @@ class BlockArena {
     return b;
   }
   void recycle(Block* b) {
-    *b = Block{};
+    if (b->uses.capacity()) b->uses = std::vector<StreamId>();
+    b->state = BlockState::kInactive;
+    b->free_seq = 0;
+    b->free_stream = 0;
+    b->requested = 0;
+    b->prev = b->next = nullptr;
+    b->segment = nullptr;
     free_.push_back(b);
   }
 
@@ -77,25 +79,5 @@ class BlockArena {
   std::vector<Block*> free_;
 };
 
-// A search key for the FreeSet: (size, addr) without a Block.
-struct SizeAddr {
-  std::size_t size;
-  Addr addr;
-};
-
-struct BySizeThenAddr {
-  using is_transparent = void;
-  bool operator()(const Block* a, const Block* b) const {
-    return a->size != b->size ? a->size < b->size : a->addr < b->addr;
-  }
-  bool operator()(const Block* a, const SizeAddr& k) const {
-    return a->size != k.size ? a->size < k.size : a->addr < k.addr;
-  }
-  bool operator()(const SizeAddr& k, const Block* b) const {
-    return k.size != b->size ? k.size < b->size : k.addr < b->addr;
-  }
-};
-
-using FreeSet = std::set<Block*, BySizeThenAddr>;
 
 }  // namespace torchmem::detail

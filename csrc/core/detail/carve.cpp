@@ -1,8 +1,7 @@
 // carve.cpp: blocks: best fit, split, merge, free and deferred frees.
 //
-// This is the fast path. A cached hit is: one lower_bound in the heap's
-// FreeSet, a split that reuses the set node of the block it splits (extract +
-// insert, no allocation), and on free at most two neighbour merges. No stats
+// This is the fast path. A cached hit is: one best-fit lookup in the heap's
+// FreeIndex, a split, and on free at most two neighbour merges. No stats
 // are touched here (Note [Stats apart]); only structural tallies.
 #include <algorithm>
 
@@ -26,20 +25,18 @@ bool Pool::Impl::reusable(const Block& b, StreamId stream) {
 }
 
 Block* Pool::Impl::find_fit(Heap& heap, std::size_t size, StreamId stream) {
-  auto it = heap.free.lower_bound(detail::SizeAddr{size, 0});
-  for (int skipped = 0; it != heap.free.end() && skipped < kMaxStreamSkips; ++it, ++skipped) {
-    Block* b = *it;
-    if (reusable(*b, stream)) return b;
-  }
-  return nullptr;
+  int skipped = 0;
+  return heap.free.best_fit(size, [&](Block* b) {
+    // Give up after a few blocks still fenced by another stream.
+    return reusable(*b, stream) || ++skipped > kMaxStreamSkips;
+  });
 }
 
 Block* Pool::Impl::carve(Block* b, std::size_t size) {
   Heap& heap = *b->heap;
-  auto node = heap.free.extract(b);
+  heap.free.erase(b);
   if (b->size > size) {
-    // Split: the rest stays free, with the same fence tag, and takes over the
-    // set node.
+    // Split: the rest stays free, with the same fence tag.
     Block* rest = arena.make();
     rest->addr = b->addr + size;
     rest->size = b->size - size;
@@ -52,8 +49,7 @@ Block* Pool::Impl::carve(Block* b, std::size_t size) {
     if (b->next) b->next->prev = rest;
     b->next = rest;
     b->size = size;
-    node.value() = rest;
-    heap.free.insert(std::move(node));
+    heap.free.insert(rest);
   } else {
     --free_blocks[heap.small ? 0 : 1];
   }
@@ -81,13 +77,12 @@ Block* Pool::Impl::release_block(Block* b, StreamId free_stream) {
   b->state = BlockState::kInactive;
   b->requested = 0;
   b->context = 0;
-  b->uses.clear();
+  if (!b->uses.empty()) b->uses.clear();
   b->free_stream = free_stream;
   b->free_seq = seq;
 
-  decltype(heap.free)::node_type node;
   if (Block* p = b->prev; p && p->is_free()) {
-    node = heap.free.extract(p);
+    heap.free.erase(p);
     p->size += b->size;
     p->next = b->next;
     if (b->next) b->next->prev = p;
@@ -97,11 +92,7 @@ Block* Pool::Impl::release_block(Block* b, StreamId free_stream) {
     --free_blocks[kind];
   }
   if (Block* n = b->next; n && n->is_free()) {
-    if (node.empty()) {
-      node = heap.free.extract(n);
-    } else {
-      heap.free.erase(n);
-    }
+    heap.free.erase(n);
     b->size += n->size;
     b->next = n->next;
     if (n->next) n->next->prev = b;
@@ -109,12 +100,7 @@ Block* Pool::Impl::release_block(Block* b, StreamId free_stream) {
     arena.recycle(n);
     --free_blocks[kind];
   }
-  if (node.empty()) {
-    heap.free.insert(b);
-  } else {
-    node.value() = b;
-    heap.free.insert(std::move(node));
-  }
+  heap.free.insert(b);
   ++free_blocks[kind];
   return b;
 }

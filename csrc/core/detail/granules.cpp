@@ -224,6 +224,7 @@ void Pool::Impl::unmap_granules(std::vector<GranuleRef>& refs, std::vector<Granu
       g.handle = 0;
     }
     heap.mapped -= j - i;
+    memory_dirty = true;
     mapped_bytes[heap.small ? 0 : 1] -= (j - i) * gran;
     trace(TraceAction::kSegmentUnmap, at, (j - i) * gran, 0, heap.pool, 0);
     i = j;
@@ -283,6 +284,7 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
     i = j;
   }
   heap.mapped += missing;
+  memory_dirty = true;
   mapped_bytes[heap.small ? 0 : 1] += missing * gran;
   stats_.num_device_alloc += created;
   stats_.num_reclaims += reclaimed;
@@ -324,6 +326,7 @@ void Pool::Impl::premap_reserve() {
     list_push(0, GranuleRef{heap.id, static_cast<std::uint32_t>(i)}, /*front=*/false);
   }
   heap.mapped += n;
+  memory_dirty = true;
   mapped_bytes[1] += n * gran;
   held += n * gran;
   reserve_held = n * gran;

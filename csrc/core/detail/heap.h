@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/detail/block.h"
+#include "core/detail/free_index.h"
 #include "core/types.h"
 
 namespace torchmem::detail {
@@ -61,7 +62,7 @@ struct Heap {
   std::vector<std::unique_ptr<Segment>> segments;
   std::size_t segment_bytes = 0;
 
-  FreeSet free;
+  FreeIndex free;
   Block* first = nullptr;  // VMM: the lowest block of the range
   // Tallies of live blocks, kept by the carving code for invariants and for
   // largest-free and snapshot queries (stats proper live in PoolStats).

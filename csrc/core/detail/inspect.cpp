@@ -54,7 +54,7 @@ std::string Pool::Impl::check_invariants() const {
       if (b->addr != at) { err << where(h) << ": gap or overlap at " << hex(at) << " (next block at " << hex(b->addr) << ")"; return false; }
       if (b->size == 0 || b->size % kMinBlockSize) { err << where(h) << ": block " << hex(b->addr) << " has size " << b->size; return false; }
       if (b->heap != &h) { err << where(h) << ": block " << hex(b->addr) << " names another heap"; return false; }
-      const bool in_set = h.free.count(const_cast<Block*>(b)) != 0;
+      const bool in_set = h.free.contains(b);
       if (b->is_free()) {
         if (prev && prev->is_free()) { err << where(h) << ": adjacent free blocks at " << hex(prev->addr) << " and " << hex(b->addr) << " were not merged"; return false; }
         if (!in_set) { err << where(h) << ": free block " << hex(b->addr) << " is missing from the free set"; return false; }
@@ -62,8 +62,7 @@ std::string Pool::Impl::check_invariants() const {
       } else {
         if (in_set) { err << where(h) << ": live block " << hex(b->addr) << " is in the free set"; return false; }
         if (b->state == BlockState::kAllocated) {
-          auto it = live.find(b->addr);
-          if (it == live.end() || it->second != b) { err << where(h) << ": allocated block " << hex(b->addr) << " is not in the live map"; return false; }
+          if (live.find(b->addr) != b) { err << where(h) << ": allocated block " << hex(b->addr) << " is not in the live map"; return false; }
           ++live_count;
           alloc_bytes[kind] += b->size;
           requested_bytes[kind] += b->requested;
@@ -161,7 +160,7 @@ std::string Pool::Impl::check_invariants() const {
     return true;
   };
   std::size_t alloc_blocks[2] = {0, 0};
-  for (const auto& kv : live) ++alloc_blocks[kv.second->heap->small ? 0 : 1];
+  live.for_each([&](Addr, const Block* b) { ++alloc_blocks[b->heap->small ? 0 : 1]; });
   if (!expect("allocation", stats_.allocation, alloc_blocks)) return err.str();
   if (!expect("allocated_bytes", stats_.allocated_bytes, alloc_bytes)) return err.str();
   if (!expect("requested_bytes", stats_.requested_bytes, requested_bytes)) return err.str();
@@ -228,12 +227,11 @@ std::size_t Pool::Impl::largest_free_block() const {
   for (const auto& hp : heaps) {
     if (!hp) continue;
     const Heap& h = *hp;
-    for (auto it = h.free.rbegin(); it != h.free.rend(); ++it) {
-      const Block* b = *it;
-      if (b->size <= best) break;
+    h.free.for_each_descending([&](const Block* b) {
+      if (b->size <= best) return false;
       if (!vmm) {
         best = b->size;
-        break;
+        return false;
       }
       // The longest mapped stretch inside the block.
       const std::size_t g0 = first_granule(h, b->addr);
@@ -250,7 +248,8 @@ std::size_t Pool::Impl::largest_free_block() const {
         best = std::max(best, static_cast<std::size_t>(hi - lo));
         i = j;
       }
-    }
+      return true;
+    });
   }
   return best;
 }

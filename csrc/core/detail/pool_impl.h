@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/detail/addr_map.h"
 #include "core/detail/block.h"
 #include "core/detail/heap.h"
 #include "core/detail/streams.h"
@@ -53,6 +54,7 @@ struct Pool::Impl {
   void note_free_requested(bool small, std::size_t size, std::size_t requested, bool deferred);
   void note_free_completed(bool small, std::size_t size);
   void sync_memory_stats();  // segment / reserved / inactive gauges from tallies
+  void sync_free_stats(bool small);  // inactive gauges only (nothing mapped or unmapped)
   void trace(TraceAction action, Addr addr, std::size_t size, StreamId stream, PoolId pool,
              std::uint64_t context);
 
@@ -127,7 +129,7 @@ struct Pool::Impl {
   detail::Heap* default_large = nullptr;
   std::size_t released_pools = 0;  // released, not yet dropped
 
-  std::unordered_map<Addr, detail::Block*> live;  // allocated blocks by address
+  detail::AddrMap live;  // allocated blocks by address
 
   std::vector<detail::StreamSlot> slots;  // slot 0: memory never used
   std::unordered_map<StreamId, std::uint32_t> slot_index;
@@ -149,6 +151,8 @@ struct Pool::Impl {
   std::size_t mapped_bytes[2] = {0, 0};
   std::size_t segment_count[2] = {0, 0};
   std::size_t free_blocks[2] = {0, 0};
+  std::size_t heap_count[2] = {0, 0};
+  bool memory_dirty = false;  // tallies above moved since the last sync_memory_stats()
 
   PoolStats stats_;
   detail::TraceRing ring;

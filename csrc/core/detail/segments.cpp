@@ -42,6 +42,7 @@ bool Pool::Impl::grow_segments(Heap& heap, std::size_t size) {
   heap.segment_bytes += bytes;
   heap.segments.push_back(std::move(seg));
   held += bytes;
+  memory_dirty = true;
   ++segment_count[kind];
   mapped_bytes[kind] += bytes;
   ++stats_.num_device_alloc;
@@ -57,6 +58,7 @@ void Pool::Impl::free_segment(Heap& heap, Segment* seg) {
   --free_blocks[kind];
   backend.free_segment(seg->addr, seg->size);
   held -= seg->size;
+  memory_dirty = true;
   heap.segment_bytes -= seg->size;
   --segment_count[kind];
   mapped_bytes[kind] -= seg->size;
