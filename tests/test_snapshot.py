@@ -146,3 +146,15 @@ def test_trace_and_segments_agree_for_the_memory_viz_page():
     snap = torchmem.snapshot(pool=pool)
     assert {"segment_map", "segment_unmap"} <= {e["action"] for e in snap["device_traces"][0]}
     assert undo_like_memory_viz(snap) >= 80
+
+
+def test_capture_stack_without_python_caller_returns_0(monkeypatch):
+    # The allocator calls the provider straight from C++; on autograd's threads there is no
+    # Python frame below it, so sys._getframe(1) raises. The provider must answer 0 then.
+    import sys
+
+    def no_caller(depth=0):
+        raise ValueError("call stack is not deep enough")
+
+    monkeypatch.setattr(sys, "_getframe", no_caller)
+    assert capture_stack() == 0

@@ -62,7 +62,10 @@ def capture_stack():
     """Captures the calling Python stack into the stack table and returns its id (0 = no
     Python frames). This is the context provider record_history(stacks="python") installs;
     pass its result as `context=` to a simulated _C.Pool.allocate to get stacks there."""
-    frame = sys._getframe(1)
+    try:
+        frame = sys._getframe(1)
+    except ValueError:  # called straight from C++ on a thread with no Python frames (autograd's)
+        return 0
     key = []
     codes = []
     while frame is not None and len(codes) < MAX_FRAMES:
