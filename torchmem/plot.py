@@ -6,7 +6,9 @@ torchmem.dump_snapshot) through torchmem.trace, then draws requested bytes (live
 bytes the program asked for), the recorded allocator's reserved bytes and, when
 torchmem.replay is available, the reserved bytes torchmem's pool would hold for
 the same requests; a second panel shows the fragmentation ratio so far
-(peak reserved / peak requested up to each event), which ends at the headline figure.
+(peak reserved / peak requested up to each event), which ends at the headline
+figure. Drawing uses a bare matplotlib Figure (Agg), never pyplot, so calling
+it from a notebook does not change the notebook's backend.
 
 Note [Peak-preserving decimation]
 Traces have hundreds of thousands of events; a plot has ~2000 pixels across.
@@ -89,10 +91,8 @@ def running_ratio(requested, reserved):
 def plot_timeline(path, output, replay=True, title=None):
     """Writes a PNG timeline for the trace or snapshot at `path` to `output`; returns a dict
     of the figures drawn (peaks and final ratios)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A Figure without pyplot renders with Agg and leaves the process's backend alone.
+    from matplotlib.figure import Figure
 
     trace, description = load_events(path)
     if len(trace) == 0:
@@ -105,7 +105,8 @@ def plot_timeline(path, output, replay=True, title=None):
     if torchmem_reserved is not None:
         series.append(("reserved (torchmem, replayed)", torchmem_reserved, "tab:green"))
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    fig = Figure(figsize=(11, 6.5))
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     gib = float(1 << 30)
     summary = {"events": int(len(trace)), "peak_requested": int(requested.max())}
     for label, values, color in series:
@@ -130,5 +131,4 @@ def plot_timeline(path, output, replay=True, title=None):
         bottom.set_ylim(0.95, max(finite) * 1.15)
     fig.tight_layout()
     fig.savefig(output, format="png", dpi=100)
-    plt.close(fig)
     return summary
