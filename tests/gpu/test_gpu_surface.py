@@ -28,6 +28,11 @@ MiB = 1 << 20
 """
 
 
+# History tests size the trace ring at install too, so they work whether or not the device
+# pools already exist when record_history() runs (snapshot.py Note [Fixed trace capacity]).
+HISTORY_ENV = {"TORCHMEM_CONF": "trace_capacity=200000"}
+
+
 def _last_json(proc):
     return json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
 
@@ -185,7 +190,7 @@ assert blocks and any(b["frames"] for b in blocks)
 actions = {{e["action"] for e in snap["device_traces"][torch.cuda.current_device()]}}
 assert {{"alloc", "free_requested", "segment_map"}} <= actions, actions
 assert sum(s["total_size"] for s in snap["segments"]) == torch.cuda.memory_reserved()
-""")
+""", env=HISTORY_ENV)
     with open(path, "rb") as f:
         assert f.read(2) == b"\x80\x04"
     from memory_viz_check import undo_like_memory_viz
@@ -229,7 +234,7 @@ except torchmem.LeakError as exc:
     assert sorted(b.address for b in leaks) == sorted(t.data_ptr() for t in kept), (leaks, kept)
     assert all(b.frames and b.frames[0]["name"] == "step" for b in leaks)
 print("ok")
-""")
+""", env=HISTORY_ENV)
 
 
 CHURN = """
@@ -255,7 +260,7 @@ def test_record_history_cost_per_allocation():
     results = {}
     for mode, setup in (("off", ""), ("events", "torchmem.record_history(stacks=None)\n"),
                         ("python_stacks", "torchmem.record_history(stacks='python')\n")):
-        results[mode] = _last_json(run_python(PRELUDE + setup + CHURN))
+        results[mode] = _last_json(run_python(PRELUDE + setup + CHURN, env=HISTORY_ENV if setup else None))
     print("record_history cost (us per torch.empty, 64 live tensors):",
           {mode: round(r["us_per_alloc"], 3) for mode, r in results.items()})
     assert results["off"]["entries"] == 0
