@@ -11,6 +11,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "backend/sim_backend.h"
 #include "bindings/bindings.h"
@@ -103,7 +104,29 @@ void bind_core(py::module_& m) {
       .def("write_pattern", &SimBackend::write_pattern, py::arg("addr"), py::arg("size"), py::arg("seed"),
            py::call_guard<py::gil_scoped_release>())
       .def("check_pattern", &SimBackend::check_pattern, py::arg("addr"), py::arg("size"), py::arg("seed"),
-           py::call_guard<py::gil_scoped_release>());
+           py::call_guard<py::gil_scoped_release>())
+      // The raw primitives, for tests of the backend itself (a pool owns them
+      // otherwise: never call these on a backend a Pool uses).
+      .def("reserve", &SimBackend::reserve, py::arg("bytes"))
+      .def("unreserve", &SimBackend::unreserve, py::arg("base"), py::arg("bytes"))
+      .def("create_granule", &SimBackend::create_granule)
+      .def("release_granule", &SimBackend::release_granule, py::arg("handle"))
+      .def("map",
+           [](SimBackend& b, Addr at, const std::vector<GranuleHandle>& handles) {
+             b.map(at, handles.data(), handles.size());
+           },
+           py::arg("at"), py::arg("handles"))
+      .def("unmap", &SimBackend::unmap, py::arg("at"), py::arg("count"))
+      .def("allocate_segment", &SimBackend::allocate_segment, py::arg("bytes"))
+      .def("free_segment", &SimBackend::free_segment, py::arg("base"), py::arg("bytes"))
+      .def("record_event", &SimBackend::record_event, py::arg("stream"))
+      .def("event_completed", &SimBackend::event_completed, py::arg("event"))
+      .def("synchronize_event", &SimBackend::synchronize_event, py::arg("event"))
+      .def("destroy_event", &SimBackend::destroy_event, py::arg("event"))
+      .def("mem_info", [](SimBackend& b) {
+        MemInfo m = b.mem_info();
+        return py::make_tuple(m.free_bytes, m.total_bytes);
+      });
 
   py::class_<Pool>(m, "Pool", "torchmem's pool over a backend (csrc/core/pool.h)")
       .def(py::init([](Backend& backend, py::object config) {
