@@ -78,14 +78,18 @@ def main(argv=None):
 
     loader = torch.utils.data.DataLoader(TokenData(args.global_batch * args.steps), batch_size=args.global_batch)
     module = LitGPT()
+    import tempfile
+    log_dir = tempfile.mkdtemp(prefix="torchmem_lightning_")
+    logger = L.pytorch.loggers.CSVLogger(log_dir) if hasattr(L, "pytorch") else L.loggers.CSVLogger(log_dir)
     trainer = L.Trainer(max_steps=args.steps, accelerator="gpu", devices=1, precision="bf16-mixed",
-                        callbacks=[TorchmemCallback(), PrintMetrics()], logger=False,
+                        callbacks=[TorchmemCallback(), PrintMetrics()], logger=logger, log_every_n_steps=1,
                         enable_checkpointing=False, enable_progress_bar=False)
     trainer.fit(module, loader)
     ctl = module.ctl
     print(f"\nsummary: OOMs survived {ctl.ooms}, final micro-batch {ctl.micro_batch} x {ctl.accumulation_steps}, "
           f"decisions {[(e['step'], e['event'], e['from'], e['to']) for e in ctl.events]}")
-    print(f"logged torchmem metrics: {sorted(k for k in trainer.callback_metrics if k.startswith('torchmem/'))}")
+    print(f"logged torchmem metrics: {sorted(k for k in trainer.callback_metrics if k.startswith('torchmem/'))} "
+          f"(CSV in {logger.log_dir})")
     return 0
 
 

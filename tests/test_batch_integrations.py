@@ -95,3 +95,69 @@ def test_memory_figures_without_cuda_report_the_controller():
     assert figures["torchmem/micro_batch"] == 8.0 and figures["torchmem/accumulation_steps"] == 4.0
     if not torch.cuda.is_available():
         assert "torchmem/peak_reserved_gib" not in figures
+
+
+def test_lightning_manual_optimization_with_the_controller_and_callback():
+    L = pytest.importorskip("lightning")
+    from torchmem.integrations.lightning import TorchmemCallback, controller_for, run_manual_step
+    memory = SyntheticMemory(0, 1, 10)
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+            self.net = torch.nn.Linear(4, 1)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def training_step(self, batch, batch_idx):
+            if not hasattr(self, "ctl"):
+                self.ctl = controller_for(self, global_batch=32, probe=memory, margin=0.0)
+
+            def loss_fn(mb):
+                memory.use(mb[0].shape[0])
+                return torch.nn.functional.mse_loss(self.net(mb[0]), mb[1])
+
+            loss = run_manual_step(self, self.ctl, loss_fn, batch)
+            self.log("loss", loss)
+            return loss
+
+    data = torch.utils.data.TensorDataset(torch.randn(192, 4), torch.randn(192, 1))
+    module = Module()
+    trainer = L.Trainer(max_steps=4, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[TorchmemCallback()])
+    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=32))
+    assert module.ctl.micro_batch == 8 and module.ctl.ooms == 2
+    assert float(trainer.callback_metrics["torchmem/micro_batch"]) == 8.0
+
+
+def test_hf_trainer_with_the_mixin_and_callback_logs_figures():
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    import tempfile
+    from torchmem.integrations.hf import TorchmemTrainerCallback, make_trainer_class
+    memory = SyntheticMemory(0, 1, 10)
+    config = transformers.GPT2Config(n_positions=16, n_embd=16, n_layer=1, n_head=2, vocab_size=64)
+    model = transformers.GPT2LMHeadModel(config)
+    model.register_forward_pre_hook(lambda m, args, kwargs: memory.use(kwargs["input_ids"].shape[0]),
+                                    with_kwargs=True)
+    ids = torch.randint(0, 64, (32 * 4, 16))
+
+    class Data(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(ids)
+
+        def __getitem__(self, i):
+            return {"input_ids": ids[i], "labels": ids[i]}
+
+    args = transformers.TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=32,
+                                          max_steps=4, logging_steps=2, report_to=[], save_strategy="no",
+                                          use_cpu=True, disable_tqdm=True)
+    trainer = make_trainer_class(transformers.Trainer)(
+        model=model, args=args, train_dataset=Data(), callbacks=[TorchmemTrainerCallback()],
+        torchmem_controller_kwargs={"probe": memory, "margin": 0.0})
+    trainer.train()
+    assert trainer.torchmem_controller.micro_batch == 8 and trainer.torchmem_controller.ooms == 2
+    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert logged and all(entry["torchmem/micro_batch"] == 8.0 for entry in logged)
