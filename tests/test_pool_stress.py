@@ -1,0 +1,111 @@
+"""Multi-threaded stress on a host-memory sim backend (after mimalloc's test-stress).
+
+Eight Python threads allocate seeded random sizes (rarely huge), write a
+cookie pattern derived from the address and a per-block seed, hand some
+blocks to other threads through queues, and check the pattern before every
+free. Pool calls release the GIL, so the threads really run concurrently;
+overlapping blocks or a granule remapped under a live block would corrupt a
+cookie. Patterns cover the first and last 4 KiB of each block (and all of it
+for small blocks) to keep the run short."""
+
+import queue
+import random
+import threading
+
+import pytest
+
+from torchmem._loader import _C
+
+MiB = 1 << 20
+THREADS = 8
+STEPS = 4000
+EDGE = 4096
+
+
+def _write(sim, addr, size, seed):
+    if size <= 2 * EDGE:
+        sim.write_pattern(addr, size, seed)
+    else:
+        sim.write_pattern(addr, EDGE, seed)
+        sim.write_pattern(addr + size - EDGE, EDGE, seed)
+
+
+def _check(sim, addr, size, seed):
+    if size <= 2 * EDGE:
+        return sim.check_pattern(addr, size, seed)
+    return sim.check_pattern(addr, EDGE, seed) and sim.check_pattern(addr + size - EDGE, EDGE, seed)
+
+
+@pytest.mark.parametrize("vmm", [True, False], ids=["vmm", "cuda_malloc"])
+def test_threads_share_a_pool(vmm):
+    sim = _C.SimBackend(capacity=768 * MiB, vmm=vmm, host_memory=True, event_delay=1)
+    pool = _C.Pool(sim, {"limit_bytes": 512 * MiB})
+    inboxes = [queue.Queue() for _ in range(THREADS)]
+    errors = []
+    ooms = [0] * THREADS
+
+    def worker(index):
+        rng = random.Random(1000 + index)
+        stream = 0x100 * (index % 3)
+        mine = []
+        try:
+            for step in range(STEPS):
+                while not inboxes[index].empty():
+                    mine.append(inboxes[index].get_nowait())
+                r = rng.random()
+                if r < 0.5 or not mine:
+                    if rng.random() < 0.01:
+                        size = rng.randint(16 * MiB, 64 * MiB)  # rare huge request
+                    elif rng.random() < 0.6:
+                        size = rng.randint(1, MiB)
+                    else:
+                        size = rng.randint(MiB, 8 * MiB)
+                    addr = pool.allocate(size, stream)
+                    if not addr:
+                        ooms[index] += 1
+                        continue
+                    seed = rng.getrandbits(32)
+                    _write(sim, addr, size, seed)
+                    mine.append((addr, size, seed))
+                    if rng.random() < 0.1:
+                        pool.record_stream(addr, stream + 1)
+                elif r < 0.65:
+                    # Hand a block to another thread.
+                    item = mine.pop(rng.randrange(len(mine)))
+                    inboxes[rng.randrange(THREADS)].put(item)
+                else:
+                    addr, size, seed = mine.pop(rng.randrange(len(mine)))
+                    if not _check(sim, addr, size, seed):
+                        errors.append(f"thread {index} step {step}: cookie of {addr:#x}+{size} overwritten")
+                    pool.free(addr)
+                if len(mine) > 40:
+                    addr, size, seed = mine.pop(0)
+                    if not _check(sim, addr, size, seed):
+                        errors.append(f"thread {index}: cookie of {addr:#x}+{size} overwritten")
+                    pool.free(addr)
+            for addr, size, seed in mine:
+                if not _check(sim, addr, size, seed):
+                    errors.append(f"thread {index}: cookie of {addr:#x}+{size} overwritten at the end")
+                pool.free(addr)
+        except Exception as exc:  # surfaced below with the thread's index
+            errors.append(f"thread {index}: {exc!r}")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Blocks still in flight between threads.
+    for inbox in inboxes:
+        while not inbox.empty():
+            addr, size, seed = inbox.get_nowait()
+            assert _check(sim, addr, size, seed)
+            pool.free(addr)
+    assert not errors, errors[:5]
+    pool.check_invariants()
+    s = pool.stats()
+    assert s["allocation"]["all"]["current"] == 0
+    assert s["num_allocs"] == s["num_frees"] > THREADS * STEPS // 4
+    assert s["reserved_bytes"]["all"]["peak"] <= 512 * MiB
+    pool.release_cached()
+    assert sim.device_used() == 0
