@@ -58,6 +58,20 @@ class TorchmemAllocator final : public CUDAPluggableAllocator {
     return out;
   }
 
+  // Private-pool reference counts (torch.cuda.MemPool, graph pools). No
+  // `override`: which of these torch declares differs between versions; a
+  // name torch does not declare is simply unused.
+  void createOrIncrefPool(c10::DeviceIndex device, c10::cuda::MempoolId_t id,
+                          std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> /*allocator*/ = nullptr) {
+    incref_pool(device, MempoolKey(id.first, id.second));
+  }
+  void ensureExistsAndIncrefPool(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
+    incref_pool(device, MempoolKey(id.first, id.second));
+  }
+  int getPoolUseCount(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
+    return pool_use_count(device, MempoolKey(id.first, id.second));
+  }
+
   void resetPeakStats(c10::DeviceIndex device) override { device_pool(device).reset_peak_stats(); }
 
   void resetAccumulatedStats(c10::DeviceIndex device) override { device_pool(device).reset_accumulated_stats(); }

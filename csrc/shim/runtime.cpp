@@ -49,9 +49,10 @@ namespace {
 constexpr int kMaxDevices = 64;
 
 // Note [Private pool uses] As in PyTorch's allocator, every
-// begin_allocate_to_pool counts one use of its pool (graphs may share a pool:
-// torch.cuda.graph(pool=other.pool())) and every release_pool drops one; the
-// core pool is released when the last use is dropped.
+// begin_allocate_to_pool and every incref_pool (torch.cuda.MemPool creation;
+// newer torch's graph capture) counts one use of its pool (graphs may share a
+// pool: torch.cuda.graph(pool=other.pool())), and every release_pool drops
+// one; the core pool is released when the last use is dropped.
 struct PrivatePool {
   PoolId id = 0;
   int uses = 0;
@@ -463,30 +464,41 @@ void set_memory_fraction(double fraction, int device) {
   state.pool->set_limit(static_cast<std::size_t>(fraction * static_cast<double>(state.total_bytes)));
 }
 
+namespace {
+
+// One more use of the private pool `key`, creating it at the first use (Note
+// [Private pool uses]). Caller holds state.capture_mutex; the core pool's
+// mutex is taken under it (Note [Lock order]).
+PoolId add_pool_use(DeviceState& state, MempoolKey key) {
+  auto found = state.private_pools.find(key);
+  if (found == state.private_pools.end()) {
+    PoolId id = state.next_pool_id++;
+    state.pool->create_private_pool(id);  // throws before anything is recorded
+    found = state.private_pools.emplace(key, PrivatePool{id, 0}).first;
+  }
+  found->second.uses += 1;
+  return found->second.id;
+}
+
+}  // namespace
+
+void incref_pool(int device, MempoolKey key) {
+  DeviceState& state = state_for(device);
+  std::lock_guard<std::mutex> lock(state.capture_mutex);
+  add_pool_use(state, key);
+}
+
+int pool_use_count(int device, MempoolKey key) {
+  DeviceState& state = state_for(device);
+  std::lock_guard<std::mutex> lock(state.capture_mutex);
+  auto found = state.private_pools.find(key);
+  return found == state.private_pools.end() ? 0 : found->second.uses;
+}
+
 void begin_allocate_to_pool(int device, MempoolKey key, std::function<bool(CudaStream)> filter) {
   DeviceState& state = state_for(device);
-  PoolId pool = 0;
-  bool created = false;
-  {
-    std::lock_guard<std::mutex> lock(state.capture_mutex);
-    PrivatePool& entry = state.private_pools[key];
-    if (entry.uses == 0) {
-      entry.id = state.next_pool_id++;
-      created = true;
-    }
-    entry.uses += 1;
-    pool = entry.id;
-  }
-  if (created) {
-    try {
-      state.pool->create_private_pool(pool);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(state.capture_mutex);
-      state.private_pools.erase(key);
-      throw;
-    }
-  }
   std::lock_guard<std::mutex> lock(state.capture_mutex);
+  PoolId pool = add_pool_use(state, key);
   state.captures.push_back(Capture{key, pool, std::move(filter)});
   state.active_captures.store(static_cast<int>(state.captures.size()), std::memory_order_release);
 }

@@ -7,10 +7,12 @@
 // OOM error) and install.cpp (CUDAPluggableAllocator and its hooks).
 //
 // Note [Lock order] Each device's Pool has one mutex (pool.h). The runtime adds
-// a registry mutex (taken only to create a device's state) and, per device, a
-// capture mutex (the active private-pool filters). Neither is ever held while
-// taking a pool's mutex, and no lock is held while Python code runs (the OOM
-// callback and the context provider run with nothing of ours locked).
+// a registry mutex (taken only to create a device's state), and per device a
+// capture mutex (private pools and the active filters) and a parked-blocks
+// mutex. A pool's mutex may be taken while the capture mutex is held (to
+// create a private pool), never the other way round; the parked-blocks mutex
+// is a leaf. No lock is held while Python code runs (the OOM callback and the
+// context provider run with nothing of ours locked).
 #pragma once
 
 #include <cstddef>
@@ -89,6 +91,8 @@ void record_stream(void* ptr, CudaStream stream);
 void* base_allocation(void* ptr, std::size_t* size);
 void set_memory_fraction(double fraction, int device);
 void begin_allocate_to_pool(int device, MempoolKey key, std::function<bool(CudaStream)> filter);
+void incref_pool(int device, MempoolKey key);      // torch.cuda.MemPool creation / graph pool sharing
+int pool_use_count(int device, MempoolKey key);
 void end_allocate_to_pool(int device, MempoolKey key);
 void release_pool(int device, MempoolKey key);
 

@@ -177,6 +177,35 @@ def test_scoped_mem_pool_uses_torchmem():
     assert "MEMPOOL OK" in proc.stdout
 
 
+def test_torch_mem_pool_under_installed_torchmem():
+    proc = run(
+        """
+        torchmem.install()
+        try:
+            pool = torch.cuda.MemPool()
+        except RuntimeError as exc:
+            print("UNSUPPORTED", exc)
+            sys.exit(0)
+        with torch.cuda.use_mem_pool(pool):
+            inside = torch.full((1 << 20,), 2.0, device="cuda")
+        outside = torch.full((1 << 20,), 3.0, device="cuda")
+        snapshot = _C.runtime_snapshot(0)
+        pools = {seg["pool"] for seg in snapshot["segments"] for b in seg["blocks"]
+                 if b["address"] == inside.data_ptr() and b["state"] == "active_allocated"}
+        assert pools and 0 not in pools, pools  # served from a private pool
+        assert float(inside.sum()) == 2.0 * (1 << 20) and float(outside.sum()) == 3.0 * (1 << 20)
+        del inside, pool
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        _C.runtime_check_invariants(0)
+        print("TORCH MEMPOOL OK")
+        """
+    )
+    if "UNSUPPORTED" in proc.stdout:
+        pytest.xfail("torch refused MemPool() with a pluggable allocator: " + proc.stdout.strip())
+    assert "TORCH MEMPOOL OK" in proc.stdout
+
+
 def test_limit_gives_torch_oom_error_and_recovers():
     proc = run(
         """
