@@ -311,11 +311,7 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
   ++heap->live_blocks;
   active_total += b->size;
   note_alloc(heap->small, b->size, size);
-  if (memory_dirty) {
-    sync_memory_stats();
-  } else {
-    sync_free_stats(heap->small);
-  }
+  if (memory_dirty) sync_memory_stats();
   trace(TraceAction::kAlloc, b->addr, size, stream, pool, context);
   return b->addr;
 }
@@ -351,12 +347,8 @@ void Pool::Impl::deallocate(Addr addr) {
   note_free_requested(small, size, requested, /*deferred=*/false);
   note_free_completed(small, size);
   trace(TraceAction::kFreeCompleted, addr, requested, stream, pool, context);
-  if (released_pools) {
-    maybe_drop_released_pools();
-    sync_memory_stats();
-  } else {
-    sync_free_stats(small);
-  }
+  if (released_pools) maybe_drop_released_pools();
+  if (memory_dirty) sync_memory_stats();
 }
 
 void Pool::Impl::record_stream(Addr addr, StreamId stream) {
@@ -474,22 +466,10 @@ void Pool::Impl::sync_memory_stats() {
   set_gauge(stats_.inactive_split_bytes[kStatAll], total_reserved - stats_.active_bytes[kStatAll].current);
 }
 
-void Pool::Impl::sync_free_stats(bool small) {
-  // The fast path moves blocks of one heap kind between live and cached,
-  // never memory: only that kind's inactive gauges (and "all") change.
-  const int j = small ? 0 : 1, k = small ? kStatSmallPool : kStatLargePool;
-  const std::int64_t count = static_cast<std::int64_t>(free_blocks[j] - (vmm ? heap_count[j] : 0));
-  const std::int64_t delta = count - stats_.inactive_split[k].current;
-  if (delta) {
-    set_gauge(stats_.inactive_split[k], count);
-    set_gauge(stats_.inactive_split[kStatAll], stats_.inactive_split[kStatAll].current + delta);
-  }
-  set_gauge(stats_.inactive_split_bytes[k], stats_.reserved_bytes[k].current - stats_.active_bytes[k].current);
-  set_gauge(stats_.inactive_split_bytes[kStatAll],
-            stats_.reserved_bytes[kStatAll].current - stats_.active_bytes[kStatAll].current);
-}
-
-PoolStats Pool::Impl::stats() const {
+PoolStats Pool::Impl::stats() {
+  // The inactive gauges are derived (free blocks, reserved - active): the fast
+  // path leaves them alone and they are refreshed here and whenever memory moves.
+  sync_memory_stats();
   PoolStats s = stats_;
   s.largest_free_block = largest_free_block();
   s.limit_bytes = config.limit_bytes;
@@ -573,6 +553,7 @@ PoolStats Pool::stats() const {
 
 void Pool::reset_peak_stats() {
   std::lock_guard<std::mutex> lock(mutex_);
+  impl_->sync_memory_stats();
   PoolStats& s = impl_->stats_;
 #define TORCHMEM_RESET_PEAK(name) \
   for (Stat& st : s.name) st.reset_peak();
@@ -582,6 +563,7 @@ void Pool::reset_peak_stats() {
 
 void Pool::reset_accumulated_stats() {
   std::lock_guard<std::mutex> lock(mutex_);
+  impl_->sync_memory_stats();
   PoolStats& s = impl_->stats_;
 #define TORCHMEM_RESET_ACC(name) \
   for (Stat& st : s.name) st.reset_accumulated();

@@ -47,6 +47,9 @@ enum StatKind : int { kStatAll = 0, kStatSmallPool = 1, kStatLargePool = 2, kSta
 //   active_bytes         allocated_bytes plus bytes of freed blocks waiting on events
 //   inactive_split_bytes free cached bytes inside mapped memory
 //   requested_bytes      live bytes as requested (not rounded)
+// inactive_split and inactive_split_bytes are derived (free blocks; reserved -
+// active): the pool refreshes them when memory is mapped or unmapped and when
+// stats are read, not on every cached malloc/free, so their peaks are sampled.
 #define TORCHMEM_STAT_ARRAYS(X) \
   X(allocation)                 \
   X(segment)                    \

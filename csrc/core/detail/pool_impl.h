@@ -45,7 +45,7 @@ struct Pool::Impl {
   void create_private_pool(PoolId pool);
   void release_private_pool(PoolId pool);
   std::size_t release_cached();  // also the OOM ladder's step 5
-  PoolStats stats() const;
+  PoolStats stats();  // refreshes the derived gauges first
   std::size_t budget() const;    // limit in bytes (device capacity if 0)
   void after_op(const char* what);  // debug checks
 
@@ -54,7 +54,6 @@ struct Pool::Impl {
   void note_free_requested(bool small, std::size_t size, std::size_t requested, bool deferred);
   void note_free_completed(bool small, std::size_t size);
   void sync_memory_stats();  // segment / reserved / inactive gauges from tallies
-  void sync_free_stats(bool small);  // inactive gauges only (nothing mapped or unmapped)
   void trace(TraceAction action, Addr addr, std::size_t size, StreamId stream, PoolId pool,
              std::uint64_t context);
 
