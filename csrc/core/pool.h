@@ -20,10 +20,11 @@
 //   run out. Blocks are carved at 512 B granularity, so neighbours share
 //   granules. Free blocks stay mapped and cached. A request takes the best
 //   fitting cached block (smallest size, then lowest address), splitting it.
-//   Granules a new block needs come, in order, from: spare unmapped granules;
-//   new granules while held < (1 + reclaim_slack) * in use and under the
-//   budget; granules of cached free space whose fences completed, least
-//   recently freed first (stitching); new granules under the budget.
+//   Granules a new block needs come, in order, from: new granules while
+//   held < (1 + reclaim_slack) * in use and under the budget; granules of
+//   cached free space whose fences completed, least recently freed first
+//   (stitching); new granules under the budget. No unmapped handle is kept:
+//   one that is not mapped again at once is released (detail/granules.cpp).
 // - cuda_malloc backend: blocks are carved out of segments (2 MiB for the small
 //   heap, at least 20 MiB for the large one); no stitching.
 //
@@ -90,8 +91,8 @@ struct PoolConfig {
   double reclaim_slack = 0.0;
   // Virtual address space reserved per heap; 0 = 2x the device's total memory.
   std::size_t virtual_bytes = 0;
-  // Run check_invariants() after every operation and abort on a violation.
-  // Always on in DEBUG=1 builds.
+  // Run check_invariants() after every operation and throw std::logic_error
+  // naming the violation. Always on in DEBUG=1 builds.
   bool debug_checks = false;
   // Keep the last this-many trace entries (0 = no trace); see TraceEntry.
   std::size_t trace_capacity = 0;
@@ -197,7 +198,7 @@ class Pool {
   Backend& backend_;
   PoolConfig config_;
   mutable std::mutex mutex_;
-  // The implementation owns the rest (csrc/core/detail/).
+  // The implementation owns the rest (csrc/core/detail/pool_impl.h).
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
