@@ -34,7 +34,6 @@ Block* Pool::Impl::find_fit(Heap& heap, std::size_t size, StreamId stream) {
 
 Block* Pool::Impl::carve(Block* b, std::size_t size) {
   Heap& heap = *b->heap;
-  heap.free.erase(b);
   if (b->size > size) {
     // Split: the rest stays free, with the same fence tag.
     Block* rest = arena.make();
@@ -48,9 +47,10 @@ Block* Pool::Impl::carve(Block* b, std::size_t size) {
     rest->next = b->next;
     if (b->next) b->next->prev = rest;
     b->next = rest;
+    heap.free.replace(b->size, b->addr, rest);
     b->size = size;
-    heap.free.insert(rest);
   } else {
+    heap.free.erase(b);
     --free_blocks[heap.small ? 0 : 1];
   }
   b->state = BlockState::kAllocated;
@@ -81,8 +81,16 @@ Block* Pool::Impl::release_block(Block* b, StreamId free_stream) {
   b->free_stream = free_stream;
   b->free_seq = seq;
 
+  // The merged block takes over the index entry of the first free neighbour
+  // (FreeIndex::replace), so a merge costs at most one entry update and one
+  // erase.
+  bool indexed = false;
+  std::size_t old_size = 0;
+  Addr old_addr = 0;
   if (Block* p = b->prev; p && p->is_free()) {
-    heap.free.erase(p);
+    old_size = p->size;
+    old_addr = p->addr;
+    indexed = true;
     p->size += b->size;
     p->next = b->next;
     if (b->next) b->next->prev = p;
@@ -92,7 +100,13 @@ Block* Pool::Impl::release_block(Block* b, StreamId free_stream) {
     --free_blocks[kind];
   }
   if (Block* n = b->next; n && n->is_free()) {
-    heap.free.erase(n);
+    if (indexed) {
+      heap.free.erase(n);
+    } else {
+      old_size = n->size;
+      old_addr = n->addr;
+      indexed = true;
+    }
     b->size += n->size;
     b->next = n->next;
     if (n->next) n->next->prev = b;
@@ -100,7 +114,11 @@ Block* Pool::Impl::release_block(Block* b, StreamId free_stream) {
     arena.recycle(n);
     --free_blocks[kind];
   }
-  heap.free.insert(b);
+  if (indexed) {
+    heap.free.replace(old_size, old_addr, b);
+  } else {
+    heap.free.insert(b);
+  }
   ++free_blocks[kind];
   return b;
 }

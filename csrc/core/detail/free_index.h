@@ -66,6 +66,33 @@ class FreeIndex {
     --count_;
   }
 
+  // The entry (old_size, old_addr) now stands for `b` (its new size and
+  // address). When the new key sorts into the same slot of the same bin, as
+  // when a split or merge changes a block only a little, the entry is
+  // rewritten in place: no search in another bin, no memmove.
+  void replace(std::size_t old_size, Addr old_addr, Block* b) {
+    const int old_bin = bin_of(old_size), bin = bin_of(b->size);
+    if (old_bin == bin) {
+      std::vector<FreeEntry>& v = bins_[bin];
+      auto it = std::lower_bound(v.begin(), v.end(), FreeEntry{old_size, old_addr, nullptr});
+      const FreeEntry e{b->size, b->addr, b};
+      if ((it == v.begin() || *(it - 1) < e) && (it + 1 == v.end() || e < *(it + 1))) {
+        *it = e;
+        return;
+      }
+      v.erase(it);
+      v.insert(std::upper_bound(v.begin(), v.end(), e), e);
+      return;
+    }
+    std::vector<FreeEntry>& from = bins_[old_bin];
+    from.erase(std::lower_bound(from.begin(), from.end(), FreeEntry{old_size, old_addr, nullptr}));
+    if (from.empty()) unmark(old_bin);
+    std::vector<FreeEntry>& to = bins_[bin];
+    const FreeEntry e{b->size, b->addr, b};
+    to.insert(std::upper_bound(to.begin(), to.end(), e), e);
+    if (to.size() == 1) mark(bin);
+  }
+
   bool contains(const Block* b) const {
     const std::vector<FreeEntry>& v = bins_[bin_of(b->size)];
     auto it = std::lower_bound(v.begin(), v.end(), FreeEntry{b->size, b->addr, nullptr});
