@@ -457,3 +457,15 @@ def test_debug_checks_run_after_every_op():
         pool.free(a)
     pool.release_cached()
     pool.check_invariants()
+
+
+def test_request_beyond_the_budget_is_an_oom_that_keeps_the_cache():
+    sim, pool = make(limit=64 * MiB)
+    pool.free(pool.allocate(8 * MiB))
+    held = sim.device_used()
+    for size in (65 * MiB, 1 << 50, (1 << 64) - 1):
+        assert pool.allocate(size) == 0
+    s = pool.stats()
+    assert s["num_ooms"] == 3 and s["num_alloc_retries"] == 0
+    assert sim.device_used() == held  # nothing released for a hopeless request
+    pool.check_invariants()

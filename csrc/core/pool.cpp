@@ -251,12 +251,16 @@ std::size_t Pool::Impl::budget() const {
 
 Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::uint64_t context) {
   if (size == 0) throw PoolError("allocate: size 0; request at least one byte");
-  if (size > (std::size_t{1} << 62)) {
-    throw PoolError("allocate: size " + std::to_string(size) + " is not a plausible request");
-  }
-  const std::size_t rounded = round_up(size, kMinBlockSize);
+  const std::size_t rounded = size > budget() ? size : round_up(size, kMinBlockSize);
   Heap* heap = heap_for(pool, rounded);  // may throw: nothing changed yet
   ++seq;
+  if (rounded > budget()) {
+    // More than the whole budget: no ladder step can help, and releasing the
+    // cache for it would only slow down what comes next.
+    ++stats_.num_ooms;
+    trace(TraceAction::kOom, 0, size, stream, pool, context);
+    return 0;
+  }
   if (!deferred.empty()) poll_deferred(false);
 
   Block* b = nullptr;
