@@ -170,7 +170,7 @@ def kv_generate_workload(torch):
 
     @torch.no_grad()
     def step(rng):
-        batch, prompt, new = rng.randint(1, 32), rng.randint(16, 1024), rng.randint(16, 128)
+        batch, prompt, new = rng.randint(1, 32), rng.randint(16, 1024), rng.randint(8, 32)
         ids = torch.randint(0, vocab, (batch, prompt), device="cuda")
         out = model(input_ids=ids, use_cache=True)
         past = out.past_key_values

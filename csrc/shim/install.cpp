@@ -71,6 +71,14 @@ class TorchmemAllocator final : public CUDAPluggableAllocator {
   int getPoolUseCount(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
     return pool_use_count(device, MempoolKey(id.first, id.second));
   }
+  // torch.cuda.MemPool's constructor and destructor call these; torch's base
+  // class raises in them, which aborts the process from a destructor. torchmem
+  // private pools never serve other requests on OOM and never split-limit, so
+  // accepting the flags without effect is the honest answer. Both signatures
+  // (with and without the flag) have existed.
+  void setUseOnOOM(c10::DeviceIndex /*device*/, c10::cuda::MempoolId_t /*id*/, bool /*use_on_oom*/) {}
+  void setUseOnOOM(c10::DeviceIndex /*device*/, c10::cuda::MempoolId_t /*id*/) {}
+  void setNoSplit(c10::DeviceIndex /*device*/, c10::cuda::MempoolId_t /*id*/) {}
 
   void resetPeakStats(c10::DeviceIndex device) override { device_pool(device).reset_peak_stats(); }
 

@@ -33,7 +33,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <sstream>
 #include <stdexcept>
 #include <type_traits>
 #include <unordered_map>
@@ -247,20 +246,30 @@ bool park_if_private(DeviceState& state, Addr addr) {
 
 // PyTorch's human units (bytes, KiB, MiB, GiB with two decimals), so OOM messages
 // read like the native allocator's; exact powers print in the larger unit.
+// Note [No iostreams here] Sizes and addresses are formatted with snprintf, not
+// std::ostream: on the H200 machine (torch 2.11's venv), `ostream << double`
+// from this module crashed inside libstdc++'s locale facets (seen with
+// cuda-gdb: a segfault in codecvt under _M_insert<double>, while building the
+// OOM message), which turned every OOM into a crash. snprintf has no locale
+// machinery to disagree about.
 std::string format_size(std::uint64_t size) {
-  std::ostringstream os;
-  os.precision(2);
-  os << std::fixed;
+  char text[64];
   if (size < 1024) {
-    os << size << " bytes";
+    std::snprintf(text, sizeof text, "%llu bytes", static_cast<unsigned long long>(size));
   } else if (size < 1048576) {
-    os << static_cast<double>(size) / 1024.0 << " KiB";
+    std::snprintf(text, sizeof text, "%.2f KiB", static_cast<double>(size) / 1024.0);
   } else if (size < 1073741824ULL) {
-    os << static_cast<double>(size) / 1048576.0 << " MiB";
+    std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(size) / 1048576.0);
   } else {
-    os << static_cast<double>(size) / 1073741824.0 << " GiB";
+    std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(size) / 1073741824.0);
   }
-  return os.str();
+  return text;
+}
+
+std::string format_address(const void* ptr) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%p", ptr);
+  return text;
 }
 
 std::string oom_message(DeviceState& state, std::size_t size) {
@@ -275,17 +284,17 @@ std::string oom_message(DeviceState& state, std::size_t size) {
   const auto reserved = static_cast<std::uint64_t>(stats.reserved_bytes[kStatAll].current);
   const std::uint64_t cached = reserved > live ? reserved - live : 0;
   const std::size_t limit = state.pool->limit();
-  std::ostringstream msg;
-  msg << "CUDA out of memory. Tried to allocate " << format_size(size) << ". GPU " << state.device
-      << " has a total capacity of " << format_size(mem.total_bytes) << " of which " << format_size(mem.free_bytes)
-      << " is free. torchmem (" << state.backend->name() << " backend) holds " << format_size(reserved)
-      << " reserved: " << format_size(live) << " live, " << format_size(cached) << " cached; largest free block "
-      << format_size(stats.largest_free_block) << ". Budget: "
-      << (limit ? format_size(limit) : "the whole device (" + format_size(mem.total_bytes) + ")")
-      << ". Try a smaller batch or sequence length, let torchmem.BatchSizeController pick the largest batch "
-         "that fits, or raise the budget (torchmem.install(limit=...) or "
-         "torch.cuda.set_per_process_memory_fraction).";
-  return msg.str();
+  std::string msg = "CUDA out of memory. Tried to allocate " + format_size(size) + ". GPU " +
+                    std::to_string(state.device) + " has a total capacity of " + format_size(mem.total_bytes) +
+                    " of which " + format_size(mem.free_bytes) + " is free. torchmem (" + state.backend->name() +
+                    " backend) holds " + format_size(reserved) + " reserved: " + format_size(live) + " live, " +
+                    format_size(cached) + " cached; largest free block " + format_size(stats.largest_free_block) +
+                    ". Budget: " +
+                    (limit ? format_size(limit) : "the whole device (" + format_size(mem.total_bytes) + ")") +
+                    ". Try a smaller batch or sequence length, let torchmem.BatchSizeController pick the largest "
+                    "batch that fits, or raise the budget (torchmem.install(limit=...) or "
+                    "torch.cuda.set_per_process_memory_fraction).";
+  return msg;
 }
 
 template <typename P, typename = void>
@@ -410,19 +419,17 @@ void* allocate_or_throw(std::size_t size, int device, CudaStream stream) {
 void deallocate(void* ptr, int device) {
   DeviceState* state = existing_state(device);
   if (state == nullptr) {
-    std::ostringstream msg;
-    msg << "torchmem: free of address " << ptr << " on device " << device
-        << ", where torchmem has allocated nothing; it was not allocated by torchmem";
-    throw std::runtime_error(msg.str());
+    throw std::runtime_error("torchmem: free of address " + format_address(ptr) + " on device " +
+                             std::to_string(device) +
+                             ", where torchmem has allocated nothing; it was not allocated by torchmem");
   }
   try {
     if (park_if_private(*state, reinterpret_cast<Addr>(ptr))) return;
     state->pool->deallocate(reinterpret_cast<Addr>(ptr));
   } catch (const PoolError& error) {
-    std::ostringstream msg;
-    msg << "torchmem: free of address " << ptr << " on device " << device
-        << " that is not a live torchmem block (unknown or already freed): " << error.what();
-    throw std::runtime_error(msg.str());
+    throw std::runtime_error("torchmem: free of address " + format_address(ptr) + " on device " +
+                             std::to_string(device) +
+                             " that is not a live torchmem block (unknown or already freed): " + error.what());
   }
 }
 
@@ -440,9 +447,8 @@ void record_stream(void* ptr, CudaStream stream) {
     }
   }
   if (owner == nullptr) {
-    std::ostringstream msg;
-    msg << "torchmem: record_stream on address " << ptr << ", which is not a live torchmem block";
-    throw std::runtime_error(msg.str());
+    throw std::runtime_error("torchmem: record_stream on address " + format_address(ptr) +
+                             ", which is not a live torchmem block");
   }
   owner->pool->record_stream(addr, reinterpret_cast<StreamId>(stream));
 }

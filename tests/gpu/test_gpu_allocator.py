@@ -80,19 +80,25 @@ def test_math_and_autograd_match_native_bit_for_bit(tmp_path):
 RECORD_STREAM_BODY = """
 torchmem.install()
 n = 64 << 20  # 256 MiB of float32
-main = torch.cuda.current_stream()
+# Both streams are non-default: the legacy default stream would implicitly wait
+# for the side stream and hide the race this test is about.
+main = torch.cuda.Stream()
 side = torch.cuda.Stream()
-x = torch.full((n,), 3.0, device="cuda")
-old_ptr = x.data_ptr()
-side.wait_stream(main)
-with torch.cuda.stream(side):
-    torch.cuda._sleep(1_000_000_000)  # ~0.5 s: the read below runs long after the free
-    y = x * 1.0                        # reads x on the side stream
-if RECORD:
-    x.record_stream(side)
-del x                                  # freed on the main stream, still read by `side`
-z = torch.empty(n, device="cuda")
-z.fill_(-1.0)                          # would overwrite x's memory if it were reused
+with torch.cuda.stream(main):
+    x = torch.full((n,), 3.0, device="cuda")
+    old_ptr = x.data_ptr()
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        # y is allocated before the sleep is queued: mapping new memory can make
+        # the host wait for the device, which would hide the race.
+        y = torch.empty_like(x)
+        torch.cuda._sleep(1_000_000_000)  # ~0.5 s: the read below runs long after the free
+        torch.mul(x, 1.0, out=y)           # reads x on the side stream
+    if RECORD:
+        x.record_stream(side)
+    del x                                  # freed on `main`, still read by `side`
+    z = torch.empty(n, device="cuda")
+    z.fill_(-1.0)                          # would overwrite x's memory if it were reused
 side.synchronize()
 torch.cuda.synchronize()
 corrupted = not bool((y == 3.0).all())
@@ -101,14 +107,15 @@ print("reused", z.data_ptr() == old_ptr, "corrupted", corrupted)
 
 
 def test_record_stream_prevents_reuse_while_another_stream_reads():
-    # Without record_stream the freed block IS reused at once and the side
-    # stream reads the overwrite: the scenario really corrupts data ...
-    unsafe = run("RECORD = False\n" + RECORD_STREAM_BODY)
-    assert "reused True corrupted True" in unsafe.stdout, unsafe.stdout
-    # ... and with record_stream torchmem defers the reuse until `side` is done.
+    # With record_stream, torchmem must defer the reuse of x's block until the
+    # side stream's read completed: no reuse of the address, no corruption.
     safe = run("RECORD = True\n" + RECORD_STREAM_BODY)
     assert "corrupted False" in safe.stdout, safe.stdout
-    assert "reused True" not in safe.stdout, safe.stdout
+    assert "reused False" in safe.stdout, safe.stdout
+    # Without it the block is reused at once and the side stream reads the
+    # overwrite: the scenario really corrupts data when reuse ignores a stream.
+    unsafe = run("RECORD = False\n" + RECORD_STREAM_BODY)
+    assert "reused True corrupted True" in unsafe.stdout, unsafe.stdout
 
 
 def test_cuda_graph_capture_and_replay():
@@ -342,7 +349,9 @@ def test_zero_size_tensors():
         """
         torchmem.install()
         empties = [torch.empty(0, device="cuda") for _ in range(100)]
-        assert len({e.data_ptr() for e in empties}) == 100  # distinct: torch's map is keyed by pointer
+        # torch may skip the allocator for 0 bytes (null data pointers) or ask for
+        # 0 bytes (torchmem serves a minimum block): either way they must work.
+        assert all(e.numel() == 0 for e in empties)
         a = torch.zeros(0, 5, device="cuda")
         b = a @ torch.zeros(5, 3, device="cuda")
         assert b.shape == (0, 3)
