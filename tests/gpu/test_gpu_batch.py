@@ -59,7 +59,7 @@ def test_training_under_a_budget_recovers_from_the_first_oom_and_converges(insta
     # settled within a few steps (the native allocator's fragmentation can cost one more OOM), then stable
     assert sum(result["ooms"][5:]) == 0, result
     assert len(set(result["micro"][5:])) == 1, result
-    assert result["losses"][-1] < 0.7 * result["losses"][0], result
+    assert result["losses"][-1] < 0.8 * result["losses"][0], result
 
 
 def test_a_hundred_forced_ooms_leave_memory_at_baseline():
