@@ -112,8 +112,9 @@ def test_reclaim_stitches_granules_of_cached_space():
 
 
 def test_fence_keeps_freed_granules_until_their_event_completes():
-    # Events never complete by polling: freed granules must not be moved.
-    sim, pool = make(limit=40 * MiB, capacity=64 * MiB, event_delay=10**9)
+    # Events never complete by polling: freed granules must not be moved
+    # (alias reclaim off: tests/test_pool_alias.py covers same-stream aliasing).
+    sim, pool = make(limit=40 * MiB, capacity=64 * MiB, event_delay=10**9, alias_reclaim=False)
     a = pool.allocate(8 * MiB, stream=1)
     pool.allocate(8 * MiB, stream=1)
     pool.free(a)
@@ -134,7 +135,7 @@ def test_fence_wait_on_the_oom_ladder():
     a = pool.allocate(8 * MiB, stream=1)
     pool.allocate(8 * MiB, stream=1)
     pool.free(a)
-    c = pool.allocate(10 * MiB, stream=1)  # needs a's granules: must wait for the fence
+    c = pool.allocate(10 * MiB, stream=2)  # needs a's granules, on another stream: must wait for the fence
     assert c
     s = pool.stats()
     assert s["num_reclaims"] == 4

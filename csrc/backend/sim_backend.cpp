@@ -121,9 +121,9 @@ void SimBackend::release_granule(GranuleHandle handle) {
   require_vmm("release_granule");
   auto it = granules_.find(handle);
   if (it == granules_.end()) misuse("release_granule", "unknown handle " + std::to_string(handle));
-  if (it->second.mapped_at) {
+  if (!it->second.mapped_at.empty()) {
     misuse("release_granule", "handle " + std::to_string(handle) + " is still mapped at " +
-                                  hex(it->second.mapped_at));
+                                  hex(it->second.mapped_at.front()));
   }
   ++counters_.release_calls;
   modeled_us_ += config_.costs.release_us;
@@ -137,19 +137,15 @@ void SimBackend::map(Addr at, const GranuleHandle* handles, std::size_t count) {
   const std::size_t g = config_.granularity;
   if (count == 0 || at % g != 0) misuse("map", "bad run " + hex(at) + " x" + std::to_string(count));
   require_reserved("map", at, count * g);
-  // Check everything first so a failed call changes nothing.
+  // Check everything first so a failed call changes nothing. A handle that
+  // is mapped elsewhere already is fine (an alias, as CUDA allows).
   for (std::size_t i = 0; i < count; ++i) {
     if (mappings_.count(at + i * g)) misuse("map", "granule " + hex(at + i * g) + " is already mapped");
-    auto it = granules_.find(handles[i]);
-    if (it == granules_.end()) misuse("map", "unknown handle " + std::to_string(handles[i]));
-    if (it->second.mapped_at) {
-      misuse("map", "handle " + std::to_string(handles[i]) + " is already mapped at " +
-                        hex(it->second.mapped_at));
-    }
+    if (!granules_.count(handles[i])) misuse("map", "unknown handle " + std::to_string(handles[i]));
   }
   for (std::size_t i = 0; i < count; ++i) {
     mappings_[at + i * g] = handles[i];
-    granules_[handles[i]].mapped_at = at + i * g;
+    granules_[handles[i]].mapped_at.push_back(at + i * g);
   }
   counters_.map_calls += count;
   modeled_us_ += count * (config_.costs.map_us + config_.costs.set_access_us);
@@ -165,7 +161,8 @@ void SimBackend::unmap(Addr at, std::size_t count) {
   }
   for (std::size_t i = 0; i < count; ++i) {
     auto it = mappings_.find(at + i * g);
-    granules_[it->second].mapped_at = 0;
+    std::vector<Addr>& places = granules_[it->second].mapped_at;
+    places.erase(std::find(places.begin(), places.end(), at + i * g));
     mappings_.erase(it);
   }
   counters_.unmap_calls += count;

@@ -14,6 +14,11 @@
 // one owner and overwritten by another) and stitching bugs (the data of a
 // live block must not move when granules are remapped elsewhere).
 //
+// Like CUDA, one granule handle may be mapped at several addresses at once
+// (the pool's alias reclaim does so); every mapping of a handle sees the same
+// bytes. Real misuse still throws: mapping over a mapped address, unmapping
+// an unmapped one, releasing a handle still mapped anywhere.
+//
 // Events: event_delay = N makes an event report "not completed" to its first
 // N event_completed() polls (synchronize_event completes it at once). This
 // models queued kernels that still read freed memory (Note [Fences] in pool.h).
@@ -90,7 +95,7 @@ class SimBackend final : public Backend {
 
  private:
   struct GranuleState {
-    Addr mapped_at = 0;  // 0: not mapped
+    std::vector<Addr> mapped_at;  // every address it is mapped at (usually 0 or 1)
     std::unique_ptr<unsigned char[]> host;  // host_memory only
   };
   struct SegmentState {

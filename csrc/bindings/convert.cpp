@@ -172,6 +172,8 @@ PoolConfig config_from_dict(const py::dict& config, const PoolConfig& base) {
       c.reclaim_slack = field<double>(key, value, "a number");
     } else if (key == "virtual_bytes") {
       c.virtual_bytes = field<std::size_t>(key, value, "an int of bytes");
+    } else if (key == "alias_reclaim") {
+      c.alias_reclaim = field<bool>(key, value, "True or False");
     } else if (key == "debug_checks") {
       c.debug_checks = field<bool>(key, value, "True or False");
     } else if (key == "trace_capacity") {
@@ -180,7 +182,7 @@ PoolConfig config_from_dict(const py::dict& config, const PoolConfig& base) {
       throw py::value_error(
           "torchmem pool config: unknown key '" + key +
           "'; allowed: limit_bytes, reserve_bytes, small_threshold, small_page_bytes, "
-          "reclaim_slack, virtual_bytes, debug_checks, trace_capacity");
+          "reclaim_slack, alias_reclaim, virtual_bytes, debug_checks, trace_capacity");
     }
   }
   return c;

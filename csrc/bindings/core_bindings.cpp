@@ -188,6 +188,7 @@ void bind_core(py::module_& m) {
             else if (key == "event_delay") o.event_delay = item.second.cast<std::uint64_t>();
             else if (key == "streams") o.streams = item.second.cast<unsigned>();
             else if (key == "reclaim_slack") o.reclaim_slack = item.second.cast<double>();
+            else if (key == "alias_reclaim") o.alias_reclaim = item.second.cast<bool>();
             else if (key == "private_pools") o.private_pools = item.second.cast<bool>();
             else if (key == "max_live") o.max_live = item.second.cast<std::size_t>();
             else throw py::value_error("_random_ops: unknown option '" + key + "'");

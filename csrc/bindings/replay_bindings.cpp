@@ -3,9 +3,12 @@
 //
 //   _C.replay(events, policy="torchmem", pool_config=None, limit=0,
 //             capacity=140 GiB, stop_at=-1, progress=None, native_config=None,
-//             costs=None, snapshot=False, timeline=False) -> dict
+//             costs=None, snapshot=False, timeline=False, event_delay=0) -> dict
 //   _C.min_cap(events, policy="torchmem", pool_config=None, capacity=...,
-//              precision=2 MiB, progress=None, native_config=None, costs=None) -> dict
+//              precision=2 MiB, progress=None, native_config=None, costs=None,
+//              event_delay=0) -> dict
+// event_delay: the simulated device's events answer "not done" to that many
+// polls (SimConfig.event_delay), modelling a GPU that lags behind the host.
 //   _C.NativeModel(capacity=..., limit=0, max_split_size=None): the model alone,
 //             for tests (allocate/free/release_cached/stats/segments/check_invariants)
 //
@@ -105,8 +108,9 @@ NativeConfig native_from_dict(const py::object& config) {
 
 ReplayOptions make_options(const std::string& policy, const py::object& pool_config, std::size_t limit,
                            std::size_t capacity, std::int64_t stop_at, const py::object& native_config,
-                           const py::object& costs) {
+                           const py::object& costs, std::uint64_t event_delay) {
   ReplayOptions options;
+  options.sim.event_delay = event_delay;
   options.policy = parse_policy(policy);
   if (!pool_config.is_none()) options.pool = config_from_dict(pool_config.cast<py::dict>());
   options.native = native_from_dict(native_config);
@@ -182,9 +186,11 @@ py::dict native_snapshot_to_dict(const NativeModel& model) {
 
 py::dict replay_py(const py::object& events, const std::string& policy, const py::object& pool_config,
                    std::size_t limit, std::size_t capacity, std::int64_t stop_at, const py::object& progress,
-                   const py::object& native_config, const py::object& costs, bool snapshot, bool timeline) {
+                   const py::object& native_config, const py::object& costs, bool snapshot, bool timeline,
+                   std::uint64_t event_delay) {
   const EventArray array = as_event_array(events);
-  ReplayOptions options = make_options(policy, pool_config, limit, capacity, stop_at, native_config, costs);
+  ReplayOptions options =
+      make_options(policy, pool_config, limit, capacity, stop_at, native_config, costs, event_delay);
   options.progress = progress_callback(progress);
   std::vector<std::int64_t> held_after;
   if (timeline) options.timeline = &held_after;
@@ -215,9 +221,9 @@ py::dict replay_py(const py::object& events, const std::string& policy, const py
 
 py::dict min_cap_py(const py::object& events, const std::string& policy, const py::object& pool_config,
                     std::size_t capacity, std::size_t precision, const py::object& progress,
-                    const py::object& native_config, const py::object& costs) {
+                    const py::object& native_config, const py::object& costs, std::uint64_t event_delay) {
   const EventArray array = as_event_array(events);
-  ReplayOptions options = make_options(policy, pool_config, 0, capacity, -1, native_config, costs);
+  ReplayOptions options = make_options(policy, pool_config, 0, capacity, -1, native_config, costs, event_delay);
   options.progress = progress_callback(progress);
   if (precision == 0) throw py::value_error("min_cap: precision must be > 0 bytes");
   MinCapResult found;
@@ -263,13 +269,13 @@ void bind_replay(py::module_& m) {
   m.def("replay", &replay_py, py::arg("events"), py::arg("policy") = "torchmem", py::arg("pool_config") = py::none(),
         py::arg("limit") = 0, py::arg("capacity") = kReplayCapacity, py::arg("stop_at") = -1,
         py::arg("progress") = py::none(), py::arg("native_config") = py::none(), py::arg("costs") = py::none(),
-        py::arg("snapshot") = false, py::arg("timeline") = false,
+        py::arg("snapshot") = false, py::arg("timeline") = false, py::arg("event_delay") = 0,
         "Replays a trace's allocs and frees under a policy ('torchmem' or 'native'); returns a dict of "
         "peaks, OOMs and backend calls (see csrc/core/replay.h)");
   m.def("min_cap", &min_cap_py, py::arg("events"), py::arg("policy") = "torchmem",
         py::arg("pool_config") = py::none(), py::arg("capacity") = kReplayCapacity,
         py::arg("precision") = 2 * kMiB, py::arg("progress") = py::none(), py::arg("native_config") = py::none(),
-        py::arg("costs") = py::none(),
+        py::arg("costs") = py::none(), py::arg("event_delay") = 0,
         "The smallest budget under which the trace replays with no OOM, by bisection (Note [Min-cap])");
 
   py::class_<NativeModel>(m, "NativeModel", "A model of PyTorch's native caching allocator (native_model.h)")

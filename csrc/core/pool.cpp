@@ -127,7 +127,24 @@ Pool::Impl::Impl(Backend& backend_in, PoolConfig& config_in)
 Pool::Impl::~Impl() { teardown(); }
 
 void Pool::Impl::teardown() {
-  // Return everything, live or not: the owner is going away.
+  // Return everything, live or not: the owner is going away. Pending unmaps
+  // (Note [Alias reclaim]) wait for their fences: their handles are live
+  // elsewhere and released below.
+  if (!pending_unmaps.empty()) {
+    try {
+      process_pending_unmaps(/*wait=*/true);
+    } catch (...) {
+      // A device that fails here is going away too: unmap regardless.
+    }
+    for (auto& heap : heaps) {
+      if (!heap) continue;
+      for (std::size_t i = 0; i < heap->granules.size(); ++i) {
+        if (!heap->granules[i].stale) continue;
+        backend.unmap(heap->base + i * gran, 1);
+        heap->granules[i].stale = 0;
+      }
+    }
+  }
   for (Deferred& d : deferred) {
     for (EventHandle e : d.events) {
       if (e) backend.destroy_event(e);
@@ -155,6 +172,8 @@ void Pool::Impl::teardown() {
   heaps.clear();
   deferred.clear();
   slots.clear();
+  pending_unmaps.clear();
+  stale_at.clear();
 }
 
 Heap* Pool::Impl::make_heap(PoolId pool, bool small) {
@@ -213,7 +232,7 @@ Heap* Pool::Impl::heap_for(PoolId pool, std::size_t rounded) {
 
 bool Pool::Impl::pool_empty(const PoolHeaps& ph) const {
   for (const Heap* h : {ph.small, ph.large}) {
-    if (h->live_blocks || h->mapped || !h->segments.empty()) return false;
+    if (h->live_blocks || h->mapped || h->stale || !h->segments.empty()) return false;
   }
   return true;
 }
@@ -270,7 +289,7 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
     if (vmm) {
       if (!fit) return nullptr;  // the range is exhausted (or fenced off)
       std::size_t missing = pin(*heap, fit->addr, rounded);
-      if (missing && !acquire(*heap, fit->addr, rounded, missing, rounded)) {
+      if (missing && !acquire(*heap, fit->addr, rounded, missing, rounded, stream)) {
         unpin(*heap, fit->addr, rounded, 0, 0, /*restore=*/true);
         return nullptr;
       }
@@ -392,6 +411,7 @@ void Pool::Impl::release_private_pool(PoolId pool) {
 std::size_t Pool::Impl::release_cached() {
   poll_deferred(true);
   sync_all_fences();
+  process_pending_unmaps(/*wait=*/true);
   const std::size_t before = held;
   if (vmm) {
     release_reclaimable(reserve_held);

@@ -23,7 +23,9 @@
 //   Granules a new block needs come, in order, from: new granules while
 //   held < (1 + reclaim_slack) * in use and under the budget; granules of
 //   cached free space whose fences completed, least recently freed first
-//   (stitching); new granules under the budget. No unmapped handle is kept:
+//   (stitching); with alias_reclaim, granules freed on the requesting stream
+//   alone whose fences are pending (Note [Fences]); new granules under the
+//   budget. No unmapped handle is kept:
 //   one that is not mapped again at once is released (detail/granules.cpp).
 // - cuda_malloc backend: blocks are carved out of segments (2 MiB for the small
 //   heap, at least 20 MiB for the large one); no stitching.
@@ -36,7 +38,12 @@
 // after the free) completed. The pool records fences lazily, when it looks for
 // reclaimable granules, and never waits for one except on the OOM ladder.
 // Reusing a cached block on the stream that freed it needs no fence (stream
-// order); on another stream it needs the fence too.
+// order); on another stream it needs the fence too. With alias_reclaim, a
+// granule freed on the requesting stream alone is stitched before its fence
+// completes: its handle is mapped at the new address at once (CUDA allows two
+// mappings of one handle; stream order puts the new block's kernels after the
+// old ones) and the old address is unmapped lazily, once the fence completed
+// (Note [Alias reclaim] in detail/aliases.cpp).
 //
 // Note [Record stream]
 // record_stream(p, s) adds s to the block's uses. A free of a block with
@@ -89,6 +96,9 @@ struct PoolConfig {
   std::size_t small_page_bytes = 2 * kMiB;
   // Create new granules instead of stitching while held < (1 + slack) * in use.
   double reclaim_slack = 0.0;
+  // Stitch granules freed on the requesting stream before their fences
+  // complete, by mapping the handle at a second address (Note [Fences]).
+  bool alias_reclaim = true;
   // Virtual address space reserved per heap; 0 = 2x the device's total memory.
   std::size_t virtual_bytes = 0;
   // Run check_invariants() after every operation and throw std::logic_error

@@ -167,16 +167,20 @@ void Pool::Impl::unpin(Heap& heap, Addr addr, std::size_t size, StreamId stream,
   const std::size_t g0 = first_granule(heap, addr), g1 = end_granule(heap, addr + size);
   std::uint32_t slot = 0;
   bool have_slot = false;
+  if (!restore) {
+    slot = slot_for(stream);
+    have_slot = true;
+  }
   for (std::size_t i = g0; i < g1; ++i) {
     Granule& g = heap.granules[i];
+    if (have_slot && g.owner != slot) {
+      // Note [Alias reclaim]: a granule freed on two streams is never aliased.
+      g.owner = g.owner == 0 ? slot : Granule::kMixedSlot;
+    }
     if (--g.live != 0 || !g.handle) continue;
     if (restore) {
       list_push(g.slot, GranuleRef{heap.id, static_cast<std::uint32_t>(i)}, /*front=*/true);
       continue;
-    }
-    if (!have_slot) {
-      slot = slot_for(stream);
-      have_slot = true;
     }
     g.seq = at_seq;
     list_push(slot, GranuleRef{heap.id, static_cast<std::uint32_t>(i)}, /*front=*/false);
@@ -232,15 +236,18 @@ void Pool::Impl::unmap_granules(std::vector<GranuleRef>& refs, std::vector<Granu
 }
 
 bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t missing,
-                         std::size_t request) {
+                         std::size_t request, StreamId stream) {
+  // The slow path: a good moment to finish pending unmaps whose fences completed.
+  if (!pending_unmaps.empty()) process_pending_unmaps(/*wait=*/false);
   const std::size_t limit = budget();
   const double slack_cap = (1.0 + config.reclaim_slack) * double(active_total + request);
   std::vector<GranuleHandle> handles;
   handles.reserve(missing);
   std::size_t created = 0, reclaimed = 0;
   bool device_full = false;
+  std::vector<GranuleRef> aliases;  // Note [Alias reclaim]
   auto create_while = [&](bool within_slack) {
-    while (!device_full && handles.size() < missing && held + gran <= limit &&
+    while (!device_full && handles.size() + aliases.size() < missing && held + gran <= limit &&
            (!within_slack || double(held + gran) <= slack_cap)) {
       GranuleHandle h = backend.create_granule();
       if (!h) {
@@ -258,15 +265,20 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
     reclaimed = victims.size();
     if (!victims.empty()) unmap_granules(victims, &handles);
   }
+  if (handles.size() < missing && config.alias_reclaim) {
+    aliases = pop_aliasable(slot_for(stream), missing - handles.size());
+  }
   create_while(false);
-  if (handles.size() < missing) {
+  if (handles.size() + aliases.size() < missing) {
     // Not enough: give everything back rather than hold unmapped handles.
-    for (GranuleHandle h : handles) backend.release_granule(h);
+    unpop_aliasable(aliases);
+    release_handles(handles);
     held -= handles.size() * gran;
     stats_.num_device_alloc += created;
     stats_.num_device_free += handles.size();
     return false;
   }
+  for (GranuleRef ref : aliases) handles.push_back(make_stale(ref));
   // Map the holes of [addr, addr + size) in runs of consecutive granules.
   const std::size_t g0 = first_granule(heap, addr), g1 = end_granule(heap, addr + size);
   std::size_t next = 0;
@@ -277,9 +289,16 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
     }
     std::size_t j = i;
     while (j < g1 && !heap.granules[j].handle) ++j;
+    for (std::size_t k = i; k < j; ++k) {
+      // A pending-unmap place must be unmapped before anything maps there.
+      if (heap.granules[k].stale) resolve_stale(GranuleRef{heap.id, static_cast<std::uint32_t>(k)}, /*wait=*/true);
+    }
     const Addr at = heap.base + i * gran;
     backend.map(at, handles.data() + next, j - i);
-    for (std::size_t k = i; k < j; ++k) heap.granules[k].handle = handles[next++];
+    for (std::size_t k = i; k < j; ++k) {
+      heap.granules[k].handle = handles[next++];
+      heap.granules[k].owner = 0;
+    }
     trace(TraceAction::kSegmentMap, at, (j - i) * gran, 0, heap.pool, 0);
     i = j;
   }
@@ -287,7 +306,7 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
   memory_dirty = true;
   mapped_bytes[heap.small ? 0 : 1] += missing * gran;
   stats_.num_device_alloc += created;
-  stats_.num_reclaims += reclaimed;
+  stats_.num_reclaims += reclaimed + aliases.size();
   return true;
 }
 
@@ -297,10 +316,20 @@ std::size_t Pool::Impl::release_reclaimable(std::size_t keep_bytes) {
   if (victims.empty()) return 0;
   std::vector<GranuleHandle> handles;
   unmap_granules(victims, &handles);
-  for (GranuleHandle h : handles) backend.release_granule(h);
+  release_handles(handles);
   held -= handles.size() * gran;
   stats_.num_device_free += handles.size();
   return handles.size() * gran;
+}
+
+void Pool::Impl::release_handles(const std::vector<GranuleHandle>& handles) {
+  for (GranuleHandle h : handles) {
+    if (!stale_at.empty()) {
+      auto it = stale_at.find(h);
+      if (it != stale_at.end()) resolve_stale(it->second, /*wait=*/true);
+    }
+    backend.release_granule(h);
+  }
 }
 
 void Pool::Impl::premap_reserve() {

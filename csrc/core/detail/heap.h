@@ -40,6 +40,18 @@ struct Granule {
   std::uint32_t slot = 0;    // stream slot whose fence guards the granule
   std::uint64_t seq = 0;     // pool sequence of the free that emptied it
   GranuleRef prev, next;
+  // Stream slot of every free that touched this granule since its handle was
+  // mapped here: 0 none yet, kMixedSlot for more than one stream. Only a
+  // granule freed on one stream alone may be aliased (Note [Alias reclaim]).
+  std::uint32_t owner = 0;
+  // Pending unmap (Note [Alias reclaim]): `stale` is a handle that is live at
+  // another address now but still mapped here until the fence of the free
+  // `stale_seq` on stream slot `stale_slot` completes. For the pool the
+  // granule is unmapped (handle == 0).
+  GranuleHandle stale = 0;
+  std::uint32_t stale_slot = 0;
+  std::uint64_t stale_seq = 0;
+  static constexpr std::uint32_t kMixedSlot = ~std::uint32_t{0};
 };
 
 struct Segment {
@@ -58,6 +70,7 @@ struct Heap {
   std::size_t span = 0;
   std::vector<Granule> granules;  // grows on demand, up to span / granularity
   std::size_t mapped = 0;         // granules mapped
+  std::size_t stale = 0;          // granules pending unmap (not in `mapped`)
   // cuda_malloc
   std::vector<std::unique_ptr<Segment>> segments;
   std::size_t segment_bytes = 0;

@@ -39,7 +39,7 @@ std::string Pool::Impl::check_invariants() const {
   std::size_t alloc_bytes[2] = {0, 0}, active_bytes[2] = {0, 0}, requested_bytes[2] = {0, 0};
   std::size_t active_blocks[2] = {0, 0};
   std::size_t held_seen = 0, listed_seen = 0;
-  std::unordered_set<GranuleHandle> handles;
+  std::unordered_set<GranuleHandle> handles, stale_handles;
   std::unordered_set<const Block*> pending;
   for (const Deferred& d : deferred) pending.insert(d.block);
 
@@ -92,9 +92,18 @@ std::string Pool::Impl::check_invariants() const {
     if (vmm) {
       std::vector<std::uint32_t> counts(h.granules.size(), 0);
       if (!walk(h, h.first, h.base, h.base + h.span, &counts)) return err.str();
-      std::size_t mapped = 0;
+      std::size_t mapped = 0, stale = 0;
       for (std::size_t i = 0; i < h.granules.size(); ++i) {
         const Granule& g = h.granules[i];
+        if (g.stale) {
+          // Note [Alias reclaim]: a pending-unmap place holds a handle that
+          // is live at exactly one other place; a handle has one such place.
+          ++stale;
+          if (g.handle) { err << where(h) << ": granule " << i << " is mapped and pending unmap at once"; return err.str(); }
+          if (!stale_handles.insert(g.stale).second) { err << "granule handle " << g.stale << " is pending unmap at two places"; return err.str(); }
+          auto it = stale_at.find(g.stale);
+          if (it == stale_at.end() || !(it->second == GranuleRef{h.id, static_cast<std::uint32_t>(i)})) { err << where(h) << ": pending-unmap granule " << i << " is missing from the handle index"; return err.str(); }
+        }
         if (g.live != counts[i]) { err << where(h) << ": granule " << i << " counts " << g.live << " live blocks, found " << counts[i]; return err.str(); }
         if (g.handle) {
           ++mapped;
@@ -104,6 +113,7 @@ std::string Pool::Impl::check_invariants() const {
         if (g.on_list != reclaimable) { err << where(h) << ": granule " << i << (reclaimable ? " is reclaimable but not listed" : " is listed but not reclaimable"); return err.str(); }
       }
       if (mapped != h.mapped) { err << where(h) << ": " << mapped << " granules mapped, tally says " << h.mapped; return err.str(); }
+      if (stale != h.stale) { err << where(h) << ": " << stale << " granules pending unmap, tally says " << h.stale; return err.str(); }
       held_seen += mapped * gran;
     } else {
       std::size_t bytes = 0;
@@ -137,6 +147,17 @@ std::string Pool::Impl::check_invariants() const {
     listed_seen += n;
   }
   (void)listed_seen;
+  if (stale_handles.size() != stale_at.size()) { err << stale_at.size() << " handles indexed as pending unmap, " << stale_handles.size() << " found"; return err.str(); }
+  for (GranuleHandle sh : stale_handles) {
+    if (!handles.count(sh)) { err << "granule handle " << sh << " is pending unmap but mapped at no live place"; return err.str(); }
+  }
+  std::size_t pending_live = 0;
+  for (const PendingUnmap& e : pending_unmaps) {
+    if (!heaps[e.ref.heap]) continue;  // resolved, and its heap dropped since
+    const Granule& g = heaps[e.ref.heap]->granules[e.ref.index];
+    if (g.stale == e.handle && g.stale_seq == e.seq) ++pending_live;
+  }
+  if (pending_live != stale_handles.size()) { err << pending_live << " pending unmaps queued, " << stale_handles.size() << " places pending"; return err.str(); }
   if (held_seen != held) { err << "the pool holds " << held_seen << " bytes, tally says " << held; return err.str(); }
   if (live_count != live.size()) { err << live.size() << " blocks in the live map, " << live_count << " in the heaps"; return err.str(); }
   if (pending_count != deferred.size()) { err << deferred.size() << " deferred frees, " << pending_count << " pending blocks"; return err.str(); }

@@ -6,6 +6,7 @@
 //   detail/carve.cpp  best fit, split, merge, free, deferred frees (blocks)
 //   detail/granules.cpp  pin/unpin granules, acquire (create / reclaim / map),
 //                     fences and reclaimable lists, releasing cached granules
+//   detail/aliases.cpp   same-stream alias reclaim and lazy (pending) unmaps
 //   detail/segments.cpp  cuda_malloc mode: segments
 //   detail/inspect.cpp   check_invariants, snapshot, largest free block
 #pragma once
@@ -90,7 +91,7 @@ struct Pool::Impl {
   // Maps the unmapped granules of the (pinned) range, getting handles as in
   // Note [Policy]. False (nothing changed) when the budget or device says no.
   bool acquire(detail::Heap& heap, Addr addr, std::size_t size, std::size_t missing,
-               std::size_t request);
+               std::size_t request, StreamId stream);
   std::vector<detail::GranuleRef> pop_reclaimable(std::size_t count);
   void unmap_granules(std::vector<detail::GranuleRef>& refs, std::vector<GranuleHandle>* handles);
   void list_push(std::uint32_t slot, detail::GranuleRef ref, bool front);
@@ -101,6 +102,24 @@ struct Pool::Impl {
   void sync_all_fences();
   std::size_t release_reclaimable(std::size_t keep_bytes);  // unmap + release, oldest first
   void premap_reserve();
+  // Gives handles back to the device, first unmapping any pending-unmap
+  // place they still have (waiting for its fence).
+  void release_handles(const std::vector<GranuleHandle>& handles);
+
+  // ---- detail/aliases.cpp (Note [Alias reclaim]) ----------------------------
+  // Up to `count` reclaimable granules whose fences are still pending but that
+  // only `slot`'s stream used, oldest first, taken off their list.
+  std::vector<detail::GranuleRef> pop_aliasable(std::uint32_t slot, std::size_t count);
+  // Puts granules popped by pop_aliasable back where they were.
+  void unpop_aliasable(const std::vector<detail::GranuleRef>& refs);
+  // The granule gives its handle to a new place: it becomes pending unmap.
+  GranuleHandle make_stale(detail::GranuleRef ref);
+  // Unmaps the pending-unmap place of `ref` if its fence completed (or after
+  // waiting for it when `wait`); true when the place is unmapped now.
+  bool resolve_stale(detail::GranuleRef ref, bool wait);
+  // Unmaps every pending place whose fence completed (all of them if `wait`).
+  void process_pending_unmaps(bool wait);
+  void wait_fence(std::uint32_t slot, std::uint64_t seq);
 
   // ---- detail/segments.cpp --------------------------------------------------
   bool grow_segments(detail::Heap& heap, std::size_t size);
@@ -141,6 +160,16 @@ struct Pool::Impl {
     std::vector<EventHandle> events;  // one per foreign stream; 0 once completed
   };
   std::vector<Deferred> deferred;
+
+  // Pending unmaps, oldest first; an entry is stale (already resolved) when
+  // its granule's stale handle or seq differ (Note [Alias reclaim]).
+  struct PendingUnmap {
+    detail::GranuleRef ref;
+    GranuleHandle handle;
+    std::uint64_t seq;
+  };
+  std::vector<PendingUnmap> pending_unmaps;
+  std::unordered_map<GranuleHandle, detail::GranuleRef> stale_at;  // handle -> its pending place
 
   std::size_t held = 0;         // bytes held from the backend
   std::size_t active_total = 0; // bytes of live + pending blocks, all heaps

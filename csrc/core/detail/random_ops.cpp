@@ -76,6 +76,7 @@ class Runner {
     PoolConfig c;
     c.limit_bytes = o.limit;
     c.reclaim_slack = o.reclaim_slack;
+    c.alias_reclaim = o.alias_reclaim;
     c.trace_capacity = 64;
     return c;
   }

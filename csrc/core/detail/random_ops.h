@@ -21,6 +21,7 @@ struct RandomOpsOptions {
   std::uint64_t event_delay = 0;        // SimConfig.event_delay
   unsigned streams = 2;                 // distinct streams used
   double reclaim_slack = 0.0;
+  bool alias_reclaim = true;            // PoolConfig.alias_reclaim
   bool private_pools = true;            // create/use/release private pools
   std::size_t max_live = 400;           // free when this many blocks are live
 };

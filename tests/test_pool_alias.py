@@ -1,0 +1,172 @@
+"""Same-stream alias reclaim and lazy unmaps (Note [Alias reclaim], csrc/core/detail/aliases.cpp).
+
+A granule freed on stream S whose fence is still pending may be stitched into
+a new block on S at once: its handle is mapped at the new address too, and the
+old address is unmapped later, once the fence completed. These scenarios run on
+a sim backend whose events never complete by polling (event_delay=10**9), the
+extreme of a GPU that lags behind the host."""
+
+import pytest
+
+from torchmem._loader import _C
+
+MiB = 1 << 20
+NEVER = 10**9
+
+
+def make(limit=0, capacity=64 * MiB, event_delay=NEVER, host_memory=False, **config):
+    sim = _C.SimBackend(capacity=capacity, event_delay=event_delay, host_memory=host_memory)
+    pool = _C.Pool(sim, dict(config, limit_bytes=limit, debug_checks=True))
+    return sim, pool
+
+
+def stitch_scene(pool, stream=1, other=1):
+    """a (4 granules) freed, b live after it; a 10 MiB request needs 5 new granules."""
+    a = pool.allocate(8 * MiB, stream=stream)
+    b = pool.allocate(8 * MiB, stream=stream)
+    pool.free(a)
+    c = pool.allocate(10 * MiB, stream=other)
+    return a, b, c
+
+
+def test_same_stream_aliases_pending_granules():
+    sim, pool = make(limit=40 * MiB)
+    a, b, c = stitch_scene(pool)
+    assert c
+    s = pool.stats()
+    # One granule created within held <= in use, four aliased from a's hole.
+    assert s["num_reclaims"] == 4
+    assert s["backend"]["create_calls"] == 9
+    assert s["backend"]["unmap_calls"] == 0          # old places pending, fences not done
+    assert s["backend"]["map_calls"] == 8 + 1 + 4    # handles mapped at their second place
+    assert s["reserved_bytes"]["all"]["current"] == 18 * MiB  # each handle counted once
+    assert s["reserved_bytes"]["all"]["peak"] == 18 * MiB
+    assert sim.device_used() == 18 * MiB
+    assert a not in [seg["address"] for seg in pool.snapshot()["segments"]]
+    pool.check_invariants()
+    # empty_cache waits for the fences and finishes the pending unmaps.
+    pool.release_cached()
+    s = pool.stats()
+    assert s["backend"]["unmap_calls"] == 4
+    assert s["backend"]["event_sync_calls"] >= 1
+    pool.check_invariants()
+
+
+def test_alias_reclaim_off_creates_instead():
+    sim, pool = make(limit=40 * MiB, alias_reclaim=False)
+    assert stitch_scene(pool)[2]
+    s = pool.stats()
+    assert s["num_reclaims"] == 0 and s["backend"]["create_calls"] == 13
+    assert sim.device_used() == 26 * MiB
+
+
+def test_other_stream_needs_the_completed_fence():
+    sim, pool = make(limit=40 * MiB)
+    assert stitch_scene(pool, stream=1, other=2)[2]
+    s = pool.stats()
+    assert s["num_reclaims"] == 0 and s["backend"]["create_calls"] == 13
+    pool.check_invariants()
+
+
+def test_granule_freed_on_two_streams_is_not_aliased():
+    sim, pool = make()
+    x = pool.allocate(3 * MiB, stream=1)   # granules 0-1
+    y = pool.allocate(3 * MiB, stream=2)   # granules 1-2 (shares granule 1 with x)
+    pool.allocate(2 * MiB, stream=1)       # granule 3, stays live
+    pool.free(x)                           # granule 0: stream 1 only
+    pool.free(y)                           # granule 1: streams 1 and 2; granule 2: stream 2 only
+    assert pool.allocate(8 * MiB, stream=2)
+    s = pool.stats()
+    # Three granules created (held <= in use), one aliased: granule 2, not 1.
+    assert s["num_reclaims"] == 1
+    assert s["backend"]["create_calls"] == 4 + 3
+    pool.check_invariants()
+
+
+def test_aliased_handle_shares_bytes_and_keeps_live_data():
+    sim, pool = make(limit=40 * MiB, host_memory=True)
+    a = pool.allocate(8 * MiB, stream=1)
+    b = pool.allocate(8 * MiB, stream=1)
+    sim.write_pattern(a, 8 * MiB, 1)
+    sim.write_pattern(b, 8 * MiB, 2)
+    pool.free(a)
+    c = pool.allocate(10 * MiB, stream=1)
+    assert pool.stats()["num_reclaims"] == 4
+    # The old place is still mapped in the backend and shows a's old bytes
+    # until c writes through the new place: the same physical memory.
+    assert sim.check_pattern(a, 2 * MiB, 1)
+    sim.write_pattern(c, 10 * MiB, 3)
+    assert not sim.check_pattern(a, 2 * MiB, 1)
+    assert sim.check_pattern(b, 8 * MiB, 2)
+    assert sim.check_pattern(c, 10 * MiB, 3)
+    pool.release_cached()
+    assert sim.check_pattern(b, 8 * MiB, 2) and sim.check_pattern(c, 10 * MiB, 3)
+    pool.check_invariants()
+
+
+def test_reusing_a_pending_address_waits_for_its_fence():
+    sim, pool = make(limit=40 * MiB)
+    a, b, c = stitch_scene(pool)
+    assert pool.stats()["backend"]["unmap_calls"] == 0
+    syncs = pool.stats()["backend"]["event_sync_calls"]
+    # a's hole is the best fit; its granules are pending unmap: mapping there
+    # must unmap the old mapping first, after waiting for the fence.
+    assert pool.allocate(8 * MiB, stream=1) == a
+    s = pool.stats()
+    assert s["backend"]["unmap_calls"] >= 4
+    assert s["backend"]["event_sync_calls"] > syncs
+    pool.check_invariants()
+
+
+def test_pending_unmaps_finish_lazily_once_fences_complete():
+    sim, pool = make(limit=64 * MiB, event_delay=3)
+    a = pool.allocate(8 * MiB, stream=1)
+    keep = pool.allocate(8 * MiB, stream=1)
+    pool.free(a)
+    assert pool.allocate(10 * MiB, stream=1)
+    s = pool.stats()
+    assert s["num_reclaims"] == 4 and s["backend"]["unmap_calls"] == 0
+    # Later slow paths poll the fence; once it completes the old places go.
+    for _ in range(8):
+        pool.allocate(4 * MiB, stream=1)
+    s = pool.stats()
+    assert s["backend"]["unmap_calls"] == 4
+    assert s["backend"]["event_sync_calls"] == 0  # never waited
+    assert keep
+    pool.check_invariants()
+
+
+def test_private_pool_with_pending_places_is_dropped_after_they_finish():
+    sim, pool = make(limit=40 * MiB)
+    pool.create_private_pool(7)
+    p = pool.allocate(8 * MiB, stream=1, pool=7)
+    pool.allocate(8 * MiB, stream=1)
+    pool.free(p)
+    assert pool.allocate(10 * MiB, stream=1)   # aliases pool 7's granules
+    assert pool.stats()["num_reclaims"] == 4
+    pool.release_private_pool(7)
+    pool.check_invariants()
+    pool.release_cached()                      # finishes the pending unmaps, drops pool 7
+    pool.check_invariants()
+    with pytest.raises(ValueError):
+        pool.allocate(MiB, pool=7)
+
+
+def test_teardown_unmaps_pending_places():
+    sim, pool = make(limit=40 * MiB)
+    stitch_scene(pool)
+    del pool
+    assert sim.device_used() == 0
+    assert sim.counters()["unmap_calls"] == sim.counters()["map_calls"]
+
+
+@pytest.mark.parametrize("seed, options", [
+    (11, {"event_delay": 50, "streams": 1}),
+    (12, {"event_delay": 20, "streams": 3}),
+    (13, {"event_delay": 1000, "streams": 2, "limit": 256 * MiB}),
+    (14, {"event_delay": 50, "streams": 2, "alias_reclaim": False}),
+])
+def test_random_ops_with_lagging_fences(seed, options):
+    summary = _C._random_ops(seed, 150_000, dict(options, check_every=300))
+    assert summary["ops"] == 150_000 and summary["frees"] == summary["allocs"]
+    assert summary["reclaims"] > 0
