@@ -83,6 +83,15 @@ def test_granule_freed_on_two_streams_is_not_aliased():
     pool.check_invariants()
 
 
+def test_small_heap_granules_are_not_aliased():
+    sim, pool = make()
+    pool.free(pool.allocate(512 * 1024, stream=1))  # a small-heap page, emptied on stream 1
+    assert pool.allocate(2 * MiB, stream=1)         # large heap: needs one granule
+    s = pool.stats()
+    assert s["num_reclaims"] == 0 and s["backend"]["create_calls"] == 2
+    pool.check_invariants()
+
+
 def test_aliased_handle_shares_bytes_and_keeps_live_data():
     sim, pool = make(limit=40 * MiB, host_memory=True)
     a = pool.allocate(8 * MiB, stream=1)
@@ -104,17 +113,31 @@ def test_aliased_handle_shares_bytes_and_keeps_live_data():
     pool.check_invariants()
 
 
-def test_reusing_a_pending_address_waits_for_its_fence():
+def test_best_fit_over_a_pending_place_gives_way_to_one_that_needs_no_wait():
     sim, pool = make(limit=40 * MiB)
     a, b, c = stitch_scene(pool)
-    assert pool.stats()["backend"]["unmap_calls"] == 0
-    syncs = pool.stats()["backend"]["event_sync_calls"]
-    # a's hole is the best fit; its granules are pending unmap: mapping there
-    # must unmap the old mapping first, after waiting for the fence.
-    assert pool.allocate(8 * MiB, stream=1) == a
+    # a's hole is the best fit, but its granules are pending unmap with the
+    # fence running: mapping there would wait, so the next fit (the tail) wins.
+    d = pool.allocate(8 * MiB, stream=1)
+    assert d and d != a
     s = pool.stats()
-    assert s["backend"]["unmap_calls"] >= 4
-    assert s["backend"]["event_sync_calls"] > syncs
+    assert s["backend"]["unmap_calls"] == 0 and s["backend"]["event_sync_calls"] == 0
+    pool.check_invariants()
+
+
+def test_mapping_at_a_pending_place_waits_for_its_fence():
+    sim, pool = make()
+    pool.create_private_pool(7)
+    x = pool.allocate(8 * MiB, stream=1)          # large heap, granules 0-3
+    pool.free(x)                                  # all of it merges into the tail
+    assert pool.allocate(8 * MiB, stream=1, pool=7)  # aliases granules 0-3 away
+    assert pool.stats()["num_reclaims"] == 4
+    # The large heap's only free block starts on the pending places: no fit
+    # avoids them, so the pool waits for the fence, unmaps, then maps.
+    assert pool.allocate(4 * MiB, stream=1) == x
+    s = pool.stats()
+    assert s["backend"]["event_sync_calls"] >= 1
+    assert s["backend"]["unmap_calls"] >= 2
     pool.check_invariants()
 
 

@@ -289,6 +289,15 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
     if (vmm) {
       if (!fit) return nullptr;  // the range is exhausted (or fenced off)
       std::size_t missing = pin(*heap, fit->addr, rounded);
+      if (missing && heap->stale && pending_blocks(*heap, fit->addr, rounded)) {
+        // Note [Alias reclaim]: mapping there would wait for the device; take
+        // another fit that needs no wait if there is one.
+        if (Block* other = find_fit_unblocked(*heap, rounded, stream)) {
+          unpin(*heap, fit->addr, rounded, 0, 0, /*restore=*/true);
+          fit = other;
+          missing = pin(*heap, fit->addr, rounded);
+        }
+      }
       if (missing && !acquire(*heap, fit->addr, rounded, missing, rounded, stream)) {
         unpin(*heap, fit->addr, rounded, 0, 0, /*restore=*/true);
         return nullptr;

@@ -120,6 +120,11 @@ struct Pool::Impl {
   // Unmaps every pending place whose fence completed (all of them if `wait`).
   void process_pending_unmaps(bool wait);
   void wait_fence(std::uint32_t slot, std::uint64_t seq);
+  // True if [addr, addr + size) covers a pending-unmap place whose fence has
+  // not completed (mapping there now would wait for the device).
+  bool pending_blocks(const detail::Heap& heap, Addr addr, std::size_t size);
+  // Like find_fit, skipping blocks whose first `size` bytes pending_blocks().
+  detail::Block* find_fit_unblocked(detail::Heap& heap, std::size_t size, StreamId stream);
 
   // ---- detail/segments.cpp --------------------------------------------------
   bool grow_segments(detail::Heap& heap, std::size_t size);
