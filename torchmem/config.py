@@ -133,6 +133,10 @@ OPTIONS = (
            "Create new granules instead of stitching cached ones while held < (1 + slack) x in use. "
            "0 stitches whenever a granule is needed and one is reclaimable (least memory); "
            "larger values trade memory for fewer driver calls."),
+    Option("alias_reclaim", True, parse_bool,
+           "Stitch granules freed on the requesting stream before the GPU finished with them, by "
+           "mapping their memory at a second address and unmapping the old one later (keeps "
+           "memory low while the GPU lags behind the host). False: wait for the GPU's fence."),
     Option("virtual_bytes", 0, parse_bytes,
            "Virtual address space reserved per heap; 0 = twice the device's memory."),
     Option("trace_capacity", 0, _number(0, integer=True),
@@ -217,6 +221,7 @@ class Config:
             "small_threshold": self.small_threshold,
             "small_page_bytes": self.small_page,
             "reclaim_slack": float(self.reclaim_slack),
+            "alias_reclaim": bool(self.alias_reclaim),
             "virtual_bytes": self.virtual_bytes,
             "debug_checks": self.debug_checks,
             "trace_capacity": int(self.trace_capacity),
