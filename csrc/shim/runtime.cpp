@@ -118,7 +118,7 @@ bool same_config(const RuntimeConfig& a, const RuntimeConfig& b) {
          p.reserve_bytes == q.reserve_bytes && p.small_threshold == q.small_threshold &&
          p.small_page_bytes == q.small_page_bytes && p.reclaim_slack == q.reclaim_slack &&
          p.virtual_bytes == q.virtual_bytes && p.debug_checks == q.debug_checks &&
-         p.trace_capacity == q.trace_capacity;
+         p.trace_capacity == q.trace_capacity && p.alias_reclaim == q.alias_reclaim;
 }
 
 void check_device(int device) {
