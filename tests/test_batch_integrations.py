@@ -2,7 +2,7 @@
 and the HF Trainer mixin's training_step (over a stand-in Trainer) splits the
 batch and produces full-batch gradients."""
 
-import importlib.util
+import sys
 import types
 
 import pytest
@@ -12,17 +12,27 @@ from torchmem.batch import SyntheticMemory
 from torchmem.integrations.figures import memory_figures
 
 
-@pytest.mark.skipif(importlib.util.find_spec("lightning") is not None
-                    or importlib.util.find_spec("pytorch_lightning") is not None, reason="Lightning installed")
-def test_lightning_callback_without_lightning_says_how_to_install():
+def _hide_modules(monkeypatch, *names):
+    """Make `import name` fail as if the package were not installed (a None
+    entry in sys.modules raises ImportError), whether or not it is."""
+    for name in names:
+        for loaded in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            monkeypatch.delitem(sys.modules, loaded)
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_lightning_callback_without_lightning_says_how_to_install(monkeypatch):
     import torchmem.integrations.lightning as integration
+    _hide_modules(monkeypatch, "lightning", "pytorch_lightning")
+    monkeypatch.setattr(integration, "_cache", {})
     with pytest.raises(ImportError, match="pip install lightning"):
         integration.TorchmemCallback
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformers") is not None, reason="transformers installed")
-def test_hf_callback_without_transformers_says_how_to_install():
+def test_hf_callback_without_transformers_says_how_to_install(monkeypatch):
     import torchmem.integrations.hf as integration
+    _hide_modules(monkeypatch, "transformers")
+    monkeypatch.setattr(integration, "_cache", {})
     with pytest.raises(ImportError, match="pip install transformers"):
         integration.TorchmemTrainerCallback
 

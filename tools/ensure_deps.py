@@ -14,6 +14,11 @@ NEEDED = {
     "matplotlib": "matplotlib",
     "setuptools": "setuptools>=64",
     "wheel": "wheel",
+    # The Lightning and Hugging Face integrations are tested against the real
+    # frameworks on CI too (only GPU tests may skip there).
+    "lightning": "lightning",
+    "transformers": "transformers",
+    "accelerate": "accelerate",
 }
 
 

@@ -22,12 +22,6 @@ using detail::Heap;
 
 namespace {
 
-std::string hex(Addr a) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(a));
-  return buf;
-}
-
 std::string mib(std::size_t bytes) {
   char buf[48];
   std::snprintf(buf, sizeof buf, "%zu bytes (%.2f MiB)", bytes, bytes / double(kMiB));

@@ -21,12 +21,6 @@ using detail::Heap;
 
 namespace {
 
-std::string hex(Addr a) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(a));
-  return buf;
-}
-
 std::string where(const Heap& h) {
   return std::string(h.small ? "small" : "large") + " heap of pool " + std::to_string(h.pool);
 }

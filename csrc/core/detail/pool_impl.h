@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdio>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -26,6 +27,14 @@
 #include "core/pool.h"
 
 namespace torchmem {
+
+// An address as 0x... for error messages (snprintf: see Note [No iostreams
+// here] in csrc/shim/runtime.cpp).
+inline std::string hex(Addr a) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(a));
+  return buf;
+}
 
 struct Pool::Impl {
   Impl(Backend& backend, PoolConfig& config);
