@@ -112,17 +112,12 @@ def reset_peaks(torch, allocator):
 
 # ---- workloads: each returns a step(rng) callable ------------------------------------
 
-def gpt2_workload(torch):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    with torch.device("cuda"):  # initialize on the GPU: minutes faster than on the CPU
-        model = GPT2LMHeadModel(GPT2Config())
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    vocab = model.config.vocab_size
+def causal_lm_step(torch, model, opt, vocab, batches, seqs):
+    """One training step of a causal LM on random tokens, batch and sequence
+    length drawn uniformly from the given (low, high) ranges each step."""
 
     def step(rng):
-        batch, seq = rng.randint(2, 16), rng.randint(64, 1024)
+        batch, seq = rng.randint(*batches), rng.randint(*seqs)
         ids = torch.randint(0, vocab, (batch, seq), device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=ids).loss
@@ -132,6 +127,18 @@ def gpt2_workload(torch):
         return {"batch": batch, "seq": seq, "loss": float(loss)}
 
     return step
+
+
+def gpt2_workload(torch):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    with torch.device("cuda"):  # initialize on the GPU: minutes faster than on the CPU
+        model = GPT2LMHeadModel(GPT2Config())
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    vocab = model.config.vocab_size
+
+    return causal_lm_step(torch, model, opt, vocab, batches=(2, 16), seqs=(64, 1024))
 
 
 def llama_workload(torch):
@@ -146,17 +153,7 @@ def llama_workload(torch):
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-    def step(rng):
-        batch, seq = rng.randint(1, 8), rng.randint(128, 4096)
-        ids = torch.randint(0, config.vocab_size, (batch, seq), device="cuda")
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return {"batch": batch, "seq": seq, "loss": float(loss)}
-
-    return step
+    return causal_lm_step(torch, model, opt, config.vocab_size, batches=(1, 8), seqs=(128, 4096))
 
 
 def kv_generate_workload(torch):
