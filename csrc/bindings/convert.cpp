@@ -98,15 +98,9 @@ py::dict stats_to_dict(const PoolStats& stats) {
 
 py::dict backend_counters_to_dict(const BackendCounters& c) {
   py::dict d;
-  d["reserve_calls"] = c.reserve_calls;
-  d["create_calls"] = c.create_calls;
-  d["release_calls"] = c.release_calls;
-  d["map_calls"] = c.map_calls;
-  d["unmap_calls"] = c.unmap_calls;
-  d["segment_alloc_calls"] = c.segment_alloc_calls;
-  d["segment_free_calls"] = c.segment_free_calls;
-  d["event_record_calls"] = c.event_record_calls;
-  d["event_sync_calls"] = c.event_sync_calls;
+#define TORCHMEM_BACKEND_COUNTER_TO_DICT(name) d[#name] = c.name;
+  TORCHMEM_BACKEND_COUNTERS(TORCHMEM_BACKEND_COUNTER_TO_DICT)
+#undef TORCHMEM_BACKEND_COUNTER_TO_DICT
   return d;
 }
 

@@ -23,18 +23,33 @@
 
 namespace torchmem {
 
-// How many times each primitive was called, and the bytes it moved. Filled in by
-// every backend the same way so stats and replay reports can compare them.
+// How many times each primitive was called, declared once (an X-macro, like
+// stats.h) so every backend fills them the same way and the bindings export
+// them without a hand-kept list.
+//   reserve_calls        address ranges reserved
+//   create_calls         granules created (cuMemCreate)
+//   release_calls        granules released (cuMemRelease)
+//   map_calls            granules mapped (cuMemMap + access)
+//   unmap_calls          granules unmapped (cuMemUnmap)
+//   segment_alloc_calls  segments allocated (cudaMalloc)
+//   segment_free_calls   segments freed (cudaFree)
+//   event_record_calls   events recorded
+//   event_sync_calls     host waits on an event
+#define TORCHMEM_BACKEND_COUNTERS(X) \
+  X(reserve_calls)                   \
+  X(create_calls)                    \
+  X(release_calls)                   \
+  X(map_calls)                       \
+  X(unmap_calls)                     \
+  X(segment_alloc_calls)             \
+  X(segment_free_calls)              \
+  X(event_record_calls)              \
+  X(event_sync_calls)
+
 struct BackendCounters {
-  std::uint64_t reserve_calls = 0;
-  std::uint64_t create_calls = 0;   // granules created (cuMemCreate)
-  std::uint64_t release_calls = 0;  // granules released (cuMemRelease)
-  std::uint64_t map_calls = 0;      // granules mapped (cuMemMap + access)
-  std::uint64_t unmap_calls = 0;    // granules unmapped (cuMemUnmap)
-  std::uint64_t segment_alloc_calls = 0;  // cudaMalloc
-  std::uint64_t segment_free_calls = 0;   // cudaFree
-  std::uint64_t event_record_calls = 0;
-  std::uint64_t event_sync_calls = 0;
+#define TORCHMEM_DECLARE_BACKEND_COUNTER(name) std::uint64_t name = 0;
+  TORCHMEM_BACKEND_COUNTERS(TORCHMEM_DECLARE_BACKEND_COUNTER)
+#undef TORCHMEM_DECLARE_BACKEND_COUNTER
 };
 
 class Backend {
