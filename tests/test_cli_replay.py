@@ -64,6 +64,21 @@ def test_limit_and_config_options(short_trace, capsys):
     assert record["ooms"] > 0 and record["peak_reserved"] <= 64 << 20
 
 
+def test_event_delay_models_a_lagging_gpu(capsys):
+    # With events that stay pending (a GPU behind the host), stitching must not
+    # wait for fences: alias reclaim keeps the ratio; without it memory grows.
+    gpt2 = trace_io.bundled_trace("gpt2")
+    ratios = {}
+    for alias in ("1", "0"):
+        assert main(["replay", gpt2, "--json", "--policy", "torchmem", "--event-delay", "10",
+                     "--config", f"alias_reclaim={alias}"]) == 0
+        (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        ratios[alias] = record["ratio"]
+    assert ratios["1"] <= 1.02 < 1.05 < ratios["0"], ratios
+    assert main(["replay", gpt2, "--event-delay", "-1"]) == 2
+    assert "--event-delay must be >= 0" in capsys.readouterr().err
+
+
 def test_snapshot_at_peak_is_a_torch_memory_snapshot(short_trace, tmp_path, capsys):
     out = tmp_path / "peak.pickle"
     assert main(["replay", short_trace, "--policy", "torchmem", "--json", "--snapshot", str(out)]) == 0

@@ -103,7 +103,7 @@ def _progress_adapter(progress, label):
 
 
 def replay(source, policy="torchmem", *, limit=0, config=None, capacity=DEFAULT_CAPACITY, min_cap=False,
-           stop_at=-1, progress=None, device=None, native_config=None, costs=None, name=None):
+           stop_at=-1, progress=None, device=None, native_config=None, costs=None, name=None, event_delay=0):
     """Replays a trace (a path, a Trace, or an (N, 4) int64 events array) under `policy`
     ("torchmem" or "native") and returns a ReplayResult.
 
@@ -113,7 +113,9 @@ def replay(source, policy="torchmem", *, limit=0, config=None, capacity=DEFAULT_
     smallest budget with no OOM; ``stop_at``: stop after that event index;
     ``progress(stage, done, total)``: called now and then while it runs;
     ``native_config``: {"max_split_size": bytes} for the native model;
-    ``costs``: per-call microseconds overriding the simulated backend's table."""
+    ``costs``: per-call microseconds overriding the simulated backend's table;
+    ``event_delay``: how many polls a simulated stream event stays pending, to
+    model a GPU running behind the host (0 = events complete at once)."""
     _check_policy(policy)
     trace = _as_trace(source, device=device)
     core = pool_config(config, capacity)
@@ -123,11 +125,11 @@ def replay(source, policy="torchmem", *, limit=0, config=None, capacity=DEFAULT_
     started = time.perf_counter()
     raw = _C.replay(trace.events, policy, pool_config=core, limit=budget, capacity=int(capacity),
                     stop_at=int(stop_at), progress=_progress_adapter(progress, f"{trace.name} {policy}"),
-                    native_config=native_config, costs=costs)
+                    native_config=native_config, costs=costs, event_delay=int(event_delay))
     result = _result_from(raw, label, policy, trace, budget)
     if min_cap:
         found = find_min_cap(trace, policy, config=config, capacity=capacity, progress=progress,
-                             native_config=native_config, costs=costs)
+                             native_config=native_config, costs=costs, event_delay=event_delay)
         result.min_cap = found["min_cap"]
         result.min_cap_ratio = found["min_cap_ratio"]
         result.min_cap_replays = found["replays"]
@@ -161,7 +163,7 @@ def _result_from(raw, label, policy, trace, limit):
 
 
 def find_min_cap(source, policy="torchmem", *, config=None, capacity=DEFAULT_CAPACITY, precision=GRANULE,
-                 progress=None, device=None, native_config=None, costs=None):
+                 progress=None, device=None, native_config=None, costs=None, event_delay=0):
     """The smallest budget (bytes, a multiple of `precision`) under which the trace
     replays under `policy` with no OOM, found by bisection. Returns a dict with
     min_cap, min_cap_ratio, peak_requested, unlimited_peak_reserved and replays.
@@ -172,7 +174,7 @@ def find_min_cap(source, policy="torchmem", *, config=None, capacity=DEFAULT_CAP
     core["limit_bytes"] = 0
     return dict(_C.min_cap(trace.events, policy, pool_config=core, capacity=int(capacity), precision=int(precision),
                            progress=_progress_adapter(progress, f"{trace.name} {policy} min-cap"),
-                           native_config=native_config, costs=costs))
+                           native_config=native_config, costs=costs, event_delay=int(event_delay)))
 
 
 def snapshot_at(source, event, policy="torchmem", *, limit=0, config=None, capacity=DEFAULT_CAPACITY, device=None,

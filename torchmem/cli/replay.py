@@ -38,6 +38,9 @@ def add_arguments(parser):
                         help="torchmem options for the replay (the TORCHMEM_CONF syntax), e.g. reclaim_slack=0.01")
     parser.add_argument("--capacity", metavar="BYTES", default=None,
                         help="simulated device memory (default: 140GiB, an H200)")
+    parser.add_argument("--event-delay", type=int, default=0, metavar="POLLS",
+                        help="model a GPU running behind the host: a stream event stays pending for this "
+                             "many polls (default 0: events complete at once; ~10 matches an H200's lag)")
     parser.add_argument("--device", type=int, default=None,
                         help="which device's events to take from a snapshot pickle (default: the busiest)")
 
@@ -140,6 +143,8 @@ def run(args):
     if capacity <= 0:
         raise ValueError("--capacity must be > 0 bytes")
     config = _parse_config(args.config)
+    if args.event_delay < 0:
+        raise ValueError(f"--event-delay must be >= 0 polls, got {args.event_delay}")
     if args.snapshot and len(args.traces) != 1:
         raise ValueError(f"--snapshot writes one file: give one TRACE, not {len(args.traces)}")
 
@@ -151,7 +156,8 @@ def run(args):
         results = []
         for policy in policies:
             result = replay_api.replay(trace, policy, limit=limit, config=config, capacity=capacity,
-                                       min_cap=args.min_cap, progress=show, name=path)
+                                       min_cap=args.min_cap, progress=show, name=path,
+                                       event_delay=args.event_delay)
             results.append(result)
         progress.done()
         if args.json:
