@@ -14,17 +14,9 @@ namespace {
 
 }  // namespace
 
-CudaMallocBackend::CudaMallocBackend(int device) : device_(device), fences_(device) {}
+CudaMallocBackend::CudaMallocBackend(int device) : CudaDeviceBackend(device) {}
 
 CudaMallocBackend::~CudaMallocBackend() = default;
-
-MemInfo CudaMallocBackend::mem_info() {
-  cuda::RelaxedCaptureGuard relaxed;
-  cuda::DeviceGuard on_device(device_);
-  MemInfo info;
-  cuda::check(cudaMemGetInfo(&info.free_bytes, &info.total_bytes), "cudaMemGetInfo");
-  return info;
-}
 
 Addr CudaMallocBackend::reserve(std::size_t) { no_vmm("reserve"); }
 void CudaMallocBackend::unreserve(Addr, std::size_t) { no_vmm("unreserve"); }
@@ -53,20 +45,5 @@ void CudaMallocBackend::free_segment(Addr base, std::size_t) {
   cuda::check(cudaFree(reinterpret_cast<void*>(base)), "cudaFree");
   counters_.segment_free_calls += 1;
 }
-
-EventHandle CudaMallocBackend::record_event(StreamId stream) {
-  EventHandle event = fences_.record(stream);
-  counters_.event_record_calls += 1;
-  return event;
-}
-
-bool CudaMallocBackend::event_completed(EventHandle event) { return fences_.completed(event); }
-
-void CudaMallocBackend::synchronize_event(EventHandle event) {
-  fences_.synchronize(event);
-  counters_.event_sync_calls += 1;
-}
-
-void CudaMallocBackend::destroy_event(EventHandle event) { fences_.destroy(event); }
 
 }  // namespace torchmem

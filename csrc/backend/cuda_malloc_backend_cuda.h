@@ -8,12 +8,11 @@
 
 #include <string>
 
-#include "backend/cuda_support_cuda.h"
-#include "core/backend.h"
+#include "backend/cuda_device_backend_cuda.h"
 
 namespace torchmem {
 
-class CudaMallocBackend final : public Backend {
+class CudaMallocBackend final : public CudaDeviceBackend {
  public:
   explicit CudaMallocBackend(int device);
   ~CudaMallocBackend() override;
@@ -22,7 +21,6 @@ class CudaMallocBackend final : public Backend {
   bool supports_vmm() const override { return false; }
   // Not a hardware granule: the unit the pool rounds segments to, as PyTorch does.
   std::size_t granularity() const override { return 2 * kMiB; }
-  MemInfo mem_info() override;
 
   Addr reserve(std::size_t bytes) override;
   void unreserve(Addr base, std::size_t bytes) override;
@@ -33,17 +31,6 @@ class CudaMallocBackend final : public Backend {
 
   Addr allocate_segment(std::size_t bytes) override;
   void free_segment(Addr base, std::size_t bytes) override;
-
-  EventHandle record_event(StreamId stream) override;
-  bool event_completed(EventHandle event) override;
-  void synchronize_event(EventHandle event) override;
-  void destroy_event(EventHandle event) override;
-
-  int device() const { return device_; }
-
- private:
-  int device_;
-  cuda::FencePool fences_;
 };
 
 }  // namespace torchmem

@@ -118,7 +118,7 @@ bool VmmBackend::device_supports_vmm(int device) {
   return supported != 0;
 }
 
-VmmBackend::VmmBackend(int device) : api_(loaded_driver_api()), device_(device), fences_(device) {
+VmmBackend::VmmBackend(int device) : CudaDeviceBackend(device), api_(loaded_driver_api()) {
   if (!device_supports_vmm(device)) {
     throw std::runtime_error("torchmem: device " + std::to_string(device) +
                              " does not support CUDA virtual memory management; use backend='cuda_malloc'");
@@ -136,14 +136,6 @@ VmmBackend::VmmBackend(int device) : api_(loaded_driver_api()), device_(device),
 }
 
 VmmBackend::~VmmBackend() = default;
-
-MemInfo VmmBackend::mem_info() {
-  cuda::RelaxedCaptureGuard relaxed;
-  cuda::DeviceGuard on_device(device_);
-  MemInfo info;
-  cuda::check(cudaMemGetInfo(&info.free_bytes, &info.total_bytes), "cudaMemGetInfo");
-  return info;
-}
 
 Addr VmmBackend::reserve(std::size_t bytes) {
   cuda::RelaxedCaptureGuard relaxed;
@@ -231,20 +223,5 @@ Addr VmmBackend::allocate_segment(std::size_t) {
 void VmmBackend::free_segment(Addr, std::size_t) {
   throw std::logic_error("torchmem: the vmm backend has no plain segments (free_segment called)");
 }
-
-EventHandle VmmBackend::record_event(StreamId stream) {
-  EventHandle event = fences_.record(stream);
-  counters_.event_record_calls += 1;
-  return event;
-}
-
-bool VmmBackend::event_completed(EventHandle event) { return fences_.completed(event); }
-
-void VmmBackend::synchronize_event(EventHandle event) {
-  fences_.synchronize(event);
-  counters_.event_sync_calls += 1;
-}
-
-void VmmBackend::destroy_event(EventHandle event) { fences_.destroy(event); }
 
 }  // namespace torchmem

@@ -15,14 +15,13 @@
 #include <memory>
 #include <string>
 
-#include "backend/cuda_support_cuda.h"
-#include "core/backend.h"
+#include "backend/cuda_device_backend_cuda.h"
 
 namespace torchmem {
 
 struct DriverApi;  // the cuMem* entry points, resolved once per process
 
-class VmmBackend final : public Backend {
+class VmmBackend final : public CudaDeviceBackend {
  public:
   // Throws std::runtime_error if the driver lacks virtual memory management.
   explicit VmmBackend(int device);
@@ -36,7 +35,6 @@ class VmmBackend final : public Backend {
   std::string name() const override { return "vmm"; }
   bool supports_vmm() const override { return true; }
   std::size_t granularity() const override { return granularity_; }
-  MemInfo mem_info() override;
 
   Addr reserve(std::size_t bytes) override;
   void unreserve(Addr base, std::size_t bytes) override;
@@ -48,18 +46,9 @@ class VmmBackend final : public Backend {
   Addr allocate_segment(std::size_t bytes) override;
   void free_segment(Addr base, std::size_t bytes) override;
 
-  EventHandle record_event(StreamId stream) override;
-  bool event_completed(EventHandle event) override;
-  void synchronize_event(EventHandle event) override;
-  void destroy_event(EventHandle event) override;
-
-  int device() const { return device_; }
-
  private:
   const DriverApi& api_;
-  int device_;
   std::size_t granularity_ = 0;
-  cuda::FencePool fences_;
 };
 
 }  // namespace torchmem
