@@ -22,46 +22,6 @@ using detail::Heap;
 
 namespace {
 
-std::string mib(std::size_t bytes) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%zu bytes (%.2f MiB)", bytes, bytes / double(kMiB));
-  return buf;
-}
-
-// Validates `c` against `backend`; throws PoolError naming the field.
-void validate(const PoolConfig& c, Backend& backend, std::size_t capacity) {
-  const std::size_t g = backend.granularity();
-  if (g < kMinBlockSize || (g & (g - 1)) != 0) {
-    throw PoolError("backend granularity " + std::to_string(g) +
-                    " is not a power of two >= 512 bytes (a backend bug)");
-  }
-  if (c.limit_bytes != 0 && c.limit_bytes < g) {
-    throw PoolError("PoolConfig.limit_bytes = " + mib(c.limit_bytes) +
-                    " is below one granule (" + mib(g) + "); give at least one granule or 0 for no limit");
-  }
-  if (c.small_page_bytes == 0 || c.small_page_bytes % g != 0) {
-    throw PoolError("PoolConfig.small_page_bytes = " + std::to_string(c.small_page_bytes) +
-                    " is not a positive multiple of the backend granularity (" + std::to_string(g) + ")");
-  }
-  if (c.small_threshold == 0 || c.small_threshold > c.small_page_bytes) {
-    throw PoolError("PoolConfig.small_threshold = " + std::to_string(c.small_threshold) +
-                    " must be in (0, small_page_bytes = " + std::to_string(c.small_page_bytes) + "]");
-  }
-  if (!(c.reclaim_slack >= 0.0) || !std::isfinite(c.reclaim_slack)) {
-    throw PoolError("PoolConfig.reclaim_slack = " + std::to_string(c.reclaim_slack) +
-                    " must be a finite number >= 0");
-  }
-  const std::size_t limit = c.limit_bytes ? c.limit_bytes : capacity;
-  if (c.reserve_bytes > limit) {
-    throw PoolError("PoolConfig.reserve_bytes = " + mib(c.reserve_bytes) + " exceeds the limit, " +
-                    mib(limit) + "; lower reserve_bytes or raise limit_bytes");
-  }
-  if (c.virtual_bytes != 0 && c.virtual_bytes < g) {
-    throw PoolError("PoolConfig.virtual_bytes = " + std::to_string(c.virtual_bytes) +
-                    " is below one granule; use 0 for the default (twice the device memory)");
-  }
-}
-
 inline std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / unit * unit; }
 
 // Sets a gauge to `value`, recording the change as an increase or decrease.
@@ -514,7 +474,7 @@ void Pool::Impl::trace(TraceAction action, Addr addr, std::size_t size, StreamId
 // ============================================================================
 
 Pool::Pool(Backend& backend, const PoolConfig& config) : backend_(backend), config_(config) {
-  validate(config_, backend_, backend_.mem_info().total_bytes);
+  validate_config(config_, backend_, backend_.mem_info().total_bytes);
   impl_ = std::make_unique<Impl>(backend_, config_);
 }
 

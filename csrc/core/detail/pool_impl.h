@@ -36,6 +36,17 @@ inline std::string hex(Addr a) {
   return buf;
 }
 
+// A byte count with its MiB figure, for error messages.
+inline std::string mib(std::size_t bytes) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%zu bytes (%.2f MiB)", bytes, bytes / double(kMiB));
+  return buf;
+}
+
+// Validates `c` against `backend` (capacity: the device's total bytes); throws
+// PoolError naming the field. Defined in config_check.cpp.
+void validate_config(const PoolConfig& c, Backend& backend, std::size_t capacity);
+
 struct Pool::Impl {
   Impl(Backend& backend, PoolConfig& config);
   ~Impl();

@@ -1,0 +1,45 @@
+// config_check.cpp: checks a PoolConfig against its backend before a pool is
+// built, so a bad option fails with a message that names the field and the fix
+// (PoolError) and nothing is reserved or mapped.
+#include <cmath>
+#include <string>
+
+#include "core/detail/pool_impl.h"
+
+namespace torchmem {
+
+// Validates `c` against `backend`; throws PoolError naming the field.
+void validate_config(const PoolConfig& c, Backend& backend, std::size_t capacity) {
+  const std::size_t g = backend.granularity();
+  if (g < kMinBlockSize || (g & (g - 1)) != 0) {
+    throw PoolError("backend granularity " + std::to_string(g) +
+                    " is not a power of two >= 512 bytes (a backend bug)");
+  }
+  if (c.limit_bytes != 0 && c.limit_bytes < g) {
+    throw PoolError("PoolConfig.limit_bytes = " + mib(c.limit_bytes) +
+                    " is below one granule (" + mib(g) + "); give at least one granule or 0 for no limit");
+  }
+  if (c.small_page_bytes == 0 || c.small_page_bytes % g != 0) {
+    throw PoolError("PoolConfig.small_page_bytes = " + std::to_string(c.small_page_bytes) +
+                    " is not a positive multiple of the backend granularity (" + std::to_string(g) + ")");
+  }
+  if (c.small_threshold == 0 || c.small_threshold > c.small_page_bytes) {
+    throw PoolError("PoolConfig.small_threshold = " + std::to_string(c.small_threshold) +
+                    " must be in (0, small_page_bytes = " + std::to_string(c.small_page_bytes) + "]");
+  }
+  if (!(c.reclaim_slack >= 0.0) || !std::isfinite(c.reclaim_slack)) {
+    throw PoolError("PoolConfig.reclaim_slack = " + std::to_string(c.reclaim_slack) +
+                    " must be a finite number >= 0");
+  }
+  const std::size_t limit = c.limit_bytes ? c.limit_bytes : capacity;
+  if (c.reserve_bytes > limit) {
+    throw PoolError("PoolConfig.reserve_bytes = " + mib(c.reserve_bytes) + " exceeds the limit, " +
+                    mib(limit) + "; lower reserve_bytes or raise limit_bytes");
+  }
+  if (c.virtual_bytes != 0 && c.virtual_bytes < g) {
+    throw PoolError("PoolConfig.virtual_bytes = " + std::to_string(c.virtual_bytes) +
+                    " is below one granule; use 0 for the default (twice the device memory)");
+  }
+}
+
+}  // namespace torchmem
