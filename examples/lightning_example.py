@@ -9,7 +9,6 @@ Prints the controller's decisions and the logged torchmem/* metrics. Without
 Lightning or without a GPU it says so and exits 0.
 """
 
-import argparse
 import os
 import sys
 
@@ -17,12 +16,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--limit", default="24GiB")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--global-batch", type=int, default=64)
-    parser.add_argument("--seq", type=int, default=1024)
-    args = parser.parse_args(argv)
+    from tiny_gpt import example_args
+
+    args = example_args(__doc__.split("\n\n")[0], argv)
 
     import torch
     try:

@@ -82,3 +82,16 @@ def synthetic_tokens(n, cfg, generator=None, device="cpu"):
     noise = torch.rand(ids.shape, generator=generator) < 0.05
     ids = torch.where(noise, torch.randint(0, cfg.vocab, ids.shape, generator=generator), ids)
     return ids.to(device)
+
+
+def example_args(description, argv=None, steps=30):
+    """The options every training example takes: the torchmem budget, steps,
+    global batch and sequence length."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--limit", default="24GiB", help="torchmem memory budget (bytes, '24GiB' or a fraction)")
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--global-batch", type=int, default=64)
+    parser.add_argument("--seq", type=int, default=1024)
+    return parser.parse_args(argv)
