@@ -52,6 +52,19 @@ def main(argv=None):
         live[slot] = empty(size, dtype=dtype, device=device)
     torch.cuda.synchronize()
 
+    def driver_calls():
+        # torchmem only: what the pool asked of the driver, to explain the time.
+        if args.allocator != "torchmem":
+            return {}
+        from torchmem import _C
+
+        raw = _C.runtime_stats(torch.cuda.current_device())
+        calls = {name: raw["backend"][name] for name in ("map_calls", "unmap_calls", "create_calls",
+                                                          "release_calls", "event_record_calls")}
+        calls["num_reclaims"] = raw["num_reclaims"]
+        return calls
+
+    before = driver_calls()
     rounds = []
     for _ in range(args.repeats):
         start = time.perf_counter()
@@ -59,6 +72,8 @@ def main(argv=None):
             live[slot] = empty(size, dtype=dtype, device=device)
         rounds.append((time.perf_counter() - start) / args.iters)
     torch.cuda.synchronize()
+    after = driver_calls()
+    per_iter = {name: (after[name] - before[name]) / (args.iters * args.repeats) for name in after}
 
     if args.allocator == "torchmem":
         from torchmem import _C
@@ -74,11 +89,13 @@ def main(argv=None):
         "spread_s": max(rounds) - min(rounds),
         "peak_allocated": peak_alloc, "peak_reserved": peak_reserved,
         "ratio": peak_reserved / peak_alloc if peak_alloc else None,
+        "driver_calls_per_alloc": per_iter,
     }
     if args.out:
         with open(args.out, "a") as f:
             f.write(json.dumps(result) + "\n")
-    print(json.dumps({k: result[k] for k in ("allocator", "mean_s_per_alloc", "spread_s", "ratio")}))
+    print(json.dumps({k: result[k] for k in ("allocator", "mean_s_per_alloc", "spread_s", "ratio",
+                                             "driver_calls_per_alloc")}))
     return 0
 
 

@@ -1,61 +1,133 @@
 #!/usr/bin/env bash
-# The verification run on a two-GPU machine (nvidia-h200-x2), in one call:
-#   lane A (GPU 0): every GPU test;
-#   lane B (GPU 1): the benchmark subset, the churn microbenchmark, the batch-size
-#                   comparison and compute-sanitizer memcheck over GPU tests;
-#   then DDP across both GPUs (torchrun). Logs and JSON under $OUT.
-# Lanes have their own time limits so the whole run ends inside one device call.
+# The verification run on a two-GPU machine (nvidia-h200-x2), in one device call.
+# Two lanes run side by side, each a list of jobs on its own GPU, then DDP
+# across both GPUs (torchrun) if time is left. Logs and JSON are packed into
+# $OUT/run.tgz (the device tool brings back at most 8 files) with table.md.
+#
+#   LANE_A="tests" LANE_B="batch churn probe traces demo memcheck_core" bash tools/final_gpu.sh
+#
+# Jobs (each with its own timeout; see the functions below):
+#   tests          every GPU test (pytest -m gpu)
+#   bench          gpt2/llama_ckpt (torchmem, native) and kv_generate/vision
+#                  (native, expandable, torchmem): one seed
+#   churn          the torch.empty churn microbenchmark, four allocators
+#   probe          bench/gpu_probe.py: driver call costs on this GPU
+#   traces         native memory-history traces of kv_generate and vision
+#   batch          bench/batch_compare.py (torchmem, accelerate, lightning, sweep, forced_oom)
+#   examples       the four examples, short settings
+#   demo           `python -m torchmem demo` (the README's main command, GPU path)
+#   memcheck_core  compute-sanitizer memcheck: load + allocator + replay tests
+#   memcheck_rest  compute-sanitizer memcheck: batch + surface tests
+#   micro          the C++ pool microbenchmark (CPU)
+# DEADLINE_S (default 570) bounds the whole call: DDP runs only if 90 s are left.
 set -uo pipefail
+START=$(date +%s)
+DEADLINE=$(( START + ${DEADLINE_S:-570} ))
 FINAL_OUT=${OUT:-/tmp/torchmem-final}
-# Everything goes to one folder that is packed at the end (the device tool
-# brings back at most 8 files).
 OUT="$FINAL_OUT/run"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-T=${T_LANE:-330}
+R="$OUT/results.jsonl"
 python3 -m pip install -q --no-build-isolation --no-deps --no-index -e . > "$OUT/build.log" 2>&1 \
   || { tail -30 "$OUT/build.log"; exit 1; }
-echo "built: $(python3 -m torchmem info | tr -d '\n ' | cut -c1-200)"
+echo "built in $(( $(date +%s) - START )) s: $(python3 -m torchmem info | tr -d '\n ' | cut -c1-160)"
 
-lane_a() {
-  CUDA_VISIBLE_DEVICES=0 timeout "${T_TESTS:-380}" python3 -m pytest -v -rfE -m gpu -p no:cacheprovider \
+left() { echo $(( DEADLINE - $(date +%s) )); }
+# bounded SECONDS: never past the deadline
+bounded() { local want=$1; local l; l=$(left); [ "$l" -lt "$want" ] && want=$l; [ "$want" -lt 5 ] && want=5; echo "$want"; }
+
+job_tests() {
+  timeout "$(bounded ${T_TESTS:-380})" python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --durations=15 \
     --timeout=200 tests > "$OUT/tests.log" 2>&1
-  echo "lane A tests rc=$? :: $(tail -1 "$OUT/tests.log")"
+  echo "tests rc=$? :: $(tail -1 "$OUT/tests.log")"
 }
 
-lane_b() {
-  export CUDA_VISIBLE_DEVICES=1
-  local end=$(( $(date +%s) + T ))
-  local R="$OUT/results.jsonl"
-  (make bench-micro CXX=g++ > "$OUT/microbench.log" 2>&1; echo "microbench rc=$?" >> "$OUT/microbench.log") &
+job_bench() {
   for w in gpt2 llama_ckpt; do for a in torchmem native; do
-    timeout 60 python3 bench/gpu_workloads.py --workload $w --allocator $a --steps 16 --seed 1 --out "$R" >> "$OUT/bench.log" 2>&1
+    timeout 60 python3 bench/gpu_workloads.py --workload $w --allocator $a --steps 16 --seed "${SEED:-1}" --out "$R" >> "$OUT/bench.log" 2>&1
   done; done
-  TORCHMEM_CONF=alias_reclaim=0 timeout 60 python3 bench/gpu_workloads.py --workload gpt2 --allocator torchmem \
-    --steps 16 --seed 1 --out "$OUT/no_alias.jsonl" >> "$OUT/bench.log" 2>&1
   for w in kv_generate vision; do for a in native expandable torchmem; do
-    timeout 50 python3 bench/gpu_workloads.py --workload $w --allocator $a --steps 8 --seed 0 --out "$R" >> "$OUT/bench.log" 2>&1
+    timeout 50 python3 bench/gpu_workloads.py --workload $w --allocator $a --steps 8 --seed "${SEED:-0}" --out "$R" >> "$OUT/bench.log" 2>&1
   done; done
-  for a in native expandable async torchmem; do
-    timeout 40 python3 bench/churn_microbench.py --allocator $a --iters 50000 --repeats 3 --out "$R" >> "$OUT/bench.log" 2>&1
-  done
-  echo "lane B bench: $(wc -l < "$R") results, $(( end - $(date +%s) )) s left"
-  timeout 100 compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 \
-    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_load.py \
-    "tests/gpu/test_gpu_allocator.py::test_limit_gives_torch_oom_error_and_recovers" \
-    "tests/gpu/test_gpu_allocator.py::test_eight_threads_write_and_check_cookies" > "$OUT/sanitizer.log" 2>&1
-  echo "lane B sanitizer rc=$? :: $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/sanitizer.log" | tail -2 | tr '\n' ' ')"
-  local left=$(( end - $(date +%s) ))
-  [ $left -gt 30 ] && timeout $left python3 bench/batch_compare.py --methods torchmem,accelerate,lightning,sweep \
-    --steps 8 --out "$OUT/batch_compare.jsonl" > "$OUT/batch_compare.log" 2>&1
-  echo "lane B batch_compare rc=$? ($left s given)"
-  wait
+  echo "bench: $(wc -l < "$R") results"
 }
 
-lane_a & lane_b & wait
-if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
-  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 120 torchrun --standalone --nproc_per_node=2 \
+job_churn() {
+  for round in 1 2; do for a in native expandable async torchmem; do
+    timeout 40 python3 bench/churn_microbench.py --allocator $a --iters 50000 --repeats 3 --seed $round \
+      --out "$OUT/churn.jsonl" >> "$OUT/churn.log" 2>&1
+  done; done
+  echo "churn: $(grep -c allocator "$OUT/churn.log") lines"; grep '^{' "$OUT/churn.log" | cut -c1-200
+}
+
+job_probe() {
+  timeout 60 python3 bench/gpu_probe.py --out "$OUT/probe.json" > "$OUT/probe.log" 2>&1
+  echo "probe rc=$?"
+}
+
+job_traces() {
+  mkdir -p "$OUT/traces"
+  for w in kv_generate vision; do
+    timeout 60 python3 bench/gpu_workloads.py --workload $w --allocator native --steps 8 --seed 0 \
+      --out "$OUT/trace_runs.jsonl" --record-trace "$OUT/traces/trace_${w}.json.gz" >> "$OUT/traces.log" 2>&1
+    echo "trace $w rc=$?"
+  done
+}
+
+job_batch() {
+  timeout "$(bounded ${T_BATCH:-240})" python3 bench/batch_compare.py --steps 12 --out "$OUT/batch_compare.jsonl" \
+    > "$OUT/batch_compare.log" 2>&1
+  echo "batch_compare rc=$?"; tail -9 "$OUT/batch_compare.log"
+}
+
+job_examples() {
+  local ex
+  for ex in "gpt2_finetune_budget.py --steps 12" "batched_inference_oom_retry.py" \
+            "lightning_example.py --steps 12" "hf_trainer_example.py --steps 12"; do
+    echo "== examples/$ex" >> "$OUT/examples.log"
+    timeout "$(bounded 120)" python3 examples/$ex >> "$OUT/examples.log" 2>&1
+    echo "example ${ex%% *} rc=$?"
+  done
+}
+
+job_demo() {
+  timeout "$(bounded 150)" python3 -m torchmem demo > "$OUT/demo.log" 2>&1
+  echo "demo rc=$? :: $(tail -3 "$OUT/demo.log" | tr '\n' ' ' | cut -c1-300)"
+}
+
+memcheck() {  # memcheck NAME pytest-args...
+  local name=$1; shift
+  timeout "$(bounded ${T_MEMCHECK:-300})" compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 \
+    python3 -m pytest -v -m gpu -p no:cacheprovider "$@" > "$OUT/memcheck_$name.log" 2>&1
+  echo "memcheck $name rc=$? :: $(grep -E 'ERROR SUMMARY' "$OUT/memcheck_$name.log" | sort | uniq -c | tr '\n' ' ') $(tail -1 "$OUT/memcheck_$name.log")"
+}
+job_memcheck_core() { memcheck core tests/gpu/test_gpu_load.py tests/gpu/test_gpu_allocator.py tests/gpu/test_gpu_replay.py; }
+job_memcheck_rest() { memcheck rest tests/gpu/test_gpu_batch.py tests/gpu/test_gpu_surface.py; }
+
+job_micro() {
+  make bench-micro CXX=g++ > "$OUT/microbench.log" 2>&1
+  echo "microbench rc=$? :: $(grep -i 'ns' "$OUT/microbench.log" | tail -2 | tr '\n' ' ')"
+}
+
+lane() {  # lane GPU JOBS...
+  export CUDA_VISIBLE_DEVICES=$1; shift
+  local job
+  for job in "$@"; do
+    [ "$(left)" -lt 15 ] && { echo "[gpu $CUDA_VISIBLE_DEVICES] no time left for $job"; continue; }
+    local t0=$(date +%s)
+    "job_$job" 2>&1 | sed "s/^/[gpu $CUDA_VISIBLE_DEVICES $job] /"
+    echo "[gpu $CUDA_VISIBLE_DEVICES] $job took $(( $(date +%s) - t0 )) s"
+  done
+}
+
+lane 0 ${LANE_A:-tests} > "$OUT/lane_a.txt" 2>&1 &
+lane 1 ${LANE_B:-bench churn micro memcheck_core batch} > "$OUT/lane_b.txt" 2>&1 &
+wait
+cat "$OUT/lane_a.txt" "$OUT/lane_b.txt"
+if [ "${DDP:-1}" = "1" ] && [ "$(left)" -gt 90 ] && [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout "$(bounded 120)" torchrun --standalone --nproc_per_node=2 \
     bench/ddp_batch.py --steps 12 > "$OUT/ddp.log" 2>&1
   echo "ddp rc=$? :: $(tail -3 "$OUT/ddp.log" | tr '\n' ' ')"
 fi
-python3 bench/bench_table.py "$OUT/results.jsonl" > "$OUT/table.md" 2>&1; cat "$OUT/table.md"
-tar czf "$FINAL_OUT/run.tgz" -C "$FINAL_OUT" run && cp "$OUT/table.md" "$FINAL_OUT/" && rm -rf "$OUT"
+[ -s "$R" ] && python3 bench/bench_table.py "$R" > "$OUT/table.md" 2>&1 && cat "$OUT/table.md"
+echo "total $(( $(date +%s) - START )) s"
+tar czf "$FINAL_OUT/run.tgz" -C "$FINAL_OUT" run && rm -rf "$OUT"

@@ -104,7 +104,7 @@ def _torchmem_figures(raw):
     }
     for name in TORCHMEM_COUNTERS:
         figures[name] = raw.get(name, 0)
-    for name in ("device_total", "device_free"):
+    for name in ("device_total", "device_free", "failed_deleter_frees"):
         if name in raw:
             figures[name] = raw[name]
     for name, value in (raw.get("backend") or {}).items():

@@ -125,6 +125,7 @@ py::dict runtime_stats(int device) {
   out["device_total"] = mem.total_bytes;
   out["device_free"] = mem.free_bytes;
   out["device"] = device;
+  out["failed_deleter_frees"] = shim::failed_deleter_frees();  // all devices: a bad free has no device
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 
 #include <algorithm>
 #include <memory>
@@ -33,10 +34,40 @@ std::mutex install_mutex;
 // HF's memory metrics) and cudnn.benchmark (cuDNN sizes its workspace with
 // cacheInfo). torchmem's counters carry PyTorch's names and meanings
 // (core/stats.h), so a subclass answers these from the pool. Everything else
-// (alloc, free, the hooks, the bookkeeping) is CUDAPluggableAllocator's.
+// (the hooks, their std::function slots) is CUDAPluggableAllocator's.
+//
+// Note [Allocation without torch's bookkeeping] CUDAPluggableAllocator's own
+// allocate/free go through two std::function calls, a mutex and an
+// unordered_map insert and erase (a heap node per tensor) to remember each
+// block's size, device and stream for the free. The pool remembers all three
+// itself, so the subclass allocates straight into the runtime and frees through
+// a device-tagged context (Note [Device-tagged deleter context], runtime.h).
+// The churn microbenchmark measures the difference (BENCHMARKS.md).
 class TorchmemAllocator final : public CUDAPluggableAllocator {
  public:
   using CUDAPluggableAllocator::CUDAPluggableAllocator;
+
+  c10::DataPtr allocate(size_t size) override {
+    const c10::DeviceIndex device = c10::cuda::current_device();
+    void* ptr = allocate_or_throw(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
+    return {ptr, tag_with_device(ptr, device), &delete_tagged_block, c10::Device(c10::DeviceType::CUDA, device)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &delete_tagged_block; }
+
+  void* raw_alloc(size_t size) override {
+    const c10::DeviceIndex device = c10::cuda::current_device();
+    return allocate_or_throw(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
+  }
+
+  void* raw_alloc_with_stream(size_t size, cudaStream_t stream) override {
+    return allocate_or_throw(size, c10::cuda::current_device(), stream);
+  }
+
+  // Called from Python (torch.cuda.caching_allocator_delete): may raise.
+  void raw_delete(void* ptr) override {
+    if (ptr != nullptr) deallocate(ptr, owning_device(ptr));
+  }
 
   TorchDeviceStats getDeviceStats(c10::DeviceIndex device) override {
     PoolStats stats = device_pool(device).stats();

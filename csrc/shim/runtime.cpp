@@ -46,6 +46,11 @@ namespace torchmem::shim {
 namespace {
 
 constexpr int kMaxDevices = 64;
+// Note [Device-tagged deleter context] (runtime.h)
+constexpr std::uintptr_t kDeviceTagMask = 127;
+static_assert(kMaxDevices < static_cast<int>(kDeviceTagMask) && kMinBlockSize > kDeviceTagMask,
+              "the device tag must fit under the block alignment");
+std::atomic<std::uint64_t> failed_deleter_free_count{0};
 
 // Note [Private pool uses] As in PyTorch's allocator, every
 // begin_allocate_to_pool and every incref_pool (torch.cuda.MemPool creation;
@@ -433,24 +438,51 @@ void deallocate(void* ptr, int device) {
   }
 }
 
-void record_stream(void* ptr, CudaStream stream) {
-  // The hook gets no device: ask the current device's pool first, then the others.
+int owning_device(void* ptr) {
   int current = 0;
   if (cudaGetDevice(&current) != cudaSuccess) current = 0;
   auto addr = reinterpret_cast<Addr>(ptr);
-  DeviceState* owner = existing_state(current);
-  if (owner == nullptr || owner->pool->block_size(addr) == 0) {
-    owner = nullptr;
-    for (int d = 0; d < kMaxDevices && owner == nullptr; ++d) {
-      DeviceState* state = existing_state(d);
-      if (state != nullptr && state->pool->block_size(addr) != 0) owner = state;
-    }
+  DeviceState* state = existing_state(current);
+  if (state != nullptr && state->pool->block_size(addr) != 0) return current;
+  for (int d = 0; d < kMaxDevices; ++d) {
+    state = existing_state(d);
+    if (d != current && state != nullptr && state->pool->block_size(addr) != 0) return d;
   }
-  if (owner == nullptr) {
+  throw std::runtime_error("torchmem: address " + format_address(ptr) +
+                           " is not a live torchmem block on any device (unknown or already freed)");
+}
+
+void* tag_with_device(void* ptr, int device) {
+  auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  if ((addr & kDeviceTagMask) != 0 || device < 0 || device >= kMaxDevices) return ptr;  // untagged: looked up
+  return reinterpret_cast<void*>(addr | static_cast<std::uintptr_t>(device + 1));
+}
+
+void delete_tagged_block(void* context) noexcept {
+  auto tagged = reinterpret_cast<std::uintptr_t>(context);
+  void* ptr = reinterpret_cast<void*>(tagged & ~kDeviceTagMask);
+  const int tag = static_cast<int>(tagged & kDeviceTagMask);
+  try {
+    deallocate(ptr, tag != 0 ? tag - 1 : owning_device(ptr));
+  } catch (const std::exception& error) {
+    failed_deleter_free_count.fetch_add(1, std::memory_order_relaxed);
+    std::fprintf(stderr, "%s (reported, not raised: this free came from a tensor's destructor; the pool is unchanged)\n",
+                 error.what());
+  }
+}
+
+std::uint64_t failed_deleter_frees() { return failed_deleter_free_count.load(std::memory_order_relaxed); }
+
+void record_stream(void* ptr, CudaStream stream) {
+  // The hook gets no device: the pool that owns the block takes the stream.
+  int device = 0;
+  try {
+    device = owning_device(ptr);
+  } catch (const std::runtime_error&) {
     throw std::runtime_error("torchmem: record_stream on address " + format_address(ptr) +
                              ", which is not a live torchmem block");
   }
-  owner->pool->record_stream(addr, reinterpret_cast<StreamId>(stream));
+  existing_state(device)->pool->record_stream(reinterpret_cast<Addr>(ptr), reinterpret_cast<StreamId>(stream));
 }
 
 void* base_allocation(void* ptr, std::size_t* size) {
