@@ -118,7 +118,10 @@ def run_torchmem(args, setup):
     rate = setup.timed(step_fn, args.steps)
     return {"steps_to_converge": converged, "ooms": ctl.ooms, "final_micro": ctl.micro_batch,
             "tokens_per_s": rate, "ooms_after_convergence": ctl.ooms - ooms_before,
-            "decisions": [(e["step"], e["event"], e["from"], e["to"]) for e in ctl.events]}
+            "decisions": [(e["step"], e["event"], e["from"], e["to"], e["reason"]) for e in ctl.events],
+            "memory_model": {"fixed": ctl.memory_model.fixed, "slope": ctl.memory_model.slope,
+                             "observations": list(ctl.memory_model.observations)},
+            "budget_bytes": ctl.figures()["budget_bytes"]}
 
 
 def run_accelerate(args, setup):
@@ -182,6 +185,7 @@ def run_lightning(args, setup):
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     found = Tuner(trainer).scale_batch_size(module, mode="power", init_val=2, steps_per_trial=3, max_trials=25)
     found = min(found, args.global_batch)
+    setup.model.cuda()  # the Trainer's teardown moved the module (and so the shared model) to the CPU
     powers = 0
     size = 2
     while size <= found:

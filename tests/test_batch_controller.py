@@ -36,28 +36,34 @@ def make_loop(memory, global_batch, **kwargs):
     return ctl, one_step
 
 
-@pytest.mark.parametrize("fixed,per_sample,room,global_batch,quantum", [
-    (1000, 100, 27, 64, 8),
-    (5 << 20, 3 << 10, 203, 256, 8),
-    (1 << 30, 1 << 20, 5, 64, 8),
-    (7000, 13, 977, 512, 1),
-    (100, 1, 1000, 64, 8),       # everything fits: stays at the whole batch
+@pytest.mark.parametrize("fixed,per_sample,room,global_batch,quantum,step_fixed", [
+    (1000, 100, 27, 64, 8, 0),
+    (5 << 20, 3 << 10, 203, 256, 8, 0),
+    (1 << 30, 1 << 20, 5, 64, 8, 0),
+    (7000, 13, 977, 512, 1, 0),
+    (100, 1, 1000, 64, 8, 0),       # everything fits: stays at the whole batch
+    # a step adds fixed bytes (gradients, workspaces): the cold-start bound allows
+    # no growth from 16, so one calibration step at 8 measures the line (GPT-2 on the H200)
+    (1000, 100, 27, 64, 8, 1600),
+    (4 << 30, 600 << 20, 27, 64, 8, 5 << 30),
 ])
 def test_cold_start_reaches_largest_feasible_size_in_three_steps_and_never_exceeds_it(
-        fixed, per_sample, room, global_batch, quantum):
-    memory = SyntheticMemory(fixed, per_sample, fixed + per_sample * room + per_sample // 2)
+        fixed, per_sample, room, global_batch, quantum, step_fixed):
+    memory = SyntheticMemory(fixed, per_sample, fixed + step_fixed + per_sample * room + per_sample // 2,
+                             step_fixed=step_fixed)
     ctl, one_step = make_loop(memory, global_batch, quantum=quantum, margin=0.0)
     best = quantized_max(memory, quantum, global_batch)
     for _ in range(3):
         one_step()
     assert ctl.micro_batch == best
-    tried_after = len(memory.sizes_tried)
+    tried_after, events_after = len(memory.sizes_tried), len(ctl.events)
     ooms = memory.ooms
     for _ in range(60):  # grow_after=50 clean steps pass: the ceiling must still hold
         one_step()
     assert ctl.micro_batch == best
     assert memory.ooms == ooms
     assert max(memory.sizes_tried[tried_after:]) == best
+    assert not [e for e in list(ctl.events)[events_after:] if e["event"] in ("grow", "shrink")]
 
 
 def test_margin_keeps_the_prediction_under_the_budget():

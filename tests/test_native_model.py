@@ -191,7 +191,7 @@ def test_bad_input_raises_and_changes_nothing():
     checked(m)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama_ckpt"])
+@pytest.mark.parametrize("name", ["gpt2", "llama_ckpt", "kv_generate", "vision"])
 def test_reproduces_recorded_native_peak_within_1_percent(name):
     trace = trace_io.load(trace_io.bundled_trace(name))
     recorded = trace.recorded_peak_reserved()

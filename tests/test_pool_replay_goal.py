@@ -1,4 +1,4 @@
-"""The fragmentation goal on the two bundled real traces (H200, torch 2.11).
+"""The fragmentation goal on the bundled real traces (H200, torch 2.11).
 
 Replays alloc / free_requested events through _C.Pool on a SimBackend with
 the default config and checks peak reserved / peak requested <= 1.02 (native:
@@ -38,7 +38,8 @@ def replay(path):
     return pool.stats(), peak
 
 
-@pytest.mark.parametrize("name", ["trace_gpt2_train.json.gz", "trace_llama_ckpt_train.json.gz"])
+@pytest.mark.parametrize("name", ["trace_gpt2_train.json.gz", "trace_llama_ckpt_train.json.gz",
+                                  "trace_kv_generate.json.gz", "trace_vision.json.gz"])
 def test_ratio_goal(name):
     stats, peak_requested = replay(os.path.join(TRACES, name))
     ratio = stats["reserved_bytes"]["all"]["peak"] / peak_requested

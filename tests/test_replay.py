@@ -13,24 +13,30 @@ MiB = 1 << 20
 GOAL_RATIO = 1.02
 
 
+# The two shared H200 traces and two recorded by bench/gpu_workloads.py --record-trace
+# on an H200 (autoregressive generation with a growing KV cache; a vision model at
+# varying resolutions): torchmem/data/traces/README.md.
+TRACE_NAMES = ["gpt2", "llama_ckpt", "kv_generate", "vision"]
+
+
 @pytest.fixture(scope="module")
 def shared_results():
-    """{trace name: {policy: ReplayResult with min-cap}} for both shared traces."""
+    """{trace name: {policy: ReplayResult with min-cap}} for every bundled trace."""
     results = {}
-    for name in ("gpt2", "llama_ckpt"):
+    for name in TRACE_NAMES:
         trace = trace_io.load(trace_io.bundled_trace(name))
         results[name] = {policy: replay_api.replay(trace, policy, min_cap=True) for policy in replay_api.POLICIES}
     return results
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama_ckpt"])
+@pytest.mark.parametrize("name", TRACE_NAMES)
 def test_torchmem_meets_the_fragmentation_goal(shared_results, name):
     ours = shared_results[name]["torchmem"]
     assert ours.ooms == 0 and ours.skipped_frees == 0 and ours.unmatched_frees == 0
     assert ours.ratio <= GOAL_RATIO, f"{name}: torchmem ratio {ours.ratio:.4f} > {GOAL_RATIO}"
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama_ckpt"])
+@pytest.mark.parametrize("name", TRACE_NAMES)
 def test_torchmem_min_cap_meets_the_goal_and_beats_native(shared_results, name):
     ours, native = shared_results[name]["torchmem"], shared_results[name]["native"]
     assert ours.min_cap_ratio <= GOAL_RATIO, f"{name}: torchmem min-cap ratio {ours.min_cap_ratio:.4f}"
@@ -40,7 +46,7 @@ def test_torchmem_min_cap_meets_the_goal_and_beats_native(shared_results, name):
     assert ours.min_cap % (2 * MiB) == 0
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama_ckpt"])
+@pytest.mark.parametrize("name", TRACE_NAMES)
 def test_native_model_matches_recorded_peak(shared_results, name):
     native = shared_results[name]["native"]
     assert abs(native.peak_reserved / native.recorded_peak_reserved - 1) <= 0.01
@@ -49,7 +55,7 @@ def test_native_model_matches_recorded_peak(shared_results, name):
     assert ours.peak_requested == native.peak_requested and ours.events == native.events
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama_ckpt"])
+@pytest.mark.parametrize("name", TRACE_NAMES)
 def test_backend_calls_are_counted_and_costed(shared_results, name):
     ours, native = shared_results[name]["torchmem"], shared_results[name]["native"]
     assert ours.backend_calls["create_calls"] > 0 and ours.backend_calls["map_calls"] > 0

@@ -78,35 +78,47 @@ def test_math_and_autograd_match_native_bit_for_bit(tmp_path):
 
 
 RECORD_STREAM_BODY = """
+import time
 torchmem.install()
 n = 64 << 20  # 256 MiB of float32
 # Both streams are non-default: the legacy default stream would implicitly wait
 # for the side stream and hide the race this test is about.
 main = torch.cuda.Stream()
 side = torch.cuda.Stream()
-with torch.cuda.stream(main):
-    x = torch.full((n,), 3.0, device="cuda")
-    old_ptr = x.data_ptr()
-    side.wait_stream(main)
-    with torch.cuda.stream(side):
-        # y is allocated before the sleep is queued: mapping new memory can make
-        # the host wait for the device, which would hide the race.
-        y = torch.empty_like(x)
-        torch.cuda._sleep(1_000_000_000)  # ~0.5 s: the read below runs long after the free
-        torch.mul(x, 1.0, out=y)           # reads x on the side stream
-        side_done = torch.cuda.Event()
-        side_done.record()
-    if RECORD:
-        x.record_stream(side)
-    del x                                  # freed on `main`, still read by `side`
-    z = torch.empty(n, device="cuda")
-    side_finished_at_reuse = side_done.query()   # had `side` finished reading x when z was handed out?
-    z.fill_(-1.0)                          # would overwrite x's memory if it were reused
-side.synchronize()
-torch.cuda.synchronize()
-corrupted = not bool((y == 3.0).all())
-print("reused", z.data_ptr() == old_ptr, "early", z.data_ptr() == old_ptr and not side_finished_at_reuse,
-      "corrupted", corrupted)
+
+def sequence(n, sleep_cycles, record):
+    with torch.cuda.stream(main):
+        x = torch.full((n,), 3.0, device="cuda")
+        old_ptr = x.data_ptr()
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            # y is allocated before the sleep is queued: mapping new memory can make
+            # the host wait for the device, which would hide the race.
+            y = torch.empty_like(x)
+            torch.cuda._sleep(sleep_cycles)  # ~0.5 s: the read below runs long after the free
+            t0 = time.perf_counter()
+            torch.mul(x, 1.0, out=y)         # reads x on the side stream
+            side_done = torch.cuda.Event()
+            side_done.record()
+        if record:
+            x.record_stream(side)
+        t1 = time.perf_counter()
+        del x                                # freed on `main`, still read by `side`
+        z = torch.empty(n, device="cuda")
+        t2 = time.perf_counter()
+        side_finished_at_reuse = side_done.query()  # had `side` finished reading x when z was handed out?
+        z.fill_(-1.0)                        # would overwrite x's memory if it were reused
+    side.synchronize()
+    torch.cuda.synchronize()
+    corrupted = not bool((y == 3.0).all())
+    reused = z.data_ptr() == old_ptr
+    return (f"reused {reused} early {reused and not side_finished_at_reuse} corrupted {corrupted} "
+            f"(host ms: mul+event {1e3 * (t1 - t0):.1f}, free+alloc {1e3 * (t2 - t1):.1f})")
+
+# Warm-up on small tensors: the first launch of each kernel loads its module
+# (CUDA lazy loading), which can wait for the device and hide the race.
+sequence(1 << 10, 1000, RECORD)
+print(sequence(n, 1_000_000_000, RECORD))
 """
 
 

@@ -24,6 +24,13 @@ Note [Moving the micro-batch]
   (hysteresis: an OOM is not risked again until memory looks different).
   Without figures (CPU, no probe) it probes half way to the ceiling, or
   doubles, after `grow_after` clean steps.
+- Note [Calibration step] From a cold start the slope is an upper bound
+  (batch/model.py Note [Cold start]); when a step's fixed bytes are large it
+  predicts that nothing above the size in use fits, and a model that only ever
+  sees one size never learns better (seen on the H200: GPT-2 settled at 16
+  where 24 fit). So once, while the line is unmeasured and the next size up is
+  below the ceiling, the next step runs at half the size: a size that surely
+  fits, and the second point that turns the bound into the line.
 - Sizes are multiples of `quantum` (8 by default), powers of two below it, or
   the whole local batch, so torch.compile sees few distinct shapes.
 
@@ -446,6 +453,11 @@ class BatchSizeController:
                 self._last_reason = (f"model: peak ~ {self._baseline or 0} + {self.memory_model.fixed:.0f} + "
                                      f"{self.memory_model.slope:.0f} x micro")
                 return candidate
+            calibration = self._calibration_size(micro, cap)
+            if calibration is not None:
+                self._last_reason = ("calibration: one size measured, the cold-start bound allows no growth; "
+                                     "a smaller step measures the memory line")
+                return calibration
             if candidate < micro and peak is not None and budget is not None and peak > budget * (1 - self.margin):
                 self._last_reason = f"peak {peak} above budget x (1 - margin) = {budget * (1 - self.margin):.0f}"
                 return max(1, candidate)
@@ -460,6 +472,16 @@ class BatchSizeController:
         return micro
 
     _last_reason = ""
+
+    def _calibration_size(self, micro, cap):
+        """Half of `micro` when a calibration step is due (Note [Calibration step]), else None."""
+        if self.memory_model.measured or micro >= cap:
+            return None
+        next_up = self._quantize(micro + self.quantum if micro >= self.quantum else 2 * micro, cap)
+        if next_up <= micro or (self._ceiling is not None and next_up >= self._ceiling):
+            return None
+        smaller = self._quantize(micro // 2, cap)
+        return smaller if max(1, self.min_micro) <= smaller < micro else None
 
     def _follow_global(self, micro):
         new_global = min(self.max_global, max(self.min_global, micro * self.world))

@@ -20,7 +20,9 @@ Note [Cold start]
 With one observation the split between fixed and per-sample bytes is unknown.
 The fixed part of the increment is >= 0, so increment / micro is an upper
 bound on the per-sample bytes: a safe slope for the first jump. The second
-size then yields the real line.
+size then yields the real line. When that safe slope allows no jump (a step's
+fixed bytes, gradients and workspaces, are large), the controller measures a
+smaller size once to learn the line (Note [Calibration step], controller.py).
 """
 
 import collections
@@ -38,6 +40,7 @@ class LinearMemoryModel:
         self.observations = collections.deque(maxlen=window)
         self.slope = None
         self.fixed = None
+        self.measured = False  # a slope from two distinct sizes was ever fitted
 
     def observe(self, micro, increment):
         """Records a clean step over `micro` samples that needed `increment`
@@ -47,6 +50,8 @@ class LinearMemoryModel:
         increment = max(0, int(increment))
         self.observations.append((int(micro), increment))
         slope = self._least_squares_slope()
+        if slope is not None and slope > 0:
+            self.measured = True
         if slope is None and self.slope is None and increment > 0:
             slope = increment / micro
         if slope is not None and slope > 0:
@@ -83,10 +88,11 @@ class LinearMemoryModel:
 
     def state_dict(self):
         return {"window": self.window, "observations": list(self.observations),
-                "slope": self.slope, "fixed": self.fixed}
+                "slope": self.slope, "fixed": self.fixed, "measured": self.measured}
 
     def load_state_dict(self, state):
         self.window = int(state["window"])
         self.observations = collections.deque((tuple(o) for o in state["observations"]), maxlen=self.window)
         self.slope = state["slope"]
         self.fixed = state["fixed"]
+        self.measured = bool(state.get("measured", len({m for m, _ in self.observations}) > 1))

@@ -119,14 +119,18 @@ class TorchmemProbe(MemoryProbe):
 
 class SyntheticMemory(MemoryProbe):
     """A memory model for tests and docs: a step over `micro` samples needs
-    fixed + per_sample * micro bytes and raises torch.OutOfMemoryError when that
-    exceeds `budget`. Call `use(micro)` inside the step function; change
-    `budget` at any time to simulate a card that frees up or fills up."""
+    fixed + step_fixed + per_sample * micro bytes and raises
+    torch.OutOfMemoryError when that exceeds `budget`. `fixed` is in use
+    between steps (parameters, optimizer state); `step_fixed` is what every step
+    adds whatever its size (gradients, workspaces). Call `use(micro)` inside the
+    step function; change `budget` at any time to simulate a card that frees up
+    or fills up."""
 
     name = "synthetic"
 
-    def __init__(self, fixed, per_sample, budget):
+    def __init__(self, fixed, per_sample, budget, step_fixed=0):
         self.fixed = int(fixed)
+        self.step_fixed = int(step_fixed)
         self.per_sample = int(per_sample)
         self.budget = int(budget)
         self._peak = self.fixed
@@ -135,11 +139,11 @@ class SyntheticMemory(MemoryProbe):
 
     def need(self, micro):
         """Bytes a step over `micro` samples needs."""
-        return self.fixed + self.per_sample * micro
+        return self.fixed + self.step_fixed + self.per_sample * micro
 
     def largest_fitting(self):
         """The largest micro-batch that does not OOM (0 if none)."""
-        return max(0, (self.budget - self.fixed) // self.per_sample)
+        return max(0, (self.budget - self.fixed - self.step_fixed) // self.per_sample)
 
     def use(self, micro):
         """Simulates the memory of one micro-step (raises OOM above the budget)."""
