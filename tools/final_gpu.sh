@@ -18,6 +18,7 @@
 #   demo           `python -m torchmem demo` (the README's main command, GPU path)
 #   memcheck_core  compute-sanitizer memcheck: load + allocator + replay tests
 #   memcheck_rest  compute-sanitizer memcheck: batch + surface tests
+#                  (or memcheck_batch and memcheck_surface, one per lane)
 #   micro          the C++ pool microbenchmark (CPU)
 # DEADLINE_S (default 570) bounds the whole call: DDP runs only if 90 s are left.
 set -uo pipefail
@@ -74,7 +75,7 @@ job_traces() {
 }
 
 job_batch() {
-  timeout "$(bounded ${T_BATCH:-240})" python3 bench/batch_compare.py --steps 12 --out "$OUT/batch_compare.jsonl" \
+  timeout "$(bounded ${T_BATCH:-330})" python3 bench/batch_compare.py --steps 12 --out "$OUT/batch_compare.jsonl" \
     > "$OUT/batch_compare.log" 2>&1
   echo "batch_compare rc=$?"; tail -9 "$OUT/batch_compare.log"
 }
@@ -102,6 +103,8 @@ memcheck() {  # memcheck NAME pytest-args...
 }
 job_memcheck_core() { memcheck core tests/gpu/test_gpu_load.py tests/gpu/test_gpu_allocator.py tests/gpu/test_gpu_replay.py; }
 job_memcheck_rest() { memcheck rest tests/gpu/test_gpu_batch.py tests/gpu/test_gpu_surface.py; }
+job_memcheck_batch() { memcheck batch tests/gpu/test_gpu_batch.py; }
+job_memcheck_surface() { memcheck surface tests/gpu/test_gpu_surface.py; }
 
 job_micro() {
   make bench-micro CXX=g++ > "$OUT/microbench.log" 2>&1
