@@ -276,3 +276,15 @@ def test_bad_arguments_name_the_problem():
         BatchSizeController(8, lr_rule="cubic")
     with pytest.raises(TypeError, match="step function returned"):
         BatchSizeController(8, model=torch.nn.Linear(3, 1), probe=NullProbe()).run(lambda mb: "x", torch.randn(8, 3))
+
+
+def test_margin_defaults_to_the_probes_and_can_be_given():
+    from torchmem.batch import TorchmemProbe, TorchProbe
+    model = torch.nn.Linear(2, 1)
+    assert BatchSizeController(8, model=model, probe=TorchmemProbe()).margin == 0.01  # exact budget
+    assert BatchSizeController(8, model=model, probe=TorchProbe()).margin == 0.05     # fragmentation unseen
+    assert BatchSizeController(8, model=model, probe=NullProbe()).margin == 0.05
+    assert BatchSizeController(8, model=model, probe=NullProbe(), margin=0.2).margin == 0.2
+    for bad in (1.0, -0.1, "5%"):
+        with pytest.raises(ValueError, match="margin must be None or a number in"):
+            BatchSizeController(8, model=model, probe=NullProbe(), margin=bad)

@@ -13,13 +13,15 @@
 #   churn          the torch.empty churn microbenchmark, four allocators
 #   probe          bench/gpu_probe.py: driver call costs on this GPU
 #   traces         native memory-history traces of kv_generate and vision
-#   batch          bench/batch_compare.py (torchmem, accelerate, lightning, sweep, forced_oom)
+#   batch          bench/batch_compare.py (torchmem, accelerate, lightning, sweep, forced_oom;
+#                  BATCH_METHODS=... picks some)
 #   examples       the four examples, short settings
 #   demo           `python -m torchmem demo` (the README's main command, GPU path)
 #   memcheck_core  compute-sanitizer memcheck: load + allocator + replay tests
 #   memcheck_rest  compute-sanitizer memcheck: batch + surface tests
 #                  (or memcheck_batch and memcheck_surface, one per lane)
 #   micro          the C++ pool microbenchmark (CPU)
+#   ddp            bench/ddp_batch.py on both GPUs (torchrun, NCCL)
 # DEADLINE_S (default 570) bounds the whole call: DDP runs only if 90 s are left.
 set -uo pipefail
 START=$(date +%s)
@@ -76,6 +78,7 @@ job_traces() {
 
 job_batch() {
   timeout "$(bounded ${T_BATCH:-330})" python3 bench/batch_compare.py --steps 12 --out "$OUT/batch_compare.jsonl" \
+    --methods "${BATCH_METHODS:-torchmem,accelerate,lightning,sweep,forced_oom}" \
     > "$OUT/batch_compare.log" 2>&1
   echo "batch_compare rc=$?"; tail -9 "$OUT/batch_compare.log"
 }
@@ -105,6 +108,13 @@ job_memcheck_core() { memcheck core tests/gpu/test_gpu_load.py tests/gpu/test_gp
 job_memcheck_rest() { memcheck rest tests/gpu/test_gpu_batch.py tests/gpu/test_gpu_surface.py; }
 job_memcheck_batch() { memcheck batch tests/gpu/test_gpu_batch.py; }
 job_memcheck_surface() { memcheck surface tests/gpu/test_gpu_surface.py; }
+
+job_ddp() {  # both GPUs, whatever lane runs it (the other lane's GPU is shared meanwhile)
+  # ddp_batch.py gives each rank its GPU from LOCAL_RANK unless CUDA_VISIBLE_DEVICES is set
+  env -u CUDA_VISIBLE_DEVICES NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout "$(bounded 120)" \
+    torchrun --standalone --nproc_per_node=2 bench/ddp_batch.py --steps 12 > "$OUT/ddp.log" 2>&1
+  echo "ddp rc=$? :: $(tail -3 "$OUT/ddp.log" | tr '\n' ' ')"
+}
 
 job_micro() {
   make bench-micro CXX=g++ > "$OUT/microbench.log" 2>&1

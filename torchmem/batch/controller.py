@@ -125,7 +125,10 @@ class BatchSizeController:
                      its per-optimizer state is reset after an OOM.
       micro_batch    the first size tried (default: the whole local batch).
       quantum        sizes are multiples of this (8); 1 disables quantization.
-      margin         keep predicted peak under budget x (1 - margin) (0.05).
+      margin         keep predicted peak under budget x (1 - margin); default:
+                     the probe's (0.01 with torchmem's allocator, whose budget
+                     is exact; 0.05 under torch's own, whose fragmentation
+                     the figures do not show).
       grow_after     clean steps before growing to or past a size that OOMed,
                      or probing up without memory figures (50).
       min_micro      never go below this (1).
@@ -149,7 +152,7 @@ class BatchSizeController:
     """
 
     def __init__(self, global_batch, *, model=None, optimizer=None, scaler=None, micro_batch=None,
-                 quantum=8, margin=0.05, grow_after=50, min_micro=1, max_retries=12, probe=None,
+                 quantum=8, margin=None, grow_after=50, min_micro=1, max_retries=12, probe=None,
                  device=None, process_group=None, grad_sync="auto", reduction="mean",
                  adapt_global=False, lr_rule=None, min_global=None, max_global=None,
                  split_lists=False, window=8, verbose=False):
@@ -157,8 +160,8 @@ class BatchSizeController:
             raise ValueError(f"BatchSizeController: global_batch must be a positive int, got {global_batch!r}")
         if not isinstance(quantum, int) or quantum < 1:
             raise ValueError(f"BatchSizeController: quantum must be an int >= 1, got {quantum!r}")
-        if not 0.0 <= margin < 1.0:
-            raise ValueError(f"BatchSizeController: margin must be in [0, 1), got {margin}")
+        if margin is not None and not (isinstance(margin, (int, float)) and 0.0 <= margin < 1.0):
+            raise ValueError(f"BatchSizeController: margin must be None or a number in [0, 1), got {margin!r}")
         if reduction not in ("mean", "sum"):
             raise ValueError(f"BatchSizeController: reduction must be 'mean' or 'sum', got {reduction!r}")
         if grad_sync not in ("auto", "ddp", "controller", "none"):
@@ -178,7 +181,6 @@ class BatchSizeController:
         self.optimizer = optimizer
         self.scaler = scaler
         self.quantum = quantum
-        self.margin = margin
         self.grow_after = grow_after
         self.min_micro = min_micro
         self.max_retries = max_retries
@@ -186,6 +188,7 @@ class BatchSizeController:
         self.split_lists = split_lists
         self.verbose = verbose
         self.probe = probe if probe is not None else default_probe(device)
+        self.margin = float(margin if margin is not None else self.probe.default_margin)
         self.memory_model = LinearMemoryModel(window)
         self.grad_sync = self._resolve_grad_sync(grad_sync)
 
