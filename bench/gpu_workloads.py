@@ -231,7 +231,7 @@ def vision_workload(torch):
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return {"batch": batch, "seq": size, "loss": float(loss)}
+        return {"batch": batch, "seq": size, "loss": float(loss.detach())}
 
     return step
 

@@ -26,6 +26,10 @@ def build_model(torch, vocab, width, layers, heads, max_seq):
                                                batch_first=True, norm_first=True)
             self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
             self.norm = nn.LayerNorm(width)
+            # GPT-2's initialization: the head is tied to the token embedding, and
+            # nn.Embedding's N(0, 1) would start the loss near 30x ln(vocab).
+            nn.init.normal_(self.tokens.weight, std=0.02)
+            nn.init.normal_(self.positions.weight, std=0.02)
 
         def forward(self, ids):
             seq = ids.shape[1]
@@ -108,7 +112,7 @@ def main(args=None):
         elapsed = time.perf_counter() - start
         times.append(elapsed)
         if step % 5 == 0 or step == steps - 1:
-            print(f"step {step:3d}  batch {batch:3d} x seq {seq:5d}  loss {float(loss):7.3f}  {elapsed * 1e3:7.1f} ms")
+            print(f"step {step:3d}  batch {batch:3d} x seq {seq:5d}  loss {float(loss.detach()):7.3f}  {elapsed * 1e3:7.1f} ms")
         del logits, loss, ids
 
     stats = _C.runtime_stats(device)

@@ -381,6 +381,31 @@ def test_zero_size_tensors():
     assert "ZERO OK" in proc.stdout
 
 
+def test_unknown_and_double_free_raise_and_leave_the_pool_unchanged():
+    proc = run(
+        """
+        torchmem.install()
+        keep = torch.ones(1000, device="cuda")
+        ptr = torch.cuda.caching_allocator_alloc(1 << 20)
+        torch.cuda.caching_allocator_delete(ptr)
+        live = torchmem.memory_allocated()
+        for bad in (ptr, ptr + 512, 0x7F0000000000):   # double free, inside a block, never allocated
+            try:
+                torch.cuda.caching_allocator_delete(bad)
+            except RuntimeError as error:
+                assert "not a live torchmem block" in str(error) and hex(bad) in str(error), error
+            else:
+                raise SystemExit(f"no error for {bad:#x}")
+        assert torchmem.memory_allocated() == live
+        _C.runtime_check_invariants(0)
+        assert torchmem.memory_stats()["torchmem.failed_deleter_frees"] == 0
+        assert float(keep.sum()) == 1000.0 and float(torch.ones(10, device="cuda").sum()) == 10.0
+        print("BAD FREES OK")
+        """
+    )
+    assert "BAD FREES OK" in proc.stdout
+
+
 def test_install_after_cuda_init_explains_what_to_do():
     proc = run(
         """
