@@ -137,9 +137,7 @@ lane 1 ${LANE_B:-bench churn micro memcheck_core batch} > "$OUT/lane_b.txt" 2>&1
 wait
 cat "$OUT/lane_a.txt" "$OUT/lane_b.txt"
 if [ "${DDP:-1}" = "1" ] && [ "$(left)" -gt 90 ] && [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
-  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout "$(bounded 120)" torchrun --standalone --nproc_per_node=2 \
-    bench/ddp_batch.py --steps 12 > "$OUT/ddp.log" 2>&1
-  echo "ddp rc=$? :: $(tail -3 "$OUT/ddp.log" | tr '\n' ' ')"
+  job_ddp
 fi
 [ -s "$R" ] && python3 bench/bench_table.py "$R" > "$OUT/table.md" 2>&1 && cat "$OUT/table.md"
 echo "total $(( $(date +%s) - START )) s"

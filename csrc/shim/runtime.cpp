@@ -2,10 +2,9 @@
 //
 // Each device gets, at first use, a backend (vmm where the device supports it,
 // unless the config says cuda_malloc) and a torchmem::Pool built from the
-// config given at install. Torch reaches it through four extern "C" symbols:
-//   torchmem_alloc / torchmem_free            global swap: OOM throws
-//   torchmem_pool_alloc / torchmem_pool_free  torch.cuda.MemPool: OOM -> nullptr
-// and through the hooks install.cpp wires onto CUDAPluggableAllocator.
+// config given at install. Torch reaches it through the allocator subclass
+// install.cpp installs, and through the extern "C" symbols of exports.cpp
+// (torch.cuda.MemPool and CUDAPluggableAllocator built from Python).
 //
 // Note [OOM error] After Pool::allocate returns 0 (its ladder is exhausted) the
 // OOM callback runs OUTSIDE every lock, and the allocation is retried while the
@@ -454,7 +453,7 @@ int owning_device(void* ptr) {
 
 void* tag_with_device(void* ptr, int device) {
   auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  if ((addr & kDeviceTagMask) != 0 || device < 0 || device >= kMaxDevices) return ptr;  // untagged: looked up
+  if ((addr & kDeviceTagMask) != 0) return ptr;  // untagged: the free looks the device up
   return reinterpret_cast<void*>(addr | static_cast<std::uintptr_t>(device + 1));
 }
 
@@ -475,14 +474,8 @@ std::uint64_t failed_deleter_frees() { return failed_deleter_free_count.load(std
 
 void record_stream(void* ptr, CudaStream stream) {
   // The hook gets no device: the pool that owns the block takes the stream.
-  int device = 0;
-  try {
-    device = owning_device(ptr);
-  } catch (const std::runtime_error&) {
-    throw std::runtime_error("torchmem: record_stream on address " + format_address(ptr) +
-                             ", which is not a live torchmem block");
-  }
-  existing_state(device)->pool->record_stream(reinterpret_cast<Addr>(ptr), reinterpret_cast<StreamId>(stream));
+  existing_state(owning_device(ptr))->pool->record_stream(reinterpret_cast<Addr>(ptr),
+                                                          reinterpret_cast<StreamId>(stream));
 }
 
 void* base_allocation(void* ptr, std::size_t* size) {
@@ -575,32 +568,3 @@ void release_pool(int device, MempoolKey key) {
 }
 
 }  // namespace torchmem::shim
-
-// ---- the symbols CUDAPluggableAllocator loads -----------------------------------
-// Default visibility: the build hides everything else (-fvisibility=hidden).
-#define TORCHMEM_EXPORT extern "C" __attribute__((visibility("default")))
-
-TORCHMEM_EXPORT void* torchmem_alloc(size_t size, int device, cudaStream_t stream) {
-  return torchmem::shim::allocate_or_throw(size, device, stream);
-}
-
-TORCHMEM_EXPORT void torchmem_free(void* ptr, size_t size, int device, cudaStream_t stream) {
-  (void)size;
-  (void)stream;  // the pool remembers each block's stream itself
-  torchmem::shim::deallocate(ptr, device);
-}
-
-TORCHMEM_EXPORT void* torchmem_pool_alloc(size_t size, int device, cudaStream_t stream) {
-  try {
-    return torchmem::shim::allocate_or_null(size, device, stream);
-  } catch (const std::exception& error) {
-    // torch's MemPool path expects nullptr, not an exception, when memory is short;
-    // other failures are reported and surface as torch's own OOM error.
-    std::fprintf(stderr, "torchmem_pool_alloc(%zu bytes, device %d): %s\n", size, device, error.what());
-    return nullptr;
-  }
-}
-
-TORCHMEM_EXPORT void torchmem_pool_free(void* ptr, size_t size, int device, cudaStream_t stream) {
-  torchmem_free(ptr, size, device, stream);
-}

@@ -3,8 +3,9 @@
 //
 // This header includes no torch and no CUDA headers, so the pybind11 bindings
 // (csrc/bindings/runtime_bindings_cuda.cpp) stay quick to compile. The torch-
-// facing parts live in runtime.cpp (the extern "C" alloc/free torch calls, the
-// OOM error) and install.cpp (CUDAPluggableAllocator and its hooks).
+// facing parts live in runtime.cpp (the allocation path, the OOM error),
+// install.cpp (CUDAPluggableAllocator and its hooks) and exports.cpp (the
+// extern "C" alloc/free torch can load by name).
 //
 // Note [Lock order] Each device's Pool has one mutex (pool.h). The runtime adds
 // a registry mutex (taken only to create a device's state), and per device a

@@ -51,7 +51,6 @@ final one raises MicroBatchOOMError (the other ranks fail in the all-reduce).
 
 import collections
 import contextlib
-import gc
 import logging
 import math
 import warnings
@@ -63,7 +62,7 @@ from torchmem.batch import distributed
 from torchmem.batch.model import LinearMemoryModel
 from torchmem.batch.probe import MemoryProbe, default_probe
 from torchmem.batch.split import batch_size_of, split_batch, split_sizes
-from torchmem.retry import is_oom_error
+from torchmem.retry import cleanup_after_oom, is_oom_error
 
 __all__ = ["BatchSizeController", "OptimizerStepOOMError", "MicroBatchOOMError"]
 
@@ -539,9 +538,8 @@ class BatchSizeController:
             self.optimizer.zero_grad(set_to_none=True)
         if self.scaler is not None:
             _reset_scaler(self.scaler)
-        gc.collect()
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.empty_cache()
+        # No OOM hooks here: torchmem's allocator runs them before it raises.
+        cleanup_after_oom(run_hooks=False)
 
     def _enter_optimizer_step(self, *args, **kwargs):
         self._in_optimizer_step = True
