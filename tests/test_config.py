@@ -75,3 +75,16 @@ def test_docs_table_is_generated_from_options():
         )
     for option in config.OPTIONS:
         assert f"| `{option.name}` |" in config.options_markdown()
+
+
+def test_core_dict_covers_every_pool_config_field():
+    # PoolConfig's fields are declared once in C++ (TORCHMEM_POOL_CONFIG); the
+    # Python options must feed every one of them, with the same defaults.
+    from torchmem import _C
+
+    fields = {name: default for name, _kind, default, _doc in _C.pool_config_fields()}
+    core = config.Config().core_dict(80 << 30)
+    assert set(core) == set(fields)
+    for name, default in fields.items():
+        if name != "limit_bytes":
+            assert core[name] == default, name

@@ -14,7 +14,7 @@ G = 2 * MiB
 
 def make(limit=0, capacity=1 << 30, vmm=True, event_delay=0, **config):
     sim = _C.SimBackend(capacity=capacity, vmm=vmm, event_delay=event_delay)
-    pool = _C.Pool(sim, dict(config, limit_bytes=limit))
+    pool = _C.Pool(sim, dict(dict(stitch_above=0.0), **config, limit_bytes=limit))
     return sim, pool
 
 
@@ -101,7 +101,8 @@ def test_reclaim_stitches_granules_of_cached_space():
     # One granule created within held <= in use (18 MiB), four moved from a's hole.
     assert s["num_reclaims"] == 4
     assert s["backend"]["create_calls"] == 9
-    assert s["backend"]["unmap_calls"] == 4
+    # a's old place stays mapped until a device barrier (Note [Pending unmaps]).
+    assert s["backend"]["unmap_calls"] == 0 and s["backend"]["device_sync_calls"] == 0
     assert cur(s, "reserved_bytes") == 18 * MiB
     assert s["reserved_bytes"]["all"]["peak"] == 18 * MiB
     assert sim.device_used() == 18 * MiB

@@ -11,6 +11,10 @@ from torchmem.trace import ALLOC, FREE_REQUESTED, SEGMENT_ALLOC
 
 MiB = 1 << 20
 GOAL_RATIO = 1.02
+# expandable_segments measured on an H200 (torch 2.11) on the runs these traces
+# come from: gpt2 and llama_ckpt in shared/anchors.jsonl, kv_generate and vision
+# in BENCHMARKS.md section 5. Unconstrained, torchmem must hold no more.
+EXPANDABLE_RATIO = {"gpt2": 1.0781, "llama_ckpt": 1.1476, "kv_generate": 1.058, "vision": 1.007}
 
 
 # The two shared H200 traces and two recorded by bench/gpu_workloads.py --record-trace
@@ -30,10 +34,14 @@ def shared_results():
 
 
 @pytest.mark.parametrize("name", TRACE_NAMES)
-def test_torchmem_meets_the_fragmentation_goal(shared_results, name):
+def test_unconstrained_torchmem_holds_no_more_than_expandable_segments(shared_results, name):
+    # Note [When to stitch]: with the device far from full nothing is moved, so
+    # the pool grows like expandable segments and makes no driver calls beyond
+    # creating what it holds.
     ours = shared_results[name]["torchmem"]
     assert ours.ooms == 0 and ours.skipped_frees == 0 and ours.unmatched_frees == 0
-    assert ours.ratio <= GOAL_RATIO, f"{name}: torchmem ratio {ours.ratio:.4f} > {GOAL_RATIO}"
+    assert ours.ratio <= EXPANDABLE_RATIO[name], f"{name}: torchmem ratio {ours.ratio:.4f}"
+    assert ours.reclaims == 0
 
 
 @pytest.mark.parametrize("name", TRACE_NAMES)
@@ -94,7 +102,8 @@ def test_stop_at_peak_event_and_snapshot():
         [FREE_REQUESTED, 0xA, 3 * MiB, 0],
         [ALLOC, 0xC, 1000, 0],
     )
-    full = replay_api.replay(trace, "torchmem")
+    # stitch_above=0: pack tightly, so the small block's page reuses a's space.
+    full = replay_api.replay(trace, "torchmem", config="stitch_above=0")
     assert full.peak_requested == 8 * MiB and full.peak_reserved_event == 1
     part = replay_api.replay(trace, "torchmem", stop_at=1)
     assert part.events == 2 and part.allocs == 2 and part.frees == 0

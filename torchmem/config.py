@@ -133,6 +133,11 @@ OPTIONS = (
            "Create new granules instead of stitching cached ones while held < (1 + slack) x in use. "
            "0 stitches whenever a granule is needed and one is reclaimable (least memory); "
            "larger values trade memory for fewer driver calls."),
+    Option("stitch_above", 0.8, _number(0.0, 1.0),
+           "The pool stitches granules (moves cached memory where a new block needs it) only once "
+           "it holds this fraction of its budget (limit, or the device); below, it grows like "
+           "expandable_segments and a stable workload makes no driver calls. 0 = always stitch "
+           "(least memory, most driver calls)."),
     Option("alias_reclaim", True, parse_bool,
            "Stitch granules freed on the requesting stream before the GPU finished with them, by "
            "mapping their memory at a second address and unmapping the old one later (keeps "
@@ -221,6 +226,7 @@ class Config:
             "small_threshold": self.small_threshold,
             "small_page_bytes": self.small_page,
             "reclaim_slack": float(self.reclaim_slack),
+            "stitch_above": float(self.stitch_above),
             "alias_reclaim": bool(self.alias_reclaim),
             "virtual_bytes": self.virtual_bytes,
             "debug_checks": self.debug_checks,

@@ -27,4 +27,13 @@ void CudaDeviceBackend::synchronize_event(EventHandle event) {
 
 void CudaDeviceBackend::destroy_event(EventHandle event) { fences_.destroy(event); }
 
+bool CudaDeviceBackend::synchronize_device() {
+  if (active_captures_ != nullptr && active_captures_->load(std::memory_order_acquire) > 0) return false;
+  cuda::RelaxedCaptureGuard relaxed;
+  cuda::DeviceGuard on_device(device_);
+  cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  counters_.device_sync_calls += 1;
+  return true;
+}
+
 }  // namespace torchmem

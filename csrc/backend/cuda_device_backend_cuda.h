@@ -6,6 +6,8 @@
 // once; each backend adds only how it obtains memory.
 #pragma once
 
+#include <atomic>
+
 #include "backend/cuda_support_cuda.h"
 #include "core/backend.h"
 
@@ -20,6 +22,13 @@ class CudaDeviceBackend : public Backend {
   bool event_completed(EventHandle event) override;
   void synchronize_event(EventHandle event) override;
   void destroy_event(EventHandle event) override;
+  // cudaDeviceSynchronize, refused while *active_captures > 0 (a graph
+  // capture would be invalidated by a device-wide wait).
+  bool synchronize_device() override;
+
+  // The owner's count of captures (and MemPool scopes) in progress on this
+  // device; synchronize_device() refuses while it is non-zero.
+  void refuse_device_sync_while(const std::atomic<int>* active_captures) { active_captures_ = active_captures; }
 
   int device() const { return device_; }
 
@@ -28,6 +37,7 @@ class CudaDeviceBackend : public Backend {
 
  private:
   cuda::FencePool fences_;
+  const std::atomic<int>* active_captures_ = nullptr;
 };
 
 }  // namespace torchmem

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 
@@ -159,6 +160,7 @@ void SimBackend::unmap(Addr at, std::size_t count) {
   for (std::size_t i = 0; i < count; ++i) {
     if (!mappings_.count(at + i * g)) misuse("unmap", "granule " + hex(at + i * g) + " is not mapped");
   }
+  require_untouched("unmap", at, count * g);
   for (std::size_t i = 0; i < count; ++i) {
     auto it = mappings_.find(at + i * g);
     std::vector<Addr>& places = granules_[it->second].mapped_at;
@@ -195,6 +197,8 @@ void SimBackend::free_segment(Addr base, std::size_t bytes) {
     misuse("free_segment", "segment " + hex(base) + " has " + std::to_string(it->second.bytes) +
                                " bytes, not " + std::to_string(bytes));
   }
+  // cudaFree synchronizes the device: every kernel in flight finishes first.
+  kernels_.clear();
   ++counters_.segment_free_calls;
   modeled_us_ += config_.costs.segment_free_us;
   device_used_ -= bytes;
@@ -202,12 +206,15 @@ void SimBackend::free_segment(Addr base, std::size_t bytes) {
 }
 
 EventHandle SimBackend::record_event(StreamId stream) {
-  (void)stream;
   std::lock_guard<std::mutex> lock(mutex_);
   ++counters_.event_record_calls;
   modeled_us_ += config_.costs.event_record_us;
   EventHandle e = next_event_++;
-  events_[e].polls_left = config_.event_delay;
+  EventState& state = events_[e];
+  state.polls_left = config_.event_delay;
+  for (const auto& [id, kernel] : kernels_) {
+    if (kernel.stream == stream) state.after.push_back(id);
+  }
   return e;
 }
 
@@ -216,9 +223,15 @@ bool SimBackend::event_completed(EventHandle event) {
   auto it = events_.find(event);
   if (it == events_.end()) misuse("event_completed", "unknown event " + std::to_string(event));
   modeled_us_ += config_.costs.event_query_us;
-  if (it->second.polls_left == 0) return true;
-  --it->second.polls_left;
-  return false;
+  tick_kernels();
+  if (it->second.polls_left > 0) {
+    --it->second.polls_left;
+    return false;
+  }
+  for (std::uint64_t id : it->second.after) {
+    if (kernels_.count(id)) return false;
+  }
+  return true;
 }
 
 void SimBackend::synchronize_event(EventHandle event) {
@@ -227,6 +240,64 @@ void SimBackend::synchronize_event(EventHandle event) {
   if (it == events_.end()) misuse("synchronize_event", "unknown event " + std::to_string(event));
   ++counters_.event_sync_calls;
   it->second.polls_left = 0;
+  for (std::uint64_t id : it->second.after) kernels_.erase(id);
+}
+
+bool SimBackend::synchronize_device() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!device_sync_allowed_) return false;
+  ++counters_.device_sync_calls;
+  modeled_us_ += config_.costs.device_sync_us;
+  for (auto& [handle, state] : events_) state.polls_left = 0;
+  kernels_.clear();
+  return true;
+}
+
+void SimBackend::launch(StreamId stream, Addr addr, std::size_t size, std::uint64_t polls) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (size == 0) misuse("launch", "size 0");
+  if (config_.vmm) {
+    const std::size_t g = config_.granularity;
+    for (Addr a = addr / g * g; a < addr + size; a += g) {
+      if (!mappings_.count(a)) misuse("launch", "kernel touches unmapped " + hex(a) + " (illegal address)");
+    }
+  } else {
+    auto it = segments_.upper_bound(addr);
+    if (it == segments_.begin() || addr + size > std::prev(it)->first + std::prev(it)->second.bytes) {
+      misuse("launch", "kernel touches " + hex(addr) + " outside any segment (illegal address)");
+    }
+  }
+  kernels_[next_kernel_++] = KernelState{stream, addr, size, polls};
+}
+
+std::size_t SimBackend::kernels_in_flight() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return kernels_.size();
+}
+
+void SimBackend::allow_device_sync(bool allowed) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  device_sync_allowed_ = allowed;
+}
+
+void SimBackend::tick_kernels() {
+  for (auto it = kernels_.begin(); it != kernels_.end();) {
+    if (it->second.polls_left <= 1) {
+      it = kernels_.erase(it);
+    } else {
+      --it->second.polls_left;
+      ++it;
+    }
+  }
+}
+
+void SimBackend::require_untouched(const char* call, Addr at, std::size_t bytes) const {
+  for (const auto& [id, k] : kernels_) {
+    if (k.addr < at + bytes && at < k.addr + k.size) {
+      misuse(call, "memory at " + hex(std::max(at, k.addr)) + " is still touched by a kernel in flight on stream " +
+                       std::to_string(k.stream) + " (on a GPU: an illegal-address fault)");
+    }
+  }
 }
 
 void SimBackend::destroy_event(EventHandle event) {

@@ -23,6 +23,16 @@
 // N event_completed() polls (synchronize_event completes it at once). This
 // models queued kernels that still read freed memory (Note [Fences] in pool.h).
 //
+// Kernels: launch(stream, addr, size, polls) models a kernel on `stream` that
+// touches [addr, addr + size) and stays in flight for `polls` event polls
+// (any event's), or until a wait covers it: an event recorded on the same
+// stream after it (stream order) or synchronize_device(). Unmapping memory
+// that a kernel in flight touches throws, as the GPU would fault with an
+// illegal address: this is how the tests catch an unmap ordered after the
+// free's own stream but not after a kernel on another stream still reading
+// (Note [Device barrier] in pool.h). free_segment synchronizes the device
+// first, as cudaFree does.
+//
 // Locking: the pool calls it under its own lock, but stress tests call
 // write_pattern/check_pattern from other threads at the same time, so every
 // call takes the backend's own mutex (only slow pool paths reach a backend).
@@ -41,11 +51,26 @@
 
 namespace torchmem {
 
-// Microseconds per call (per granule for create/release/map/unmap).
+// Microseconds per call (per granule for create/release/map/unmap), declared
+// once (the bindings parse them from a dict by this list). device_sync_us is
+// the host's wait plus the bubble of a drained GPU, a rough figure.
+#define TORCHMEM_SIM_COSTS(X) \
+  X(reserve_us, 20)           \
+  X(create_us, 9.6)           \
+  X(release_us, 10.7)         \
+  X(map_us, 1.1)              \
+  X(set_access_us, 0.5)       \
+  X(unmap_us, 16.3)           \
+  X(segment_alloc_us, 60)     \
+  X(segment_free_us, 100)     \
+  X(event_record_us, 1.0)     \
+  X(event_query_us, 0.2)      \
+  X(device_sync_us, 50)
+
 struct SimCosts {
-  double reserve_us = 20, create_us = 9.6, release_us = 10.7, map_us = 1.1,
-         set_access_us = 0.5, unmap_us = 16.3, segment_alloc_us = 60,
-         segment_free_us = 100, event_record_us = 1.0, event_query_us = 0.2;
+#define TORCHMEM_DECLARE_SIM_COST(name, value) double name = value;
+  TORCHMEM_SIM_COSTS(TORCHMEM_DECLARE_SIM_COST)
+#undef TORCHMEM_DECLARE_SIM_COST
 };
 
 struct SimConfig {
@@ -75,6 +100,13 @@ class SimBackend final : public Backend {
   void write_pattern(Addr addr, std::size_t size, std::uint64_t seed);
   bool check_pattern(Addr addr, std::size_t size, std::uint64_t seed);
 
+  // A kernel on `stream` touching [addr, addr + size) for `polls` event polls
+  // (see Kernels above). The memory must be mapped (or in a segment) now.
+  void launch(StreamId stream, Addr addr, std::size_t size, std::uint64_t polls);
+  std::size_t kernels_in_flight() const;
+  // false: synchronize_device() refuses, as during a CUDA graph capture.
+  void allow_device_sync(bool allowed);
+
   // ---- Backend ---------------------------------------------------------------
   std::string name() const override { return "sim"; }
   bool supports_vmm() const override { return config_.vmm; }
@@ -92,6 +124,7 @@ class SimBackend final : public Backend {
   bool event_completed(EventHandle event) override;
   void synchronize_event(EventHandle event) override;
   void destroy_event(EventHandle event) override;
+  bool synchronize_device() override;
 
  private:
   struct GranuleState {
@@ -104,7 +137,18 @@ class SimBackend final : public Backend {
   };
   struct EventState {
     std::uint64_t polls_left = 0;
+    std::vector<std::uint64_t> after;  // kernels queued before it on its stream
   };
+  struct KernelState {
+    StreamId stream = 0;
+    Addr addr = 0;
+    std::size_t size = 0;
+    std::uint64_t polls_left = 0;
+  };
+  // One event poll's worth of time passes for every kernel in flight.
+  void tick_kernels();
+  // Throws if a kernel in flight touches [at, at + bytes).
+  void require_untouched(const char* call, Addr at, std::size_t bytes) const;
 
   void require_vmm(const char* call) const;
   void require_segments(const char* call) const;
@@ -123,6 +167,9 @@ class SimBackend final : public Backend {
   std::unordered_map<GranuleHandle, GranuleState> granules_;
   std::map<Addr, SegmentState> segments_;
   std::unordered_map<EventHandle, EventState> events_;
+  std::map<std::uint64_t, KernelState> kernels_;  // in flight, by launch order
+  std::uint64_t next_kernel_ = 1;
+  bool device_sync_allowed_ = true;
   GranuleHandle next_handle_ = 1;
   EventHandle next_event_ = 1;
   mutable std::mutex mutex_;  // guards the maps against write_pattern from test threads

@@ -145,41 +145,75 @@ py::dict snapshot_to_dict(const PoolSnapshot& snapshot) {
   return d;
 }
 
+namespace {
+template <typename T>
+const char* expected_kind() {
+  if constexpr (std::is_same_v<T, bool>) return "True or False";
+  else if constexpr (std::is_same_v<T, double>) return "a number";
+  else return "an int";
+}
+}  // namespace
+
 PoolConfig config_from_dict(const py::dict& config, const PoolConfig& base) {
   PoolConfig c = base;
   for (const auto& item : config) {
-    if (!py::isinstance<py::str>(item.first)) {
-      throw py::value_error("torchmem pool config: keys must be strings, got " +
-                            py::repr(item.first).cast<std::string>());
-    }
     const std::string key = item.first.cast<std::string>();
     const py::handle value = item.second;
-    if (key == "limit_bytes") {
-      c.limit_bytes = field<std::size_t>(key, value, "an int of bytes");
-    } else if (key == "reserve_bytes") {
-      c.reserve_bytes = field<std::size_t>(key, value, "an int of bytes");
-    } else if (key == "small_threshold") {
-      c.small_threshold = field<std::size_t>(key, value, "an int of bytes");
-    } else if (key == "small_page_bytes") {
-      c.small_page_bytes = field<std::size_t>(key, value, "an int of bytes");
-    } else if (key == "reclaim_slack") {
-      c.reclaim_slack = field<double>(key, value, "a number");
-    } else if (key == "virtual_bytes") {
-      c.virtual_bytes = field<std::size_t>(key, value, "an int of bytes");
-    } else if (key == "alias_reclaim") {
-      c.alias_reclaim = field<bool>(key, value, "True or False");
-    } else if (key == "debug_checks") {
-      c.debug_checks = field<bool>(key, value, "True or False");
-    } else if (key == "trace_capacity") {
-      c.trace_capacity = field<std::size_t>(key, value, "an int");
-    } else {
-      throw py::value_error(
-          "torchmem pool config: unknown key '" + key +
-          "'; allowed: limit_bytes, reserve_bytes, small_threshold, small_page_bytes, "
-          "reclaim_slack, alias_reclaim, virtual_bytes, debug_checks, trace_capacity");
+#define TORCHMEM_PARSE_POOL_CONFIG(type, name, default_value, doc) \
+    if (key == #name) {                                              \
+      c.name = field<type>(key, value, expected_kind<type>());       \
+      continue;                                                      \
     }
+    TORCHMEM_POOL_CONFIG(TORCHMEM_PARSE_POOL_CONFIG)
+#undef TORCHMEM_PARSE_POOL_CONFIG
+    std::string allowed;
+#define TORCHMEM_NAME_POOL_CONFIG(type, name, default_value, doc) allowed += std::string(allowed.empty() ? "" : ", ") + #name;
+    TORCHMEM_POOL_CONFIG(TORCHMEM_NAME_POOL_CONFIG)
+#undef TORCHMEM_NAME_POOL_CONFIG
+    throw py::value_error("torchmem pool config: unknown key '" + key + "'; allowed: " + allowed);
   }
   return c;
+}
+
+py::list pool_config_fields() {
+  py::list out;
+  const PoolConfig defaults;
+#define TORCHMEM_DESCRIBE_POOL_CONFIG(type, name, default_value, doc) \
+  out.append(py::make_tuple(#name, expected_kind<type>(), py::cast(defaults.name), doc));
+  TORCHMEM_POOL_CONFIG(TORCHMEM_DESCRIBE_POOL_CONFIG)
+#undef TORCHMEM_DESCRIBE_POOL_CONFIG
+  return out;
+}
+
+SimCosts sim_costs_from_dict(const pybind11::object& costs, const char* who) {
+  namespace py = pybind11;
+  SimCosts result;
+  if (costs.is_none()) return result;
+  if (!py::isinstance<py::dict>(costs)) {
+    throw py::value_error(std::string(who) + " costs: expected a dict of microseconds per call");
+  }
+  for (const auto& item : costs.cast<py::dict>()) {
+    const std::string key = py::str(item.first);
+    double value;
+    try {
+      value = item.second.cast<double>();
+    } catch (const py::cast_error&) {
+      throw py::value_error(std::string(who) + " costs['" + key + "']: expected a number of microseconds");
+    }
+#define TORCHMEM_PARSE_SIM_COST(name, default_value) \
+  if (key == #name) {                                \
+    result.name = value;                             \
+    continue;                                        \
+  }
+    TORCHMEM_SIM_COSTS(TORCHMEM_PARSE_SIM_COST)
+#undef TORCHMEM_PARSE_SIM_COST
+    std::string allowed;
+#define TORCHMEM_NAME_SIM_COST(name, default_value) allowed += std::string(allowed.empty() ? "" : ", ") + #name;
+    TORCHMEM_SIM_COSTS(TORCHMEM_NAME_SIM_COST)
+#undef TORCHMEM_NAME_SIM_COST
+    throw py::value_error(std::string(who) + " costs: unknown key '" + key + "'; allowed: " + allowed);
+  }
+  return result;
 }
 
 }  // namespace torchmem::bindings

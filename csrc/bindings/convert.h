@@ -7,7 +7,7 @@
 // one format. Keys come from the X-macros in core/stats.h, so a new counter
 // appears here without an edit.
 //
-// Shapes (see /work/briefs/core.md):
+// Shapes:
 //   stats_to_dict: {"<stat>": {"all"|"small_pool"|"large_pool":
 //                     {"current","peak","allocated","freed"}}, ... for every
 //                   TORCHMEM_STAT_ARRAYS name, "<counter>": int for every
@@ -25,6 +25,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include "backend/sim_backend.h"
 #include "core/backend.h"
 #include "core/pool.h"
 #include "core/stats.h"
@@ -36,6 +37,12 @@ pybind11::dict backend_counters_to_dict(const BackendCounters& counters);
 pybind11::dict snapshot_to_dict(const PoolSnapshot& snapshot);
 // Starts from `base` (default PoolConfig{}) and overrides the keys present.
 PoolConfig config_from_dict(const pybind11::dict& config, const PoolConfig& base = PoolConfig{});
+// [(name, kind, default, doc)] for every PoolConfig field (TORCHMEM_POOL_CONFIG).
+pybind11::list pool_config_fields();
+// SimCosts from {"<cost>_us": number} (None: the defaults); keys come from
+// TORCHMEM_SIM_COSTS. An unknown key or a non-number raises ValueError naming
+// it and `who` (the caller, for the message).
+SimCosts sim_costs_from_dict(const pybind11::object& costs, const char* who);
 
 // Names used in snapshots: "active_allocated" | "active_pending_free" |
 // "inactive", and "alloc" | "free_requested" | "free_completed" |

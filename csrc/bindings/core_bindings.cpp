@@ -25,35 +25,6 @@ namespace torchmem::bindings {
 
 namespace {
 
-SimCosts costs_from_dict(const py::dict& d) {
-  SimCosts c;
-  for (const auto& item : d) {
-    const std::string key = py::str(item.first);
-    double value;
-    try {
-      value = item.second.cast<double>();
-    } catch (const py::cast_error&) {
-      throw py::value_error("SimBackend costs['" + key + "']: expected a number of microseconds");
-    }
-    if (key == "reserve_us") c.reserve_us = value;
-    else if (key == "create_us") c.create_us = value;
-    else if (key == "release_us") c.release_us = value;
-    else if (key == "map_us") c.map_us = value;
-    else if (key == "set_access_us") c.set_access_us = value;
-    else if (key == "unmap_us") c.unmap_us = value;
-    else if (key == "segment_alloc_us") c.segment_alloc_us = value;
-    else if (key == "segment_free_us") c.segment_free_us = value;
-    else if (key == "event_record_us") c.event_record_us = value;
-    else if (key == "event_query_us") c.event_query_us = value;
-    else {
-      throw py::value_error("SimBackend costs: unknown key '" + key +
-                            "'; allowed: reserve_us, create_us, release_us, map_us, set_access_us, "
-                            "unmap_us, segment_alloc_us, segment_free_us, event_record_us, event_query_us");
-    }
-  }
-  return c;
-}
-
 py::dict pool_stats(const Pool& pool) {
   PoolStats s;
   BackendCounters counters;
@@ -90,7 +61,7 @@ void bind_core(py::module_& m) {
              c.vmm = vmm;
              c.host_memory = host_memory;
              c.event_delay = event_delay;
-             if (!costs.is_none()) c.costs = costs_from_dict(costs.cast<py::dict>());
+             c.costs = sim_costs_from_dict(costs, "SimBackend");
              try {
                return std::make_unique<SimBackend>(c);
              } catch (const std::invalid_argument& e) {
@@ -123,6 +94,13 @@ void bind_core(py::module_& m) {
       .def("event_completed", &SimBackend::event_completed, py::arg("event"))
       .def("synchronize_event", &SimBackend::synchronize_event, py::arg("event"))
       .def("destroy_event", &SimBackend::destroy_event, py::arg("event"))
+      .def("synchronize_device", &SimBackend::synchronize_device)
+      .def("launch", &SimBackend::launch, py::arg("stream"), py::arg("addr"), py::arg("size"), py::arg("polls"),
+           "A kernel on `stream` touching [addr, addr+size) for `polls` event polls; unmapping memory it "
+           "touches raises (an illegal address on a GPU)")
+      .def("kernels_in_flight", &SimBackend::kernels_in_flight)
+      .def("allow_device_sync", &SimBackend::allow_device_sync, py::arg("allowed"),
+           "False: synchronize_device() refuses, as during a CUDA graph capture")
       .def("mem_info", [](SimBackend& b) {
         MemInfo m = b.mem_info();
         return py::make_tuple(m.free_bytes, m.total_bytes);
@@ -174,6 +152,9 @@ void bind_core(py::module_& m) {
       .def("block_size", &Pool::block_size, py::arg("addr"))
       .def_property_readonly("backend", &Pool::backend, py::return_value_policy::reference_internal);
 
+  m.def("pool_config_fields", &pool_config_fields,
+        "[(name, kind, default, doc)] for every field of the core's PoolConfig (csrc/core/pool.h)");
+
   m.def(
       "_random_ops",
       [](std::uint64_t seed, std::size_t ops, py::object options) {
@@ -188,6 +169,8 @@ void bind_core(py::module_& m) {
             else if (key == "event_delay") o.event_delay = item.second.cast<std::uint64_t>();
             else if (key == "streams") o.streams = item.second.cast<unsigned>();
             else if (key == "reclaim_slack") o.reclaim_slack = item.second.cast<double>();
+            else if (key == "stitch_above") o.stitch_above = item.second.cast<double>();
+            else if (key == "foreign_readers") o.foreign_readers = item.second.cast<unsigned>();
             else if (key == "alias_reclaim") o.alias_reclaim = item.second.cast<bool>();
             else if (key == "private_pools") o.private_pools = item.second.cast<bool>();
             else if (key == "max_live") o.max_live = item.second.cast<std::size_t>();

@@ -63,35 +63,6 @@ const TraceEvent* event_rows(const EventArray& array) {
   return reinterpret_cast<const TraceEvent*>(array.data());
 }
 
-SimCosts costs_from_dict(const py::object& costs) {
-  SimCosts result;
-  if (costs.is_none()) return result;
-  for (auto item : costs.cast<py::dict>()) {
-    const auto key = item.first.cast<std::string>();
-    const double value = item.second.cast<double>();
-#define TORCHMEM_COST_FIELD(field) \
-  if (key == #field) {             \
-    result.field = value;          \
-    continue;                      \
-  }
-    TORCHMEM_COST_FIELD(reserve_us)
-    TORCHMEM_COST_FIELD(create_us)
-    TORCHMEM_COST_FIELD(release_us)
-    TORCHMEM_COST_FIELD(map_us)
-    TORCHMEM_COST_FIELD(set_access_us)
-    TORCHMEM_COST_FIELD(unmap_us)
-    TORCHMEM_COST_FIELD(segment_alloc_us)
-    TORCHMEM_COST_FIELD(segment_free_us)
-    TORCHMEM_COST_FIELD(event_record_us)
-    TORCHMEM_COST_FIELD(event_query_us)
-#undef TORCHMEM_COST_FIELD
-    throw py::value_error("replay costs: unknown key '" + key +
-                          "'; allowed: reserve_us, create_us, release_us, map_us, set_access_us, unmap_us, "
-                          "segment_alloc_us, segment_free_us, event_record_us, event_query_us");
-  }
-  return result;
-}
-
 NativeConfig native_from_dict(const py::object& config) {
   NativeConfig result;
   if (config.is_none()) return result;
@@ -114,7 +85,7 @@ ReplayOptions make_options(const std::string& policy, const py::object& pool_con
   options.policy = parse_policy(policy);
   if (!pool_config.is_none()) options.pool = config_from_dict(pool_config.cast<py::dict>());
   options.native = native_from_dict(native_config);
-  options.sim.costs = costs_from_dict(costs);
+  options.sim.costs = sim_costs_from_dict(costs, "replay");
   options.limit_bytes = limit;
   if (capacity == 0) throw py::value_error("replay: capacity must be > 0 bytes (the simulated device's memory)");
   options.capacity_bytes = capacity;

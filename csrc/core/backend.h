@@ -35,6 +35,7 @@ namespace torchmem {
 //   segment_free_calls   segments freed (cudaFree)
 //   event_record_calls   events recorded
 //   event_sync_calls     host waits on an event
+//   device_sync_calls    host waits for the whole device (Note [Device barrier])
 #define TORCHMEM_BACKEND_COUNTERS(X) \
   X(reserve_calls)                   \
   X(create_calls)                    \
@@ -44,7 +45,8 @@ namespace torchmem {
   X(segment_alloc_calls)             \
   X(segment_free_calls)              \
   X(event_record_calls)              \
-  X(event_sync_calls)
+  X(event_sync_calls)                \
+  X(device_sync_calls)
 
 struct BackendCounters {
 #define TORCHMEM_DECLARE_BACKEND_COUNTER(name) std::uint64_t name = 0;
@@ -81,8 +83,9 @@ class Backend {
   // once over the whole run.
   virtual void map(Addr at, const GranuleHandle* handles, std::size_t count) = 0;
   // Unmap `count` granules starting at `at`. The caller guarantees no queued
-  // device work still touches them (see Note [Fences] in pool.h); the handles
-  // stay valid and can be mapped elsewhere.
+  // device work on ANY stream still touches them: the pool unmaps only behind
+  // a device barrier (Note [Device barrier] in pool.h). The handles stay valid
+  // and can be mapped elsewhere.
   virtual void unmap(Addr at, std::size_t count) = 0;
 
   // ---- plain segments (only when !supports_vmm()) ----------------------------
@@ -99,6 +102,11 @@ class Backend {
   // Block the host until the event completes.
   virtual void synchronize_event(EventHandle event) = 0;
   virtual void destroy_event(EventHandle event) = 0;
+  // Block the host until every stream of the device finished all work queued
+  // so far (a device barrier). Returns false, doing nothing, when a barrier is
+  // not allowed now (a CUDA graph is being captured): the caller then treats
+  // the memory it wanted to unmap as still in use.
+  virtual bool synchronize_device() = 0;
 
   const BackendCounters& counters() const { return counters_; }
 

@@ -81,12 +81,12 @@ Pool::Impl::Impl(Backend& backend_in, PoolConfig& config_in)
 Pool::Impl::~Impl() { teardown(); }
 
 void Pool::Impl::teardown() {
-  // Return everything, live or not: the owner is going away. Pending unmaps
-  // (Note [Alias reclaim]) wait for their fences: their handles are live
-  // elsewhere and released below.
-  if (!pending_unmaps.empty()) {
+  // Return everything, live or not: the owner is going away. Every address is
+  // unmapped below, so the whole device must have caught up first (Note
+  // [Device barrier]); pending places go with the rest.
+  if (vmm) {
     try {
-      process_pending_unmaps(/*wait=*/true);
+      device_barrier();
     } catch (...) {
       // A device that fails here is going away too: unmap regardless.
     }

@@ -21,29 +21,39 @@
 //   granules. Free blocks stay mapped and cached. A request takes the best
 //   fitting cached block (smallest size, then lowest address), splitting it.
 //   Granules a new block needs come, in order, from: new granules while
-//   held < (1 + reclaim_slack) * in use and under the budget; granules of
-//   cached free space whose fences completed, least recently freed first
+//   held < max((1 + reclaim_slack) * in use, stitch_above * budget); granules
+//   of cached free space whose fences completed, least recently freed first
 //   (stitching); with alias_reclaim, granules freed on the requesting stream
 //   alone whose fences are pending (Note [Fences]); new granules under the
-//   budget. No unmapped handle is kept:
-//   one that is not mapped again at once is released (detail/granules.cpp).
+//   budget (Note [When to stitch] in detail/granules.cpp). No unmapped handle
+//   is kept: one that is not mapped again at once is released.
 // - cuda_malloc backend: blocks are carved out of segments (2 MiB for the small
 //   heap, at least 20 MiB for the large one); no stitching.
 //
 // Note [Fences]
-// Unmapping is a host operation, not ordered with streams: a granule whose
-// last block was freed moments ago may still be read by queued kernels. When a
-// block is freed, the pool notes its stream and a sequence number; a granule
-// is reclaimable only after a fence (a backend event recorded on that stream
-// after the free) completed. The pool records fences lazily, when it looks for
-// reclaimable granules, and never waits for one except on the OOM ladder.
-// Reusing a cached block on the stream that freed it needs no fence (stream
-// order); on another stream it needs the fence too. With alias_reclaim, a
-// granule freed on the requesting stream alone is stitched before its fence
-// completes: its handle is mapped at the new address at once (CUDA allows two
-// mappings of one handle; stream order puts the new block's kernels after the
-// old ones) and the old address is unmapped lazily, once the fence completed
-// (Note [Alias reclaim] in detail/aliases.cpp).
+// A granule whose last block was freed moments ago may still be read by
+// queued kernels. When a block is freed, the pool notes its stream and a
+// sequence number. Reusing its memory for a block on the stream that freed it
+// needs nothing (stream order); on another stream the free's fence (a backend
+// event recorded on that stream after the free) must have completed. The
+// pool records fences lazily, when it looks for reclaimable granules, and
+// never waits for one except on the OOM ladder. With alias_reclaim, a granule
+// freed on the requesting stream alone may be stitched before its fence
+// completes (Note [Alias reclaim] in detail/aliases.cpp).
+//
+// Note [Device barrier]
+// Reuse follows the free's stream; unmapping must follow every stream. A
+// tensor freed without record_stream may still be read by a kernel on a
+// stream the pool never heard of (PyTorch's own tests do this; so does real
+// code), and unmapping its address under that kernel is an illegal-address
+// fault that kills the process. So the pool never unmaps an address until a
+// device barrier (Backend::synchronize_device, which waits for every stream)
+// began after the last free there. Stitching maps the handle at its new
+// place at once and leaves the old place mapped, "pending unmap" (Note
+// [Pending unmaps] in detail/aliases.cpp); pending places are retired in bulk
+// after a barrier, which is taken only by release_cached(), the OOM ladder
+// and a map that cannot avoid a pending place. cuda_malloc needs none of
+// this: cudaFree synchronizes the device itself.
 //
 // Note [Record stream]
 // record_stream(p, s) adds s to the block's uses. A free of a block with
@@ -56,7 +66,8 @@
 //   2. completed deferred frees, then 1 again;
 //   3. carve new space, getting granules as in Note [Policy];
 //   4. wait for pending deferred frees and fences, then 1 and 3 again;
-//   5. release every cached granule/segment (num_alloc_retries += 1), retry 3;
+//   5. release every cached granule/segment (num_alloc_retries += 1; behind
+//      a device barrier, Note [Device barrier]), retry 3;
 //   6. give up: num_ooms += 1, record an "oom" trace entry, return 0.
 //
 // Note [Stats apart] Counters in PoolStats are updated in one place after an
@@ -83,29 +94,47 @@
 
 namespace torchmem {
 
+// PoolConfig's fields, declared once: the struct, its equality, the bindings'
+// dict parsing and torchmem._C.pool_config_fields() all come from this list
+// (torchmem/config.py adds units and checks its options cover it).
+//   X(type, name, default, doc)
+#define TORCHMEM_POOL_CONFIG(X)                                                                      \
+  X(std::size_t, limit_bytes, 0,                                                                     \
+    "Budget: bytes the pool may hold from the backend; 0 = the device's total memory. "             \
+    "set_limit() changes it later (memory fraction).")                                               \
+  X(std::size_t, reserve_bytes, 0,                                                                   \
+    "Bytes mapped (VMM) or allocated (cuda_malloc) at construction and kept even by "              \
+    "release_cached(): pre-reservation, so the memory is ours up front.")                            \
+  X(std::size_t, small_threshold, 1 * kMiB, "Requests of at most this many bytes go to the small heap.") \
+  X(std::size_t, small_page_bytes, 2 * kMiB,                                                         \
+    "Page size of the small heap (a multiple of the backend's granularity).")                       \
+  X(double, reclaim_slack, 0.0,                                                                      \
+    "Create new granules instead of stitching while held < (1 + slack) x in use.")                   \
+  X(double, stitch_above, 0.8,                                                                       \
+    "... and while held < stitch_above x budget: the pool stitches only in the top of its budget, " \
+    "where memory is the limit (Note [When to stitch]); 0 = stitch whenever a granule is missing.") \
+  X(bool, alias_reclaim, true,                                                                       \
+    "Stitch granules freed on the requesting stream before their fences complete, by mapping the " \
+    "handle at a second address (Note [Alias reclaim]).")                                            \
+  X(std::size_t, virtual_bytes, 0, "Virtual address space reserved per heap; 0 = 2x the device's total memory.") \
+  X(bool, debug_checks, false,                                                                       \
+    "Run check_invariants() after every operation and throw std::logic_error naming the "          \
+    "violation. Always on in DEBUG=1 builds.")                                                       \
+  X(std::size_t, trace_capacity, 0, "Keep the last this-many trace entries (0 = no trace); see TraceEntry.")
+
 struct PoolConfig {
-  // Budget: bytes the pool may hold from the backend. 0 = the device's total
-  // memory. set_limit() changes it later (memory fraction).
-  std::size_t limit_bytes = 0;
-  // Bytes mapped (VMM) or allocated (cuda_malloc) at construction and kept
-  // even by release_cached(): pre-reservation, so the memory is ours up front.
-  std::size_t reserve_bytes = 0;
-  // Requests of at most this many bytes go to the small heap.
-  std::size_t small_threshold = 1 * kMiB;
-  // Page size of the small heap (a multiple of the backend's granularity).
-  std::size_t small_page_bytes = 2 * kMiB;
-  // Create new granules instead of stitching while held < (1 + slack) * in use.
-  double reclaim_slack = 0.0;
-  // Stitch granules freed on the requesting stream before their fences
-  // complete, by mapping the handle at a second address (Note [Fences]).
-  bool alias_reclaim = true;
-  // Virtual address space reserved per heap; 0 = 2x the device's total memory.
-  std::size_t virtual_bytes = 0;
-  // Run check_invariants() after every operation and throw std::logic_error
-  // naming the violation. Always on in DEBUG=1 builds.
-  bool debug_checks = false;
-  // Keep the last this-many trace entries (0 = no trace); see TraceEntry.
-  std::size_t trace_capacity = 0;
+#define TORCHMEM_DECLARE_POOL_CONFIG(type, name, default_value, doc) type name = default_value;
+  TORCHMEM_POOL_CONFIG(TORCHMEM_DECLARE_POOL_CONFIG)
+#undef TORCHMEM_DECLARE_POOL_CONFIG
+
+  bool operator==(const PoolConfig& o) const {
+    bool same = true;
+#define TORCHMEM_COMPARE_POOL_CONFIG(type, name, default_value, doc) same = same && name == o.name;
+    TORCHMEM_POOL_CONFIG(TORCHMEM_COMPARE_POOL_CONFIG)
+#undef TORCHMEM_COMPARE_POOL_CONFIG
+    return same;
+  }
+  bool operator!=(const PoolConfig& o) const { return !(*this == o); }
 };
 
 enum class TraceAction : int {

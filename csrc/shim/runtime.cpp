@@ -115,14 +115,11 @@ Registry& registry() {
 }
 
 bool same_config(const RuntimeConfig& a, const RuntimeConfig& b) {
-  const PoolConfig& p = a.pool;
-  const PoolConfig& q = b.pool;
+  // limit_bytes is resolved per device from `limit`: compare the spec instead.
+  PoolConfig p = a.pool, q = b.pool;
+  p.limit_bytes = q.limit_bytes = 0;
   return a.backend == b.backend && a.oom_hook_retries == b.oom_hook_retries && a.limit.kind == b.limit.kind &&
-         a.limit.bytes == b.limit.bytes && a.limit.fraction == b.limit.fraction &&
-         p.reserve_bytes == q.reserve_bytes && p.small_threshold == q.small_threshold &&
-         p.small_page_bytes == q.small_page_bytes && p.reclaim_slack == q.reclaim_slack &&
-         p.virtual_bytes == q.virtual_bytes && p.debug_checks == q.debug_checks &&
-         p.trace_capacity == q.trace_capacity && p.alias_reclaim == q.alias_reclaim;
+         a.limit.bytes == b.limit.bytes && a.limit.fraction == b.limit.fraction && p == q;
 }
 
 void check_device(int device) {
@@ -132,7 +129,7 @@ void check_device(int device) {
   }
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& kind, int device) {
+std::unique_ptr<CudaDeviceBackend> make_backend(const std::string& kind, int device) {
   if (kind == "cuda_malloc") return std::make_unique<CudaMallocBackend>(device);
   if (kind == "vmm") return std::make_unique<VmmBackend>(device);
   if (kind == "auto") {
@@ -162,7 +159,10 @@ DeviceState& state_for(int device) {
   cuda::RelaxedCaptureGuard relaxed;
   auto fresh = std::make_unique<DeviceState>();
   fresh->device = device;
-  fresh->backend = make_backend(r.config.backend, device);
+  std::unique_ptr<CudaDeviceBackend> backend = make_backend(r.config.backend, device);
+  // Note [Device barrier] in pool.h: no device-wide wait while a graph captures.
+  backend->refuse_device_sync_while(&fresh->active_captures);
+  fresh->backend = std::move(backend);
   fresh->total_bytes = fresh->backend->mem_info().total_bytes;
   PoolConfig pool_config = r.config.pool;
   pool_config.limit_bytes = resolve_limit(r.config.limit, fresh->total_bytes);

@@ -31,6 +31,10 @@ void validate_config(const PoolConfig& c, Backend& backend, std::size_t capacity
     throw PoolError("PoolConfig.reclaim_slack = " + std::to_string(c.reclaim_slack) +
                     " must be a finite number >= 0");
   }
+  if (!(c.stitch_above >= 0.0 && c.stitch_above <= 1.0)) {
+    throw PoolError("PoolConfig.stitch_above = " + std::to_string(c.stitch_above) +
+                    " must be in [0, 1] (a fraction of the budget)");
+  }
   const std::size_t limit = c.limit_bytes ? c.limit_bytes : capacity;
   if (c.reserve_bytes > limit) {
     throw PoolError("PoolConfig.reserve_bytes = " + mib(c.reserve_bytes) + " exceeds the limit, " +

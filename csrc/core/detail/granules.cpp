@@ -3,17 +3,32 @@
 //
 // Note [Lazy reclaim]
 // Free blocks keep their granules mapped: reusing cached memory in place
-// costs nothing. A granule is only unmapped to be moved where a new block
-// needs it (stitching) or by release_cached(). Order of sources for a missing
-// granule (Note [Policy] in pool.h): create while held stays within
-// (1 + reclaim_slack) x in-use (and the budget); take the least recently
-// emptied reclaimable granule whose fence completed; create under the budget.
-// Moving granules only when a new one would otherwise be created keeps held
-// memory at the live high-water mark (plus edge rounding) for ~20-45 us per
-// moved granule, a few times per training step; unmapping eagerly would cost
-// more than a whole step. All map/unmap calls are batched over consecutive
-// granules.
+// costs nothing. A granule is only moved where a new block needs it
+// (stitching) or given back by release_cached(). Stitching moves a handle
+// without unmapping its old place at once (Note [Pending unmaps] in
+// aliases.cpp). All map/unmap calls are batched over consecutive granules.
+//
+// Note [When to stitch]
+// Stitching keeps held memory at the live high-water mark (plus edge
+// rounding), but every moved granule costs ~20-45 us of driver calls, and a
+// workload that repeats forever (a periodic churn of mixed sizes) pays them
+// forever: measured on an H200, 0.12 map + 0.12 unmap per torch.empty, 3x
+// native's time per allocation, on a device that was nearly empty. Tightness
+// only matters when memory is the limit, so a missing granule comes, in order:
+//   1. created, while held stays under max((1 + reclaim_slack) x in use,
+//      stitch_above x budget): with room to spare the pool grows like
+//      expandable segments and, once the working set is stable, makes no
+//      driver calls at all;
+//   2. stitched from cached free space whose fence completed, least recently
+//      emptied first, then (alias_reclaim) from free space of the requesting
+//      stream whose fence is pending;
+//   3. created under the budget.
+// Creation failing because the device is full (another process, memory
+// outside the pool) also sends the pool to stitching. Under a budget (limit,
+// memory fraction, the batch controller's ceiling) the pool packs as tightly
+// as it can in the top (1 - stitch_above) of that budget.
 #include <algorithm>
+#include <stdexcept>
 
 #include "core/detail/pool_impl.h"
 
@@ -235,20 +250,28 @@ void Pool::Impl::unmap_granules(std::vector<GranuleRef>& refs, std::vector<Granu
   }
 }
 
+double Pool::Impl::create_ceiling(std::size_t request) const {
+  const double slack_cap = (1.0 + config.reclaim_slack) * double(active_total + request);
+  const double roomy_cap = config.stitch_above * double(budget());
+  return std::max(slack_cap, roomy_cap);
+}
+
 bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t missing,
                          std::size_t request, StreamId stream) {
-  // The slow path: a good moment to finish pending unmaps whose fences completed.
+  // The slow path: a good moment to retire pending places behind the barrier.
   if (!pending_unmaps.empty()) process_pending_unmaps(/*wait=*/false);
+  // Mapping over a pending place needs the whole device to have caught up
+  // (Note [Pending unmaps]); the caller looked for a fit that avoids it first.
+  if (heap.stale && pending_blocks(heap, addr, size) && !device_barrier()) return false;
   const std::size_t limit = budget();
-  const double slack_cap = (1.0 + config.reclaim_slack) * double(active_total + request);
   std::vector<GranuleHandle> handles;
   handles.reserve(missing);
-  std::size_t created = 0, reclaimed = 0;
+  std::size_t created = 0;
   bool device_full = false;
-  std::vector<GranuleRef> aliases;  // Note [Alias reclaim]
-  auto create_while = [&](bool within_slack) {
-    while (!device_full && handles.size() + aliases.size() < missing && held + gran <= limit &&
-           (!within_slack || double(held + gran) <= slack_cap)) {
+  std::vector<GranuleRef> victims, aliases;
+  auto short_by = [&]() { return missing - std::min(missing, handles.size() + victims.size() + aliases.size()); };
+  auto create_while_below = [&](double cap) {
+    while (!device_full && short_by() > 0 && held + gran <= limit && double(held + gran) <= cap) {
       GranuleHandle h = backend.create_granule();
       if (!h) {
         device_full = true;
@@ -259,26 +282,24 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
       handles.push_back(h);
     }
   };
-  create_while(true);
-  if (handles.size() < missing) {
-    std::vector<GranuleRef> victims = pop_reclaimable(missing - handles.size());
-    reclaimed = victims.size();
-    if (!victims.empty()) unmap_granules(victims, &handles);
-  }
-  if (handles.size() < missing && config.alias_reclaim) {
-    aliases = pop_aliasable(slot_for(stream), missing - handles.size());
-  }
-  create_while(false);
-  if (handles.size() + aliases.size() < missing) {
+  // Note [When to stitch]
+  create_while_below(create_ceiling(request));
+  if (short_by() > 0) victims = pop_reclaimable(short_by());
+  if (short_by() > 0 && config.alias_reclaim) aliases = pop_aliasable(slot_for(stream), short_by());
+  create_while_below(double(limit));
+  if (short_by() > 0) {
     // Not enough: give everything back rather than hold unmapped handles.
-    unpop_aliasable(aliases);
+    unpop_granules(aliases);
+    unpop_granules(victims);
     release_handles(handles);
     held -= handles.size() * gran;
     stats_.num_device_alloc += created;
     stats_.num_device_free += handles.size();
     return false;
   }
-  for (GranuleRef ref : aliases) handles.push_back(make_stale(ref));
+  const std::size_t reclaimed = victims.size() + aliases.size();
+  retire_places(victims, &handles);
+  retire_places(aliases, &handles);
   // Map the holes of [addr, addr + size) in runs of consecutive granules.
   const std::size_t g0 = first_granule(heap, addr), g1 = end_granule(heap, addr + size);
   std::size_t next = 0;
@@ -290,7 +311,8 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
     std::size_t j = i;
     while (j < g1 && !heap.granules[j].handle) ++j;
     for (std::size_t k = i; k < j; ++k) {
-      // A pending-unmap place must be unmapped before anything maps there.
+      // A pending place is unmapped before anything maps there (behind the
+      // barrier taken above, so this never waits).
       if (heap.granules[k].stale) resolve_stale(GranuleRef{heap.id, static_cast<std::uint32_t>(k)}, /*wait=*/true);
     }
     const Addr at = heap.base + i * gran;
@@ -306,14 +328,39 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
   memory_dirty = true;
   mapped_bytes[heap.small ? 0 : 1] += missing * gran;
   stats_.num_device_alloc += created;
-  stats_.num_reclaims += reclaimed + aliases.size();
+  stats_.num_reclaims += reclaimed;
   return true;
+}
+
+void Pool::Impl::retire_places(std::vector<GranuleRef>& refs, std::vector<GranuleHandle>* handles) {
+  std::vector<GranuleRef> now;
+  for (GranuleRef ref : refs) {
+    if (behind_barrier(granule(ref).seq)) {
+      now.push_back(ref);
+    } else {
+      handles->push_back(make_stale(ref));
+    }
+  }
+  if (!now.empty()) unmap_granules(now, handles);
 }
 
 std::size_t Pool::Impl::release_reclaimable(std::size_t keep_bytes) {
   if (held <= keep_bytes) return 0;
   std::vector<GranuleRef> victims = pop_reclaimable((held - keep_bytes) / gran);
   if (victims.empty()) return 0;
+  // Their handles go back to the device: every place they were mapped at must
+  // be unmapped, so the whole device must have caught up first.
+  bool covered = std::all_of(victims.begin(), victims.end(),
+                             [&](GranuleRef r) { return behind_barrier(granule(r).seq); });
+  if (!covered) covered = device_barrier();
+  if (!covered) {
+    std::vector<GranuleRef> later;
+    std::vector<GranuleRef> now;
+    for (GranuleRef r : victims) (behind_barrier(granule(r).seq) ? now : later).push_back(r);
+    unpop_granules(later);
+    victims.swap(now);
+    if (victims.empty()) return 0;
+  }
   std::vector<GranuleHandle> handles;
   unmap_granules(victims, &handles);
   release_handles(handles);
@@ -324,9 +371,12 @@ std::size_t Pool::Impl::release_reclaimable(std::size_t keep_bytes) {
 
 void Pool::Impl::release_handles(const std::vector<GranuleHandle>& handles) {
   for (GranuleHandle h : handles) {
-    if (!stale_at.empty()) {
-      auto it = stale_at.find(h);
-      if (it != stale_at.end()) resolve_stale(it->second, /*wait=*/true);
+    // Retire every pending place of the handle first (Note [Pending unmaps]).
+    for (auto it = stale_at.find(h); it != stale_at.end(); it = stale_at.find(h)) {
+      if (!resolve_stale(it->second, /*wait=*/true)) {
+        throw std::logic_error("torchmem: a granule with a pending unmap was released while device barriers "
+                               "are refused (a CUDA graph capture): this is a bug in torchmem");
+      }
     }
     backend.release_granule(h);
   }

@@ -44,12 +44,11 @@ struct Granule {
   // mapped here: 0 none yet, kMixedSlot for more than one stream. Only a
   // granule freed on one stream alone may be aliased (Note [Alias reclaim]).
   std::uint32_t owner = 0;
-  // Pending unmap (Note [Alias reclaim]): `stale` is a handle that is live at
-  // another address now but still mapped here until the fence of the free
-  // `stale_seq` on stream slot `stale_slot` completes. For the pool the
-  // granule is unmapped (handle == 0).
+  // Pending unmap (Note [Pending unmaps]): `stale` is a handle that is live
+  // at another address now but still mapped here until a device barrier
+  // begins after the free `stale_seq`. For the pool the granule is unmapped
+  // (handle == 0).
   GranuleHandle stale = 0;
-  std::uint32_t stale_slot = 0;
   std::uint64_t stale_seq = 0;
   static constexpr std::uint32_t kMixedSlot = ~std::uint32_t{0};
 };

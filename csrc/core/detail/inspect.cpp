@@ -34,6 +34,7 @@ std::string Pool::Impl::check_invariants() const {
   std::size_t active_blocks[2] = {0, 0};
   std::size_t held_seen = 0, listed_seen = 0;
   std::unordered_set<GranuleHandle> handles, stale_handles;
+  std::size_t stale_places = 0;
   std::unordered_set<const Block*> pending;
   for (const Deferred& d : deferred) pending.insert(d.block);
 
@@ -90,13 +91,15 @@ std::string Pool::Impl::check_invariants() const {
       for (std::size_t i = 0; i < h.granules.size(); ++i) {
         const Granule& g = h.granules[i];
         if (g.stale) {
-          // Note [Alias reclaim]: a pending-unmap place holds a handle that
-          // is live at exactly one other place; a handle has one such place.
+          // Note [Pending unmaps]: a pending place holds a handle that is
+          // live at exactly one other place (and maybe pending at others).
           ++stale;
+          ++stale_places;
           if (g.handle) { err << where(h) << ": granule " << i << " is mapped and pending unmap at once"; return err.str(); }
-          if (!stale_handles.insert(g.stale).second) { err << "granule handle " << g.stale << " is pending unmap at two places"; return err.str(); }
-          auto it = stale_at.find(g.stale);
-          if (it == stale_at.end() || !(it->second == GranuleRef{h.id, static_cast<std::uint32_t>(i)})) { err << where(h) << ": pending-unmap granule " << i << " is missing from the handle index"; return err.str(); }
+          stale_handles.insert(g.stale);
+          const GranuleRef here{h.id, static_cast<std::uint32_t>(i)};
+          auto [first, last] = stale_at.equal_range(g.stale);
+          if (std::none_of(first, last, [&](const auto& e) { return e.second == here; })) { err << where(h) << ": pending-unmap granule " << i << " is missing from the handle index"; return err.str(); }
         }
         if (g.live != counts[i]) { err << where(h) << ": granule " << i << " counts " << g.live << " live blocks, found " << counts[i]; return err.str(); }
         if (g.handle) {
@@ -141,7 +144,7 @@ std::string Pool::Impl::check_invariants() const {
     listed_seen += n;
   }
   (void)listed_seen;
-  if (stale_handles.size() != stale_at.size()) { err << stale_at.size() << " handles indexed as pending unmap, " << stale_handles.size() << " found"; return err.str(); }
+  if (stale_places != stale_at.size()) { err << stale_at.size() << " places indexed as pending unmap, " << stale_places << " found"; return err.str(); }
   for (GranuleHandle sh : stale_handles) {
     if (!handles.count(sh)) { err << "granule handle " << sh << " is pending unmap but mapped at no live place"; return err.str(); }
   }
@@ -151,7 +154,7 @@ std::string Pool::Impl::check_invariants() const {
     const Granule& g = heaps[e.ref.heap]->granules[e.ref.index];
     if (g.stale == e.handle && g.stale_seq == e.seq) ++pending_live;
   }
-  if (pending_live != stale_handles.size()) { err << pending_live << " pending unmaps queued, " << stale_handles.size() << " places pending"; return err.str(); }
+  if (pending_live != stale_places) { err << pending_live << " pending unmaps queued, " << stale_places << " places pending"; return err.str(); }
   if (held_seen != held) { err << "the pool holds " << held_seen << " bytes, tally says " << held; return err.str(); }
   if (live_count != live.size()) { err << live.size() << " blocks in the live map, " << live_count << " in the heaps"; return err.str(); }
   if (pending_count != deferred.size()) { err << deferred.size() << " deferred frees, " << pending_count << " pending blocks"; return err.str(); }

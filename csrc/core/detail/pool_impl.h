@@ -6,7 +6,7 @@
 //   detail/carve.cpp  best fit, split, merge, free, deferred frees (blocks)
 //   detail/granules.cpp  pin/unpin granules, acquire (create / reclaim / map),
 //                     fences and reclaimable lists, releasing cached granules
-//   detail/aliases.cpp   same-stream alias reclaim and lazy (pending) unmaps
+//   detail/aliases.cpp   alias reclaim, pending unmaps, the device barrier
 //   detail/segments.cpp  cuda_malloc mode: segments
 //   detail/inspect.cpp   check_invariants, snapshot, largest free block
 #pragma once
@@ -110,9 +110,19 @@ struct Pool::Impl {
              bool restore);
   // Maps the unmapped granules of the (pinned) range, getting handles as in
   // Note [Policy]. False (nothing changed) when the budget or device says no.
+  // Held bytes under which a missing granule is created rather than stitched
+  // (Note [When to stitch] in granules.cpp).
+  double create_ceiling(std::size_t request) const;
   bool acquire(detail::Heap& heap, Addr addr, std::size_t size, std::size_t missing,
                std::size_t request, StreamId stream);
+  // Up to `count` reclaimable granules whose fences completed, least recently
+  // emptied first.
   std::vector<detail::GranuleRef> pop_reclaimable(std::size_t count);
+  // Takes granules popped by pop_reclaimable / pop_aliasable off the backend
+  // mapping of their place (Note [Pending unmaps]): a place behind the device
+  // barrier is unmapped now, the others become pending unmap. Appends their
+  // handles to `handles`.
+  void retire_places(std::vector<detail::GranuleRef>& refs, std::vector<GranuleHandle>* handles);
   void unmap_granules(std::vector<detail::GranuleRef>& refs, std::vector<GranuleHandle>* handles);
   void list_push(std::uint32_t slot, detail::GranuleRef ref, bool front);
   void list_remove(detail::GranuleRef ref);
@@ -126,22 +136,25 @@ struct Pool::Impl {
   // place they still have (waiting for its fence).
   void release_handles(const std::vector<GranuleHandle>& handles);
 
-  // ---- detail/aliases.cpp (Note [Alias reclaim]) ----------------------------
+  // ---- detail/aliases.cpp (Notes [Alias reclaim], [Pending unmaps]) -----------
   // Up to `count` reclaimable granules whose fences are still pending but that
   // only `slot`'s stream used, oldest first, taken off their list.
   std::vector<detail::GranuleRef> pop_aliasable(std::uint32_t slot, std::size_t count);
-  // Puts granules popped by pop_aliasable back where they were.
-  void unpop_aliasable(const std::vector<detail::GranuleRef>& refs);
+  // Puts popped granules back where they were.
+  void unpop_granules(const std::vector<detail::GranuleRef>& refs);
   // The granule gives its handle to a new place: it becomes pending unmap.
   GranuleHandle make_stale(detail::GranuleRef ref);
-  // Unmaps the pending-unmap place of `ref` if its fence completed (or after
-  // waiting for it when `wait`); true when the place is unmapped now.
+  // Note [Device barrier]: waits for the whole device; false if refused.
+  bool device_barrier();
+  bool behind_barrier(std::uint64_t free_seq) const { return free_seq <= barrier_seq; }
+  // Unmaps the pending place of `ref` if it is behind the barrier (or after
+  // taking one when `wait`); true when the place is unmapped now.
   bool resolve_stale(detail::GranuleRef ref, bool wait);
-  // Unmaps every pending place whose fence completed (all of them if `wait`).
+  void forget_stale(detail::GranuleRef ref, GranuleHandle handle);
+  // Unmaps every pending place behind the barrier (all, after one, if `wait`).
   void process_pending_unmaps(bool wait);
-  void wait_fence(std::uint32_t slot, std::uint64_t seq);
-  // True if [addr, addr + size) covers a pending-unmap place whose fence has
-  // not completed (mapping there now would wait for the device).
+  // True if [addr, addr + size) covers a pending place not yet behind the
+  // barrier (mapping there now would wait for the whole device).
   bool pending_blocks(const detail::Heap& heap, Addr addr, std::size_t size);
   // Like find_fit, skipping blocks whose first `size` bytes pending_blocks().
   detail::Block* find_fit_unblocked(detail::Heap& heap, std::size_t size, StreamId stream);
@@ -187,14 +200,17 @@ struct Pool::Impl {
   std::vector<Deferred> deferred;
 
   // Pending unmaps, oldest first; an entry is stale (already resolved) when
-  // its granule's stale handle or seq differ (Note [Alias reclaim]).
+  // its granule's stale handle or seq differ (Note [Pending unmaps]).
   struct PendingUnmap {
     detail::GranuleRef ref;
     GranuleHandle handle;
     std::uint64_t seq;
   };
   std::vector<PendingUnmap> pending_unmaps;
-  std::unordered_map<GranuleHandle, detail::GranuleRef> stale_at;  // handle -> its pending place
+  std::unordered_multimap<GranuleHandle, detail::GranuleRef> stale_at;  // handle -> its pending places
+  // Frees with a sequence up to this one happened before the last device
+  // barrier began: no stream still touches what they freed.
+  std::uint64_t barrier_seq = 0;
 
   std::size_t held = 0;         // bytes held from the backend
   std::size_t active_total = 0; // bytes of live + pending blocks, all heaps

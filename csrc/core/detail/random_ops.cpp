@@ -76,6 +76,7 @@ class Runner {
     PoolConfig c;
     c.limit_bytes = o.limit;
     c.reclaim_slack = o.reclaim_slack;
+    c.stitch_above = o.stitch_above;
     c.alias_reclaim = o.alias_reclaim;
     c.trace_capacity = 64;
     return c;
@@ -176,6 +177,9 @@ class Runner {
     order_.pop_back();
     auto it = live_.find(a);
     live_bytes_ -= it->second.rounded;
+    if (o_.foreign_readers && below(o_.foreign_readers) == 0) {
+      sim_.launch(draw_stream() + 1, a, it->second.requested, 1 + below(200));
+    }
     live_.erase(it);
     pool_.deallocate(a);
     ++summary_.frees;

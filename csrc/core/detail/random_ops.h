@@ -21,6 +21,11 @@ struct RandomOpsOptions {
   std::uint64_t event_delay = 0;        // SimConfig.event_delay
   unsigned streams = 2;                 // distinct streams used
   double reclaim_slack = 0.0;
+  double stitch_above = 0.0;            // PoolConfig.stitch_above (0: stitch as often as possible)
+  // Before one free in `foreign_readers`, a kernel on another stream keeps
+  // reading the block (a free without record_stream); any unmap under it
+  // fails the run (Note [Device barrier] in pool.h). 0 = never.
+  unsigned foreign_readers = 4;
   bool alias_reclaim = true;            // PoolConfig.alias_reclaim
   bool private_pools = true;            // create/use/release private pools
   std::size_t max_live = 400;           // free when this many blocks are live

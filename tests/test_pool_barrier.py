@@ -1,0 +1,127 @@
+"""Note [Device barrier] (csrc/core/pool.h): the pool never unmaps an address
+while a kernel on ANY stream may still touch it.
+
+The sim backend models kernels in flight (SimBackend.launch): a kernel on one
+stream reading a block that was allocated, and freed, on another stream
+without record_stream, as PyTorch's own test_cublas_multiple_threads_same_device
+does. The free's own stream is idle, so its fence completes at once; unmapping
+the block's granules then would be an illegal-address fault on a GPU, and the
+sim raises instead. These scenarios force the pool to stitch exactly those
+granules."""
+
+import pytest
+
+from torchmem._loader import _C
+
+MiB = 1 << 20
+DEFAULT, SIDE = 1, 2
+
+
+def make(limit, event_delay=0, **config):
+    sim = _C.SimBackend(capacity=64 * MiB, event_delay=event_delay)
+    pool = _C.Pool(sim, dict(dict(stitch_above=0.0, debug_checks=True), limit_bytes=limit, **config))
+    return sim, pool
+
+
+def reader_scene(pool, sim, polls=10**6):
+    """a (2 granules) allocated on DEFAULT and read by a long kernel on SIDE, then
+    freed without record_stream; c stays live after it; b (3 granules) must take
+    a's granules: held 6 MiB under an 8 MiB budget leaves room for one new one."""
+    a = pool.allocate(4 * MiB, stream=DEFAULT)
+    c = pool.allocate(2 * MiB, stream=DEFAULT)
+    sim.launch(SIDE, a, 4 * MiB, polls)
+    pool.free(a)
+    b = pool.allocate(6 * MiB, stream=DEFAULT)
+    return a, b, c
+
+
+@pytest.mark.parametrize("alias_reclaim", [True, False])
+def test_stitching_under_a_foreign_kernel_never_unmaps(alias_reclaim):
+    sim, pool = make(8 * MiB, alias_reclaim=alias_reclaim)
+    a, b, c = reader_scene(pool, sim)
+    assert b and pool.stats()["num_reclaims"] == 2
+    counters = pool.stats()["backend"]
+    assert counters["unmap_calls"] == 0           # a's old place is still mapped
+    assert counters["device_sync_calls"] == 0     # and nobody waited for it
+    assert sim.kernels_in_flight() == 1
+    assert sim.device_used() == 8 * MiB           # the handles are counted once
+    pool.check_invariants()
+
+
+def test_release_cached_retires_pending_places_behind_a_barrier():
+    sim, pool = make(8 * MiB)
+    a, b, c = reader_scene(pool, sim)
+    pool.free(b)
+    pool.free(c)
+    released = pool.release_cached()
+    counters = pool.stats()["backend"]
+    assert released == 8 * MiB and sim.device_used() == 0
+    assert counters["device_sync_calls"] == 1     # one barrier for everything
+    assert counters["unmap_calls"] == 2 + 4       # a's old place, then b and c
+    assert sim.kernels_in_flight() == 0
+    pool.check_invariants()
+
+
+def test_mapping_over_a_pending_place_takes_a_barrier_first():
+    sim, pool = make(8 * MiB)
+    a, b, c = reader_scene(pool, sim)
+    pool.free(b)
+    # A fresh 4 MiB fits best in a's old place, which is pending: the pool maps
+    # there only behind a barrier (the kernel has finished by then).
+    d = pool.allocate(4 * MiB, stream=DEFAULT)
+    assert d
+    counters = pool.stats()["backend"]
+    assert counters["device_sync_calls"] <= 1
+    if d == a:
+        assert counters["device_sync_calls"] == 1 and sim.kernels_in_flight() == 0
+    pool.check_invariants()
+
+
+def test_refused_barrier_keeps_pending_places_and_loses_nothing():
+    # During a CUDA graph capture the backend refuses device-wide waits.
+    sim, pool = make(8 * MiB)
+    a, b, c = reader_scene(pool, sim)
+    pool.free(b)
+    sim.allow_device_sync(False)
+    pool.release_cached()
+    assert pool.stats()["backend"]["device_sync_calls"] == 0
+    assert sim.kernels_in_flight() == 1           # nothing was unmapped under it
+    pool.check_invariants()
+    sim.allow_device_sync(True)
+    pool.free(c)
+    pool.release_cached()
+    assert sim.device_used() == 0 and sim.kernels_in_flight() == 0
+    pool.check_invariants()
+
+
+def test_the_sim_catches_an_unmap_under_a_kernel():
+    # The guard itself: unmapping under a kernel in flight is refused, and the
+    # kernel retires once an event recorded after it on its stream completes.
+    sim = _C.SimBackend(capacity=64 * MiB)
+    base = sim.reserve(8 * MiB)
+    h = sim.create_granule()
+    sim.map(base, [h])
+    sim.launch(SIDE, base, 4096, 10**6)
+    with pytest.raises(RuntimeError, match="illegal-address"):
+        sim.unmap(base, 1)
+    other = sim.record_event(DEFAULT)
+    assert sim.event_completed(other)             # another stream's work does not wait for it
+    mine = sim.record_event(SIDE)
+    assert not sim.event_completed(mine)
+    sim.synchronize_event(mine)
+    assert sim.kernels_in_flight() == 0
+    sim.unmap(base, 1)
+    for e in (other, mine):
+        sim.destroy_event(e)
+    sim.release_granule(h)
+    sim.unreserve(base, 8 * MiB)
+
+
+def test_with_room_to_spare_the_pool_creates_instead_of_stitching():
+    # Note [When to stitch]: under stitch_above x budget nothing is moved.
+    sim, pool = make(64 * MiB, stitch_above=0.8)
+    a, b, c = reader_scene(pool, sim)
+    s = pool.stats()
+    assert s["num_reclaims"] == 0 and s["backend"]["unmap_calls"] == 0
+    assert sim.device_used() == 12 * MiB
+    pool.check_invariants()
