@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The verification run on a two-GPU machine (nvidia-h200-x2), in one device call.
-# Two lanes run side by side, each a list of jobs on its own GPU, then DDP
+# The verification run on the GPU machine, in one device call. On two GPUs
+# (nvidia-h200-x2) two lanes run side by side, each a list of jobs on its own
+# GPU (on one GPU, one after the other), then DDP
 # across both GPUs (torchrun) if time is left. Logs and JSON are packed into
 # $OUT/run.tgz (the device tool brings back at most 8 files) with table.md.
 #
@@ -21,6 +22,12 @@
 #   memcheck_rest  compute-sanitizer memcheck: batch + surface tests
 #                  (or memcheck_batch and memcheck_surface, one per lane)
 #   micro          the C++ pool microbenchmark (CPU)
+#   scene          tests/gpu/stream_safety_scene.py under this build and under the
+#                  build in .old/ (a `git archive` of an older commit, carried):
+#                  the foreign-stream reader that faulted before the device barrier
+#   rounds         gpt2, llama_ckpt, kv_generate, vision under native, expandable
+#                  and torchmem, ROUNDS rounds (default 2), order reversed each round
+#   peer           PyTorch's test_cuda.py, native vs torchmem (.peer/, carried)
 #   ddp            bench/ddp_batch.py on both GPUs (torchrun, NCCL)
 # DEADLINE_S (default 570) bounds the whole call: DDP runs only if 90 s are left.
 set -uo pipefail
@@ -121,6 +128,35 @@ job_micro() {
   echo "microbench rc=$? :: $(grep -i 'ns' "$OUT/microbench.log" | tail -2 | tr '\n' ' ')"
 }
 
+job_scene() {
+  for mode in "" record_stream; do
+    timeout 120 python3 tests/gpu/stream_safety_scene.py $mode > "$OUT/scene_new_$mode.log" 2>&1
+    echo "scene new ${mode:-no_record} rc=$? :: $(tail -2 "$OUT/scene_new_$mode.log" | tr '\n' ' ' | cut -c1-300)"
+  done
+  [ -d .old ] || return 0
+  (cd .old && python3 setup.py build_ext --inplace > "$OUT/old_build.log" 2>&1) || { echo "old build failed"; tail -5 "$OUT/old_build.log"; return 0; }
+  PYTHONPATH=$PWD/.old timeout 120 python3 tests/gpu/stream_safety_scene.py > "$OUT/scene_old.log" 2>&1
+  echo "scene old rc=$? :: $(grep -m1 -iE 'illegal|error' "$OUT/scene_old.log" | cut -c1-200) $(tail -1 "$OUT/scene_old.log" | cut -c1-200)"
+}
+
+job_rounds() {
+  local order="native expandable torchmem" round w a
+  for round in $(seq 1 "${ROUNDS:-2}"); do
+    for w in ${ROUND_WORKLOADS:-gpt2 llama_ckpt kv_generate vision}; do for a in $order; do
+      timeout 90 python3 bench/gpu_workloads.py --workload $w --allocator $a --steps "${ROUND_STEPS:-14}" \
+        --seed "$round" --out "$R" >> "$OUT/rounds.log" 2>&1 || echo "rounds $w $a rc=$?"
+    done; done
+    order=$(echo $order | tr ' ' '\n' | tac | tr '\n' ' ')
+  done
+  echo "rounds: $(wc -l < "$R") results"
+}
+
+job_peer() {
+  [ -d .peer ] || { echo "no .peer folder carried"; return 0; }
+  OUT="$OUT/peer" PEER_S=${PEER_S:-400} timeout "$(bounded 480)" bash .peer/run_peer.sh > "$OUT/peer.log" 2>&1
+  echo "peer rc=$? :: $(grep -E '^\| (native|torchmem)' "$OUT/peer/peer_compare.md" 2>/dev/null | tr '\n' ' ')"
+}
+
 lane() {  # lane GPU JOBS...
   export CUDA_VISIBLE_DEVICES=$1; shift
   local job
@@ -132,9 +168,15 @@ lane() {  # lane GPU JOBS...
   done
 }
 
-lane 0 ${LANE_A:-tests} > "$OUT/lane_a.txt" 2>&1 &
-lane 1 ${LANE_B:-bench churn micro memcheck_core batch} > "$OUT/lane_b.txt" 2>&1 &
-wait
+GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
+if [ "$GPUS" -ge 2 ]; then
+  lane 0 ${LANE_A:-tests} > "$OUT/lane_a.txt" 2>&1 &
+  lane 1 ${LANE_B:-bench churn micro memcheck_core batch} > "$OUT/lane_b.txt" 2>&1 &
+  wait
+else  # one GPU: the lanes run one after the other, so timings never overlap
+  lane 0 ${LANE_A:-tests} > "$OUT/lane_a.txt" 2>&1
+  lane 0 ${LANE_B:-bench churn micro memcheck_core batch} > "$OUT/lane_b.txt" 2>&1
+fi
 cat "$OUT/lane_a.txt" "$OUT/lane_b.txt"
 if [ "${DDP:-1}" = "1" ] && [ "$(left)" -gt 90 ] && [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
   job_ddp

@@ -41,9 +41,10 @@ z = torch.empty(96 * MiB, dtype=torch.uint8, device="cuda")
 z.fill_(7)
 torch.cuda.synchronize()
 after = torchmem.memory_stats()
-ok = bool((z == 7).all())
+# Reductions, not z == 7: a 96 MiB bool tensor would not fit the budget.
+ok = int(z.min()) == 7 == int(z.max())
 if record:
-    ok = ok and bool((y == 2).all())  # with record_stream, x's data was protected
+    ok = ok and float(y.min()) == 2.0 == float(y.max())  # with record_stream, x's data was protected
 print(json.dumps({
     "record_stream": record,
     "reclaims": after["torchmem.num_reclaims"] - before["torchmem.num_reclaims"],
