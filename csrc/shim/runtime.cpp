@@ -585,6 +585,14 @@ PrivateBlocks private_blocks(int device, MempoolKey key) {
   return out;
 }
 
+std::vector<MempoolKey> private_pool_keys(int device) {
+  DeviceState& state = state_for(device);
+  std::lock_guard<std::mutex> lock(state.capture_mutex);
+  std::vector<MempoolKey> keys;
+  for (const auto& entry : state.private_pools) keys.push_back(entry.first);
+  return keys;
+}
+
 void repark_private_blocks(int device, MempoolKey key, const std::vector<Addr>& park, const std::vector<Addr>& hold) {
   DeviceState& state = state_for(device);
   std::lock_guard<std::mutex> lock(state.parked_mutex);

@@ -123,6 +123,7 @@ struct PrivateBlocks {
   std::vector<Addr> parked;  // torch freed them; kept for the pool's graphs
 };
 PrivateBlocks private_blocks(int device, MempoolKey key);
+std::vector<MempoolKey> private_pool_keys(int device);  // the private pools in use
 // Blocks of `key` that torch frees (`park`: live ones) or holds again
 // (`hold`: parked ones, or blocks the core allocated again for the pool).
 void repark_private_blocks(int device, MempoolKey key, const std::vector<Addr>& park, const std::vector<Addr>& hold);

@@ -172,7 +172,7 @@ manager = trees.get_manager(0, create_if_none_exists=False)
 graphs = next(manager.graph_counter) if manager is not None else 0
 print(json.dumps({"loss_e": loss_e, "loss_c": loss_c, "serve_diff": outs, "graphs": graphs,
                   "skips": dutils.counters["inductor"]["cudagraph_skips"],
-                  "checkpoints": manager.debug_checkpointing_counter if manager is not None else 0,
+                  "checkpoints": getattr(manager, "debug_checkpointing_counter", None),
                   "installed": torchmem.is_installed(),
                   "failed_frees": torchmem._C.runtime_stats(0)["failed_deleter_frees"]}))
 """
