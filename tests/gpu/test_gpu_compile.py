@@ -11,10 +11,11 @@ names a copy of test/test_cuda.py.
 
 import json
 import os
+import textwrap
 
 import pytest
 
-from support import REPO, run_python
+from support import run_python
 
 pytestmark = pytest.mark.gpu
 
@@ -49,12 +50,17 @@ def restore(state, stale=(), deleters=()):
 """
 
 
+def script(body):
+    """PRELUDE, then `body` dedented (it would otherwise continue PRELUDE's last function)."""
+    return PRELUDE + textwrap.dedent(body)
+
+
 def _last_json(proc):
     return json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
 
 
 def test_checkpoint_restores_dead_outputs_and_torch_frees_them_by_address():
-    run_python(PRELUDE + """
+    run_python(script("""
     def foo():
         return torch.ones([512], device="cuda", dtype=torch.uint8), torch.ones([3 << 20], device="cuda", dtype=torch.uint8)
     graph, outputs = cudagraphify(foo, [])
@@ -72,11 +78,11 @@ def test_checkpoint_restores_dead_outputs_and_torch_frees_them_by_address():
     assert live(pool, [])
     graph.replay()  # the graph still owns its memory
     torch.cuda.synchronize()
-    """)
+    """))
 
 
 def test_checkpoint_gives_deleters_to_reconstructed_outputs():
-    run_python(PRELUDE + """
+    run_python(script("""
     def foo(x):
         return (torch.ones([512], device="cuda", dtype=torch.uint8) + x,
                 torch.ones([512], device="cuda", dtype=torch.uint8) + x,
@@ -111,11 +117,11 @@ def test_checkpoint_gives_deleters_to_reconstructed_outputs():
     assert live(pool, ptrs[2:])
     torch._C._cuda_cudaCachingAllocator_raw_delete(ptrs[2])
     assert live(pool, [])
-    """)
+    """))
 
 
 def test_checkpoint_frees_stale_outputs_of_a_later_graph():
-    run_python(PRELUDE + """
+    run_python(script("""
     foo = lambda: (torch.ones([512], device="cuda", dtype=torch.uint8),)
     graph, outputs = cudagraphify(foo, [])
     pool = graph.pool()
@@ -126,7 +132,7 @@ def test_checkpoint_frees_stale_outputs_of_a_later_graph():
     del outputs2  # its deleter was taken away: no double free
     assert live(pool, [outputs[0].data_ptr()])
     assert torchmem._C.runtime_stats(0)["failed_deleter_frees"] == 0
-    """)
+    """))
 
 
 TRAIN = """
@@ -207,5 +213,8 @@ def test_pytorch_block_state_absorption_under_torchmem():
     result = unittest.TextTestRunner(verbosity=2).run(suite)
     assert torchmem.is_installed()
     sys.exit(0 if result.wasSuccessful() else 1)
-    """, timeout=900, check=False)
+    """, timeout=900, check=False,
+    # PyTorch's tests read this to expect expandable-segment layouts, which torchmem's vmm
+    # backend has (one mapped run per heap); torch's own allocator is not used.
+    env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
