@@ -102,7 +102,7 @@ def run_child(args):
         "infer_step_s": infer_s,
         "peak_reserved": torch.cuda.max_memory_reserved(),
         "cudagraph_skips": dynamo_utils.counters["inductor"]["cudagraph_skips"],
-        "graphs_recorded": next(manager.graph_counter) if manager is not None else 0,
+        "graphs_recorded": sum(1 + root.num_descendants() for root in manager.get_roots()) if manager else 0,
     }
     print(json.dumps(result), flush=True)
 

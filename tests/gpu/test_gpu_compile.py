@@ -175,7 +175,8 @@ with torch.no_grad():
         x = batches[i][0]
         outs.append(float((compiled(x) - eager(x)).abs().max()))
 manager = trees.get_manager(0, create_if_none_exists=False)
-graphs = next(manager.graph_counter) if manager is not None else 0
+# Recorded CUDA graphs (warm-up runs are not nodes of the tree).
+graphs = sum(1 + root.num_descendants() for root in manager.get_roots()) if manager is not None else 0
 print(json.dumps({"loss_e": loss_e, "loss_c": loss_c, "serve_diff": outs, "graphs": graphs,
                   "skips": dutils.counters["inductor"]["cudagraph_skips"],
                   "checkpoints": getattr(manager, "debug_checkpointing_counter", None),
@@ -188,7 +189,7 @@ def test_reduce_overhead_trains_and_serves_like_eager():
     result = _last_json(run_python(TRAIN, timeout=900))
     assert result["installed"] and result["failed_frees"] == 0
     assert result["skips"] == 0, "cudagraph trees fell back to eager"
-    assert result["graphs"] >= 3, result  # forward, backward, inference
+    assert result["graphs"] >= 3, result  # recorded: forward, backward, inference
     for e, c in zip(result["loss_e"], result["loss_c"]):
         assert abs(e - c) <= 1e-3 * max(1.0, abs(e)), result
     assert result["loss_c"][-1] < result["loss_c"][0]
