@@ -3,10 +3,11 @@
 // Why C++ and not torch.cuda.memory.CUDAPluggableAllocator from Python: the pool
 // hooks (begin/end allocate to pool, release pool) take std::function and
 // std::pair by value, which a plain C function address from ctypes cannot
-// provide; from here every hook is a lambda built with torch's own ABI. This is
-// the only file that includes torch's allocator headers (each costs ~1 minute
-// to compile). It also answers torch's stats and cacheInfo queries (Note
-// [Answering torch's own queries]).
+// provide; from here every hook is a lambda built with torch's own ABI. This
+// and checkpoint.cpp are the only files that include torch's allocator headers
+// (each costs ~1 minute to compile). It also answers torch's stats and
+// cacheInfo queries (Note [Answering torch's own queries]) and forwards CUDA
+// graph trees' checkpoint calls to checkpoint.cpp.
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include <c10/cuda/CUDACachingAllocator.h>
