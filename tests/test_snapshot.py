@@ -158,3 +158,21 @@ def test_capture_stack_without_python_caller_returns_0(monkeypatch):
 
     monkeypatch.setattr(sys, "_getframe", no_caller)
     assert capture_stack() == 0
+
+
+def test_private_pool_segments_carry_torchs_pool_key():
+    """Runtime snapshots name a private pool in use by torch's key (Note [Parked blocks in
+    snapshots], csrc/bindings/runtime_bindings_cuda.cpp); core snapshots by the core's id."""
+    pool = make_pool()
+    pool.create_private_pool(3)
+    pool.allocate(4096, 0, 3)
+    core = pool.snapshot()
+    ids = {seg["segment_pool_id"] for seg in snapshot_format.to_torch_snapshot(core)["segments"]}
+    assert ids == {(0, 3)}
+    for seg in core["segments"]:
+        seg["pool_key"] = (7, 0)
+        for block in seg["blocks"]:
+            block["state"], block["parked"] = "inactive", True  # torch freed it; the pool keeps it
+    converted = snapshot_format.to_torch_snapshot(core)["segments"]
+    assert {seg["segment_pool_id"] for seg in converted} == {(7, 0)}
+    assert all(seg["allocated_size"] == 0 for seg in converted)

@@ -156,7 +156,7 @@ OPTIONS = (
            "reset_peak_memory_stats answer from torchmem instead of raising."),
     Option("warn_unsupported", True, parse_bool,
            "Warn at install about torch features no pluggable allocator supports "
-           "(cudnn.benchmark, reduce-overhead cudagraph trees, CUDA IPC)."),
+           "(CUDA IPC)."),
 )
 _BY_NAME = {option.name: option for option in OPTIONS}
 

@@ -67,8 +67,8 @@ def _warn_unsupported_once():
         return
     _warned_unsupported = True
     # cudnn.benchmark works: torchmem answers torch's cacheInfo query (csrc/shim/install.cpp).
+    # torch.compile(mode="reduce-overhead") works too: csrc/shim/checkpoint.cpp.
     problems = [
-        'torch.compile(mode="reduce-overhead") (its cudagraph trees check pool internals)',
         "sharing CUDA tensors between processes (CUDA IPC)",
     ]
     warnings.warn(

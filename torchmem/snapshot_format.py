@@ -75,7 +75,8 @@ def _convert_segment(segment, device, frames, expandable):
         "requested_size": sum(b["requested_size"] for b in active),
         "stream": int(segment.get("stream", 0)),
         "segment_type": "small" if segment.get("small_heap") else "large",
-        "segment_pool_id": (0, pool),
+        # torch's own key of a private pool in use (runtime snapshots); else the core's id.
+        "segment_pool_id": tuple(segment["pool_key"]) if "pool_key" in segment else (0, pool),
         "is_expandable": bool(expandable),
         "frames": [],
         "blocks": blocks,

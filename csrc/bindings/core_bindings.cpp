@@ -39,6 +39,57 @@ py::dict pool_stats(const Pool& pool) {
   return d;
 }
 
+// Checkpoints as plain dicts, so tests can inspect and edit them.
+py::dict checkpoint_to_dict(const Pool& pool, PoolId id) {
+  PoolCheckpoint c;
+  {
+    py::gil_scoped_release release;
+    c = pool.checkpoint_private_pool(id);
+  }
+  py::list blocks;
+  for (const CheckpointBlock& b : c.blocks) {
+    py::dict d;
+    d["addr"] = b.addr;
+    d["size"] = b.size;
+    d["requested"] = b.requested;
+    d["stream"] = b.stream;
+    d["context"] = b.context;
+    blocks.append(d);
+  }
+  py::dict out;
+  out["pool"] = c.pool;
+  out["blocks"] = blocks;
+  return out;
+}
+
+py::dict restore_from_dict(Pool& pool, const py::dict& checkpoint) {
+  PoolCheckpoint c;
+  try {
+    c.pool = checkpoint["pool"].cast<PoolId>();
+    for (const auto& item : checkpoint["blocks"].cast<py::list>()) {
+      const py::dict b = item.cast<py::dict>();
+      c.blocks.push_back(CheckpointBlock{b["addr"].cast<Addr>(), b["size"].cast<std::size_t>(),
+                                         b["requested"].cast<std::size_t>(), b["stream"].cast<StreamId>(),
+                                         b["context"].cast<std::uint64_t>()});
+    }
+  } catch (const py::error_already_set&) {
+    throw py::value_error("restore_private_pool: expected the dict checkpoint_private_pool returned "
+                          "({'pool', 'blocks': [{'addr', 'size', 'requested', 'stream', 'context'}]})");
+  } catch (const py::cast_error&) {
+    throw py::value_error("restore_private_pool: a checkpoint field has the wrong type; expected the dict "
+                          "checkpoint_private_pool returned");
+  }
+  RestoreDelta delta;
+  {
+    py::gil_scoped_release release;
+    delta = pool.restore_private_pool(c);
+  }
+  py::dict out;
+  out["freed"] = delta.freed;
+  out["allocated"] = delta.allocated;
+  return out;
+}
+
 }  // namespace
 
 void bind_core(py::module_& m) {
@@ -150,6 +201,12 @@ void bind_core(py::module_& m) {
              if (!problem.empty()) throw std::runtime_error("torchmem pool invariant violated: " + problem);
            })
       .def("block_size", &Pool::block_size, py::arg("addr"))
+      .def("checkpoint_private_pool", &checkpoint_to_dict, py::arg("id"),
+           "The live blocks of private pool `id`: {'pool', 'blocks': [{'addr', 'size', 'requested', "
+           "'stream', 'context'}]} (Note [Pool checkpoints])")
+      .def("restore_private_pool", &restore_from_dict, py::arg("checkpoint"),
+           "Makes the pool's live set that of `checkpoint` at the same addresses; returns "
+           "{'freed': [addr], 'allocated': [addr]}")
       .def_property_readonly("backend", &Pool::backend, py::return_value_policy::reference_internal);
 
   m.def("pool_config_fields", &pool_config_fields,

@@ -22,6 +22,8 @@
 
 #include <memory>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "bindings/bindings.h"
 #include "bindings/convert.h"
@@ -138,6 +140,31 @@ py::dict runtime_snapshot(int device) {
   }
   py::dict out = snapshot_to_dict(snapshot);
   out["device"] = device;
+  // Note [Parked blocks in snapshots] torch reads a private pool's segments by
+  // its own key (segment_pool_id; CUDA graph trees and PyTorch's tests do), and
+  // a block torch freed is free to torch even while the pool keeps it for its
+  // graphs (Note [Parked private blocks], runtime.cpp): segments of a pool in
+  // use get "pool_key", and its parked blocks read "inactive" with "parked".
+  std::unordered_map<PoolId, shim::MempoolKey> keys;
+  std::unordered_set<Addr> parked;
+  for (shim::MempoolKey key : shim::private_pool_keys(device)) {
+    shim::PrivateBlocks blocks = shim::private_blocks(device, key);
+    if (blocks.pool == 0) continue;
+    keys.emplace(blocks.pool, key);
+    parked.insert(blocks.parked.begin(), blocks.parked.end());
+  }
+  for (py::handle item : out["segments"].cast<py::list>()) {
+    py::dict segment = py::reinterpret_borrow<py::dict>(item);
+    auto key = keys.find(segment["pool"].cast<PoolId>());
+    if (key == keys.end()) continue;
+    segment["pool_key"] = py::make_tuple(key->second.first, key->second.second);
+    for (py::handle b : segment["blocks"].cast<py::list>()) {
+      py::dict block = py::reinterpret_borrow<py::dict>(b);
+      if (!parked.count(block["address"].cast<Addr>())) continue;
+      block["state"] = "inactive";
+      block["parked"] = true;
+    }
+  }
   return out;
 }
 

@@ -79,6 +79,16 @@
 // and go back to the device's shared physical memory and count against the
 // same budget. release_private_pool() marks it for release: its cached memory
 // returns to the shared pool, and blocks still live return as they are freed.
+//
+// Note [Pool checkpoints] checkpoint_private_pool() records the live blocks of
+// one private pool (address, size, requested size, stream, context);
+// restore_private_pool() makes the pool's live set equal a checkpoint's at the
+// same addresses: blocks live now but not in the checkpoint are freed, blocks
+// of the checkpoint not live now are allocated again at their exact addresses,
+// inside the pool's own memory (CUDA graph trees: torch's
+// setCheckpointPoolState). A block live now at the same address and size is
+// kept as it is. A restored block holds whatever the memory holds: its old
+// bytes unless its granules were moved meanwhile (VMM) (detail/checkpoint.cpp).
 #pragma once
 
 #include <cstddef>
@@ -183,6 +193,26 @@ struct PoolSnapshot {
   std::vector<TraceEntry> trace;  // oldest first
 };
 
+// One live block of a checkpoint (Note [Pool checkpoints]).
+struct CheckpointBlock {
+  Addr addr;
+  std::size_t size;       // rounded size
+  std::size_t requested;  // what allocate() was told
+  StreamId stream;
+  std::uint64_t context;
+};
+
+struct PoolCheckpoint {
+  PoolId pool = 0;
+  std::vector<CheckpointBlock> blocks;  // ascending addresses
+};
+
+// What restore_private_pool() changed: addresses freed and allocated, ascending.
+struct RestoreDelta {
+  std::vector<Addr> freed;
+  std::vector<Addr> allocated;
+};
+
 // Thrown for caller errors (zero size, unknown or double free, bad config);
 // the pool is unchanged when it is thrown.
 class PoolError : public std::invalid_argument {
@@ -210,6 +240,14 @@ class Pool {
   // Private pools (Note [Private pools]).
   void create_private_pool(PoolId pool);
   void release_private_pool(PoolId pool);
+  // Checkpoints (Note [Pool checkpoints]). Both throw PoolError for a pool id
+  // that is 0, unknown or released. restore throws PoolError, changing nothing,
+  // when a checkpoint block is malformed or lies outside the pool's memory (its
+  // segment was released since); it throws std::runtime_error when the device
+  // or budget cannot back a block again: the blocks freed and allocated before
+  // that stay so (invariants hold; the live set is part way to the checkpoint).
+  PoolCheckpoint checkpoint_private_pool(PoolId pool) const;
+  RestoreDelta restore_private_pool(const PoolCheckpoint& checkpoint);
 
   // empty_cache: return cached memory (beyond reserve_bytes) to the backend,
   // after waiting for pending frees. Returns the bytes returned.

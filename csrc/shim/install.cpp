@@ -3,10 +3,11 @@
 // Why C++ and not torch.cuda.memory.CUDAPluggableAllocator from Python: the pool
 // hooks (begin/end allocate to pool, release pool) take std::function and
 // std::pair by value, which a plain C function address from ctypes cannot
-// provide; from here every hook is a lambda built with torch's own ABI. This is
-// the only file that includes torch's allocator headers (each costs ~1 minute
-// to compile). It also answers torch's stats and cacheInfo queries (Note
-// [Answering torch's own queries]).
+// provide; from here every hook is a lambda built with torch's own ABI. This
+// and checkpoint.cpp are the only files that include torch's allocator headers
+// (each costs ~1 minute to compile). It also answers torch's stats and
+// cacheInfo queries (Note [Answering torch's own queries]) and forwards CUDA
+// graph trees' checkpoint calls to checkpoint.cpp.
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -17,6 +18,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "shim/checkpoint.h"
 #include "shim/runtime.h"
 
 namespace torchmem::shim {
@@ -110,6 +112,21 @@ class TorchmemAllocator final : public CUDAPluggableAllocator {
   void setUseOnOOM(c10::DeviceIndex /*device*/, c10::cuda::MempoolId_t /*id*/, bool /*use_on_oom*/) {}
   void setUseOnOOM(c10::DeviceIndex /*device*/, c10::cuda::MempoolId_t /*id*/) {}
   void setNoSplit(c10::DeviceIndex /*device*/, c10::cuda::MempoolId_t /*id*/) {}
+
+  // CUDA graph trees (torch.compile mode="reduce-overhead"): csrc/shim/checkpoint.cpp.
+  // The signatures are the same in every torch torchmem supports.
+  std::shared_ptr<TorchAllocatorState> getCheckpointState(c10::DeviceIndex device,
+                                                          c10::cuda::MempoolId_t id) override {
+    return checkpoint_state(device, MempoolKey(id.first, id.second));
+  }
+  TorchCheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
+                                              std::shared_ptr<TorchAllocatorState> state) override {
+    return restore_checkpoint(device, state);
+  }
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::cuda::MempoolId_t id,
+                                const std::unordered_set<void*>& expected_live_allocations) override {
+    return pool_live_allocations_are(device, MempoolKey(id.first, id.second), expected_live_allocations);
+  }
 
   void resetPeakStats(c10::DeviceIndex device) override { device_pool(device).reset_peak_stats(); }
 

@@ -567,4 +567,45 @@ void release_pool(int device, MempoolKey key) {
   state.pool->release_private_pool(pool);
 }
 
+PrivateBlocks private_blocks(int device, MempoolKey key) {
+  DeviceState& state = state_for(device);
+  PrivateBlocks out;
+  {
+    std::lock_guard<std::mutex> lock(state.capture_mutex);
+    auto found = state.private_pools.find(key);
+    if (found == state.private_pools.end()) return out;
+    out.pool = found->second.id;
+  }
+  std::lock_guard<std::mutex> lock(state.parked_mutex);
+  for (const auto& [addr, owner] : state.private_live) {
+    if (owner == key) out.live.push_back(addr);
+  }
+  auto parked = state.parked.find(key);
+  if (parked != state.parked.end()) out.parked = parked->second;
+  return out;
+}
+
+std::vector<MempoolKey> private_pool_keys(int device) {
+  DeviceState& state = state_for(device);
+  std::lock_guard<std::mutex> lock(state.capture_mutex);
+  std::vector<MempoolKey> keys;
+  for (const auto& entry : state.private_pools) keys.push_back(entry.first);
+  return keys;
+}
+
+void repark_private_blocks(int device, MempoolKey key, const std::vector<Addr>& park, const std::vector<Addr>& hold) {
+  DeviceState& state = state_for(device);
+  std::lock_guard<std::mutex> lock(state.parked_mutex);
+  std::vector<Addr>& parked = state.parked[key];
+  for (Addr addr : park) {
+    state.private_live.erase(addr);
+    parked.push_back(addr);
+  }
+  for (Addr addr : hold) {
+    parked.erase(std::remove(parked.begin(), parked.end(), addr), parked.end());
+    state.private_live[addr] = key;
+  }
+  state.private_live_count.store(state.private_live.size(), std::memory_order_release);
+}
+
 }  // namespace torchmem::shim

@@ -112,6 +112,22 @@ int pool_use_count(int device, MempoolKey key);
 void end_allocate_to_pool(int device, MempoolKey key);
 void release_pool(int device, MempoolKey key);
 
+// ---- private-pool checkpoints (csrc/shim/checkpoint.cpp) ----------------------
+// Note [Parked private blocks] (runtime.cpp) gives an in-use private pool two
+// kinds of blocks the core counts as allocated: blocks torch holds (live) and
+// blocks torch freed (parked). Callers serialize calls per pool (torch does,
+// under the GIL).
+struct PrivateBlocks {
+  PoolId pool = 0;           // the core pool; 0 when `key` names no pool in use
+  std::vector<Addr> live;    // torch holds them
+  std::vector<Addr> parked;  // torch freed them; kept for the pool's graphs
+};
+PrivateBlocks private_blocks(int device, MempoolKey key);
+std::vector<MempoolKey> private_pool_keys(int device);  // the private pools in use
+// Blocks of `key` that torch frees (`park`: live ones) or holds again
+// (`hold`: parked ones, or blocks the core allocated again for the pool).
+void repark_private_blocks(int device, MempoolKey key, const std::vector<Addr>& park, const std::vector<Addr>& hold);
+
 // ---- measurement helpers for bench/gpu_probe.py (runtime_probe.cpp) -----------
 // Times each backend primitive `repeats` times on `device` outside any pool and
 // returns (name, mean microseconds) pairs.

@@ -159,6 +159,13 @@ struct Pool::Impl {
   // Like find_fit, skipping blocks whose first `size` bytes pending_blocks().
   detail::Block* find_fit_unblocked(detail::Heap& heap, std::size_t size, StreamId stream);
 
+  // ---- detail/checkpoint.cpp (Note [Pool checkpoints]) -------------------
+  PoolCheckpoint checkpoint_private_pool(PoolId pool);
+  RestoreDelta restore_private_pool(const PoolCheckpoint& checkpoint);
+  PoolHeaps& checkpointable_pool(PoolId pool, const char* what);
+  // Allocates exactly [c.addr, c.addr + c.size) of `heap`, which must be free.
+  void allocate_at(detail::Heap& heap, const CheckpointBlock& c);
+
   // ---- detail/segments.cpp --------------------------------------------------
   bool grow_segments(detail::Heap& heap, std::size_t size);
   std::size_t release_empty_segments(bool include_pinned);
