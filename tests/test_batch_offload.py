@@ -100,6 +100,9 @@ def test_rung_tunes_the_budget_from_figures_then_turns_off():
     assert rung.offload.budget_bytes == 400 + 400
     assert rung.engage() == "offload back to every eligible activation"
     assert rung.offload.budget_bytes is None
+    rung.after_success(peak=9500, target=10000)  # that plan failed: use half as much headroom now
+    assert rung.offload.budget_bytes == 400 + 200
+    rung.engage()
     assert rung.engage() is None  # everything moves already: nothing more to give
     # headroom 700 >= 600 moved: memory allows running without offload
     assert rung.after_success(peak=9300, target=10000).startswith("offload off: memory allows")

@@ -34,7 +34,7 @@ from torchmem._loader import _C
 
 __all__ = [
     "HostPool", "HostOutOfMemoryError", "default_pool", "empty", "empty_like", "pin", "record_stream",
-    "stats", "reset_peak_stats", "empty_cache", "set_limit", "pin_batch", "pinned",
+    "stats", "reset_peak_stats", "empty_cache", "set_limit", "pin_batch", "pinned", "install_torch_host_allocator",
 ]
 
 HostOutOfMemoryError = _C.HostOutOfMemoryError
@@ -258,6 +258,32 @@ def empty_cache(pool=None):
 
 def set_limit(limit_bytes, pool=None):
     (pool or default_pool()).set_limit(limit_bytes)
+
+
+def install_torch_host_allocator(pool=None):
+    """Makes `pool` (default_pool()) torch's pinned allocator for CUDA, through
+    the hook torch has had since 2.8 (at::setHostAllocator): then
+    torch.empty(..., pin_memory=True), tensor.pin_memory() and
+    DataLoader(pin_memory=True) all take pool memory, and torch's copy kernels
+    record their streams on the pool's blocks (no record_stream needed).
+
+    Call it before anything is pinned (right after import torch): torch's copy
+    kernels report to one allocator, so blocks pinned before the swap would
+    lose stream safety (csrc/bindings/host_torch_bindings_cuda.cpp, Note [Host
+    allocator swap]). It lasts for the life of the process."""
+    if not hasattr(_C, "host_install_torch_allocator"):
+        raise RuntimeError("torchmem.host: this torchmem build has no CUDA; there is no pinned allocator to replace")
+    pool = pool or default_pool()
+    if pool.backend != "cuda":
+        raise ValueError("torchmem.host: only a pool with backend='cuda' can be torch's pinned allocator")
+    if not _C.host_torch_allocator_installed():
+        pinned_before = torch.cuda.host_memory_stats().get("num_host_alloc", 0)
+        if pinned_before:
+            raise RuntimeError(
+                f"torchmem.host: torch already pinned memory {pinned_before} time(s) with its own allocator; "
+                "call install_torch_host_allocator() before anything is pinned (right after import torch), "
+                "or pin through torchmem.host.pin()/empty() instead")
+    _C.host_install_torch_allocator(pool._pool)
 
 
 # ------------------------------------------------------------------ loaders

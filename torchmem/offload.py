@@ -118,7 +118,9 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             "offloaded_count": len(self._offloaded),
             "kept_bytes": sum(self._sizes) - self._moved_bytes,
         }
-        if exc[0] is None and self._sizes != self.measured:
+        if exc[0] is not None:
+            return result  # (an OOM?) fetch nothing more; the graph is dropped
+        if self._sizes != self.measured:
             self.measured = list(self._sizes)
             self.plan = plan_offload(self.measured, self.budget_bytes)
         # Backward starts after forward: fetch the last-saved tensors now.

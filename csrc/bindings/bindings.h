@@ -14,6 +14,7 @@ void bind_replay(pybind11::module_& m);   // replay_bindings.cpp: trace replay, 
 void bind_host(pybind11::module_& m);     // host_bindings.cpp: the pinned host pool
 #if TORCHMEM_WITH_CUDA
 void bind_runtime(pybind11::module_& m);  // runtime_bindings_cuda.cpp: the installed allocator
+void bind_host_torch(pybind11::module_& m);  // host_torch_bindings_cuda.cpp: torch's host allocator hook
 #endif
 
 }  // namespace torchmem::bindings

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "bindings/bindings.h"
+#include "bindings/host_pool_holder.h"
 #include "host/host_pool.h"
 #include "host/host_system.h"
 #include "host/sim_host_backend.h"
@@ -30,18 +31,10 @@ namespace torchmem::bindings {
 
 namespace {
 
-using host::HostBackend;
 using host::HostPool;
 using host::HostPoolConfig;
 
-struct PyHostPool {
-  std::unique_ptr<HostBackend> backend;
-  std::unique_ptr<HostPool> pool;
-  host::SimHostBackend* sim = nullptr;  // set for the simulated backend
-  int numa_node = -1;
-  std::string thp;
-};
-using Holder = std::shared_ptr<PyHostPool>;
+using Holder = HostPoolHolder;
 
 HostPoolConfig pool_config(std::size_t chunk_bytes, std::size_t limit_bytes, bool require_pinned) {
   HostPoolConfig c;
@@ -81,6 +74,7 @@ Holder make_cuda(int device, std::size_t chunk_bytes, std::size_t limit_bytes, b
   cc.sysfs_root = sysfs_root;
   auto holder = std::make_shared<PyHostPool>();
   auto backend = std::make_unique<host::CudaHostBackend>(cc);
+  holder->device = device;
   holder->numa_node = backend->numa_node();
   holder->thp = backend->thp();
   holder->backend = std::move(backend);

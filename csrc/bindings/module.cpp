@@ -45,5 +45,6 @@ PYBIND11_MODULE(_C, m) {
   torchmem::bindings::bind_host(m);
 #if TORCHMEM_WITH_CUDA
   torchmem::bindings::bind_runtime(m);
+  torchmem::bindings::bind_host_torch(m);
 #endif
 }

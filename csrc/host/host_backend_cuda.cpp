@@ -41,7 +41,10 @@ HostChunk CudaHostBackend::map_chunk(std::size_t bytes) {
                               " failed (" + error + "); they are placed by the kernel's default policy");
     }
   }
-  touch_pages(m.ptr, bytes, m.huge_pages ? kHugePageBytes : kSmallPageBytes, config_.touch_threads);
+  // Every 4 KiB page, even on huge pages: where the kernel gave small pages
+  // after all, each must exist before registration; where it gave huge pages,
+  // the extra writes hit present pages and cost next to nothing.
+  touch_pages(m.ptr, bytes, kSmallPageBytes, config_.touch_threads);
   chunk.ptr = m.ptr;
   chunk.bytes = bytes;
   chunk.huge_pages = m.huge_pages;

@@ -40,14 +40,19 @@ HostPool::HostPool(HostBackend& backend, const HostPoolConfig& config) : backend
 
 HostPool::~HostPool() {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (Block* block : parked_) {
-    for (EventHandle e : block->events) {
-      backend_.synchronize_event(e);
-      backend_.destroy_event(e);
+  // A destructor must not throw: at process exit the driver may already be
+  // gone, and then the memory goes back with the process anyway.
+  try {
+    for (Block* block : parked_) {
+      for (EventHandle e : block->events) {
+        backend_.synchronize_event(e);
+        backend_.destroy_event(e);
+      }
     }
+    parked_.clear();
+    for (auto& chunk : chunks_) backend_.unmap_chunk(chunk->memory);
+  } catch (const std::exception&) {
   }
-  parked_.clear();
-  for (auto& chunk : chunks_) backend_.unmap_chunk(chunk->memory);
 }
 
 void* HostPool::allocate(std::size_t bytes, StreamId stream) {

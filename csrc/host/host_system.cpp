@@ -158,8 +158,8 @@ void touch_pages(void* ptr, std::size_t bytes, std::size_t page, int threads) {
   auto touch = [&](std::size_t first, std::size_t last) {
     for (std::size_t i = first; i < last; ++i) base[i * page] = 0;
   };
-  // Below 64 MiB a thread costs more to start than it saves.
-  const std::size_t per_thread_min = (std::size_t{64} << 20) / page;
+  // A thread costs tens of microseconds to start: give each at least 16 MiB.
+  const std::size_t per_thread_min = (std::size_t{16} << 20) / page;
   int n = static_cast<int>(std::min<std::size_t>(std::max(threads, 1), std::max<std::size_t>(pages / per_thread_min, 1)));
   if (n <= 1) {
     touch(0, pages);

@@ -18,7 +18,7 @@ HostChunk SimHostBackend::map_chunk(std::size_t bytes) {
   Mapping m = map_anonymous(bytes, config_.huge_pages, thp_);
   if (m.ptr == nullptr) return chunk;
   if (!m.refused.empty()) notice_once("huge_pages", "torchmem.host: " + m.refused);
-  touch_pages(m.ptr, bytes, m.huge_pages ? kHugePageBytes : kSmallPageBytes, 1);
+  touch_pages(m.ptr, bytes, kSmallPageBytes, 1);
   chunk.ptr = m.ptr;
   chunk.bytes = bytes;
   chunk.huge_pages = m.huge_pages;

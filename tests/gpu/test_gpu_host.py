@@ -192,3 +192,32 @@ print(json.dumps({{"losses": losses, "events": events, "micro": ctl.micro_batch,
     assert len(out["losses"]) == 6 and all(l == l for l in out["losses"])  # trained to the end, no NaN
     assert "offload" in out["events"] and out["micro"] == 1
     assert out["reasons"][0].startswith("offload on")
+
+
+def test_torch_pinned_allocations_go_to_the_pool_once_installed():
+    out = last_json(run_python("""
+        import json, torch
+        from torchmem import host
+        host.install_torch_host_allocator()
+        pool = host.default_pool()
+        a = torch.empty(1 << 20, dtype=torch.uint8, pin_memory=True)
+        b = torch.randn(4096).pin_memory()
+        loader = torch.utils.data.DataLoader(torch.arange(64.0).view(16, 4), batch_size=4, pin_memory=True)
+        batch = next(iter(loader))
+        live = pool.stats()["allocations.current"]
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(100_000_000)
+            dev = a.to("cuda", non_blocking=True)   # torch records `side` on the pool's block
+        ptr = a.data_ptr()
+        del a
+        again = torch.empty(1 << 20, dtype=torch.uint8, pin_memory=True)
+        print(json.dumps({"pinned": [b.is_pinned(), batch.is_pinned(), again.is_pinned()],
+                          "owned": [pool.owns(b), pool.owns(batch)], "live": live,
+                          "reused_early": again.data_ptr() == ptr,
+                          "torch_num_host_alloc": torch.cuda.host_memory_stats()["num_host_alloc"],
+                          "pool_num_host_alloc": pool.stats()["num_host_alloc"]}))
+    """))
+    assert all(out["pinned"]) and all(out["owned"])
+    assert out["live"] >= 3 and not out["reused_early"]
+    assert out["torch_num_host_alloc"] == out["pool_num_host_alloc"] >= 1

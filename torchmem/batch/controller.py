@@ -426,8 +426,14 @@ class BatchSizeController:
         self._proposal = next_micro
 
     def _after_success(self, micro, outcome, total):
-        if self.offload_rung.active:
-            self._after_offloaded_success(outcome)
+        if self.offload_rung.active:  # micro stays; the model learns nothing (offload hides the peak)
+            self.steps += 1
+            self.clean_steps += 1
+            self.last_peak, self.last_micro_steps = outcome["peak"], outcome["micro_steps"]
+            peak = None if outcome["peak"] is None else outcome["peak"] - (outcome["baseline"] or 0)
+            note = self.offload_rung.after_success(peak, self._target(self._budget()))
+            if note is not None:
+                self._record("offload", micro, micro, note)
             return
         self.steps += 1
         self.clean_steps += 1
@@ -447,18 +453,6 @@ class BatchSizeController:
         self._proposal = proposal
         if self.adapt_global:
             self._follow_global(chosen)
-
-    def _after_offloaded_success(self, outcome):
-        """Offload on: the micro-batch stays, the memory model learns nothing
-        (offload hides the peak), the rung tunes or turns off offload."""
-        self.steps += 1
-        self.clean_steps += 1
-        self.last_peak = outcome["peak"]
-        self.last_micro_steps = outcome["micro_steps"]
-        peak = None if outcome["peak"] is None else outcome["peak"] - (outcome["baseline"] or 0)
-        note = self.offload_rung.after_success(peak, self._target(self._budget()))
-        if note is not None:
-            self._record("offload", self._micro, self._micro, note)
 
     def _grow_or_keep(self, micro, peak):
         cap = self._cap()

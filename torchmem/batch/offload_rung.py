@@ -13,7 +13,9 @@ Note [Offload rung]
   is alive at the end of forward). If that fits under the controller's
   target, offload turns off: memory allows. Otherwise the budget of
   activations kept on the device becomes what stayed plus 80% of the headroom
-  left, so the next steps move only what they must.
+  left, so the next steps move only what they must. An OOM under such a
+  partial plan halves the share of headroom used next time (no oscillation
+  between a plan that fails and one that fits).
 - Off again: without figures (CPU, no probe), offload is tried off after
   `grow_after` clean steps. Each time offload has to come back on after being
   turned off, that wait doubles (hysteresis: an OOM is not risked often).
@@ -41,6 +43,7 @@ class OffloadRung:
         self._off_after = grow_after
         self._clean = 0
         self._was_off = False
+        self._headroom_use = _HEADROOM_USE
 
     def forward(self):
         """The context for a micro-step's forward: the offload hooks when on."""
@@ -62,6 +65,7 @@ class OffloadRung:
             self.active = True
             return "offload on: saved activations move to pinned host memory"
         if self.offload.budget_bytes is not None:
+            self._headroom_use /= 2
             self.offload.set_budget(None)
             return "offload back to every eligible activation"
         return None
@@ -81,7 +85,7 @@ class OffloadRung:
         if moved <= headroom:
             return self._disengage(f"memory allows: peak {peak} + moved {moved} <= target {int(target)}")
         if headroom > 0:
-            budget = int(step["kept_bytes"] + _HEADROOM_USE * headroom)
+            budget = int(step["kept_bytes"] + self._headroom_use * headroom)
             if budget != self.offload.budget_bytes:
                 self.offload.set_budget(budget)
                 return f"offload budget: keep {budget} bytes of activations on the device"
