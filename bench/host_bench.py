@@ -16,9 +16,13 @@ for BENCHMARKS.md (issue 13's goals, all measured in the same call):
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
+
+# This checkout's torchmem, not whichever one is installed.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 MiB = 1 << 20
 

@@ -13,9 +13,13 @@ the no-offload step when less than half of the activations move.
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import time
+
+# This checkout's torchmem, not whichever one is installed.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main(argv=None):
@@ -29,13 +33,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    import torchmem
 
     if not torch.cuda.is_available():
         print("offload_bench: no CUDA GPU here", file=sys.stderr)
         return 2
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import torchmem
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_positions=args.seq)).cuda()
     model.config.use_cache = False
