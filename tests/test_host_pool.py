@@ -307,3 +307,17 @@ def test_random_operations_keep_the_bookkeeping_exact(tmp_path):
     pool.empty_cache()
     s = pool.stats()
     assert s["held_bytes"] == 0 and s["allocations.current"] == 0 and s["pending_bytes"] == 0
+
+
+def test_public_names_and_torch_hook_refuses_a_simulated_pool(tmp_path):
+    import torchmem
+    assert torchmem.host is host
+    assert torchmem.offload_activations.__module__ == "torchmem.offload"
+    pool = sim_pool(tmp_path)
+    if hasattr(_C, "host_install_torch_allocator"):
+        with pytest.raises(ValueError, match="backend='cuda'"):
+            host.install_torch_host_allocator(pool)
+        assert not _C.host_torch_allocator_installed()
+    else:
+        with pytest.raises(RuntimeError, match="no CUDA"):
+            host.install_torch_host_allocator(pool)
