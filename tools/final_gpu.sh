@@ -21,6 +21,7 @@
 #   memcheck_rest  compute-sanitizer memcheck: batch + surface tests
 #                  (or memcheck_batch and memcheck_surface, one per lane)
 #   micro          the C++ pool microbenchmark (CPU)
+#   host           bench/host_bench.py and bench/offload_bench.py (pinned pool, offload)
 #   ddp            bench/ddp_batch.py on both GPUs (torchrun, NCCL)
 # DEADLINE_S (default 570) bounds the whole call: DDP runs only if 90 s are left.
 set -uo pipefail
@@ -119,6 +120,13 @@ job_ddp() {  # both GPUs, whatever lane runs it (the other lane's GPU is shared 
 job_micro() {
   make bench-micro CXX=g++ > "$OUT/microbench.log" 2>&1
   echo "microbench rc=$? :: $(grep -i 'ns' "$OUT/microbench.log" | tail -2 | tr '\n' ' ')"
+}
+
+job_host() {
+  timeout "$(bounded 120)" python3 bench/host_bench.py --out "$OUT/host.json" > "$OUT/host.log" 2>&1
+  echo "host_bench rc=$? :: $(grep -E '^fresh pinning' "$OUT/host.log")"
+  timeout "$(bounded 240)" python3 bench/offload_bench.py --out "$OUT/offload.json" > "$OUT/offload.log" 2>&1
+  echo "offload_bench rc=$? :: $(grep -E 'step .* ms' "$OUT/offload.log" | tr -s ' ' | tr '\n' ';')"
 }
 
 lane() {  # lane GPU JOBS...
