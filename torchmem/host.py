@@ -72,11 +72,15 @@ class HostPool:
             raise ValueError(f"torchmem.host: chunk_mb must be an even int >= 2 (whole huge pages), got {chunk_mb!r}")
         cuda_ok = hasattr(_C.HostPool, "cuda") and torch.cuda.is_available()
         sim = dict(sim or {})
+        self._no_gpu = False
         if backend == "auto":
             backend = "cuda" if cuda_ok else "sim"
             if backend == "sim":
-                # No GPU to register with: say so through the pinning notice.
+                # No GPU to register with: nothing is pinned, and one warning says so.
                 sim.setdefault("refuse_pinning", True)
+                self._no_gpu = True
+                warnings.warn("torchmem.host: no CUDA GPU is usable here, so the pool hands out ordinary pageable "
+                              "memory (nothing is pinned)", RuntimeWarning, stacklevel=2)
         if backend == "cuda" and not cuda_ok:
             raise RuntimeError("torchmem.host: backend='cuda' needs a CUDA build of torchmem and a visible GPU; "
                                "use backend='sim' for tests")
@@ -198,6 +202,8 @@ class HostPool:
 
     def _warn_notices(self):
         for text in self._pool.take_notices():
+            if self._no_gpu and text.startswith("torchmem.host: pinning"):
+                continue  # said once at construction
             warnings.warn(text, RuntimeWarning, stacklevel=4)
 
     def __repr__(self):
