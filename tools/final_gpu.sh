@@ -28,6 +28,7 @@
 #   rounds         gpt2, llama_ckpt, kv_generate, vision under native, expandable
 #                  and torchmem, ROUNDS rounds (default 2), order reversed each round
 #   peer           PyTorch's test_cuda.py, native vs torchmem (.peer/, carried)
+#   host           bench/host_bench.py and bench/offload_bench.py (pinned pool, offload)
 #   ddp            bench/ddp_batch.py on both GPUs (torchrun, NCCL)
 # DEADLINE_S (default 570) bounds the whole call: DDP runs only if 90 s are left.
 set -uo pipefail
@@ -155,6 +156,13 @@ job_peer() {
   [ -d .peer ] || { echo "no .peer folder carried"; return 0; }
   OUT="$OUT/peer" PEER_S=${PEER_S:-400} timeout "$(bounded 480)" bash .peer/run_peer.sh > "$OUT/peer.log" 2>&1
   echo "peer rc=$? :: $(grep -E '^\| (native|torchmem)' "$OUT/peer/peer_compare.md" 2>/dev/null | tr '\n' ' ')"
+}
+
+job_host() {
+  timeout "$(bounded 120)" python3 bench/host_bench.py --out "$OUT/host.json" > "$OUT/host.log" 2>&1
+  echo "host_bench rc=$? :: $(grep -E '^fresh pinning' "$OUT/host.log")"
+  timeout "$(bounded 240)" python3 bench/offload_bench.py --out "$OUT/offload.json" > "$OUT/offload.log" 2>&1
+  echo "offload_bench rc=$? :: $(grep -E 'step .* ms' "$OUT/offload.log" | tr -s ' ' | tr '\n' ';')"
 }
 
 lane() {  # lane GPU JOBS...

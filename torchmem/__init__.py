@@ -45,16 +45,23 @@ _LAZY = {
     "BatchSizeController": "torchmem.batch",
     "oom_retry": "torchmem.retry",
     "is_oom_error": "torchmem.retry",
+    # host memory: the pinned pool (a submodule) and activation offload
+    "host": None,
+    "offload_activations": "torchmem.offload",
+    "OffloadActivations": "torchmem.offload",
 }
 
 __all__ = ["build_info", "__version__"] + sorted(_LAZY)
 
 
 def __getattr__(name):
-    module_name = _LAZY.get(name)
-    if module_name is None:
+    if name not in _LAZY:
         raise AttributeError(f"module 'torchmem' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
+    module_name = _LAZY[name]
+    if module_name is None:  # a submodule: torchmem.host
+        value = importlib.import_module(f"torchmem.{name}")
+    else:
+        value = getattr(importlib.import_module(module_name), name)
     globals()[name] = value
     return value
 

@@ -11,8 +11,10 @@ namespace torchmem::bindings {
 
 void bind_core(pybind11::module_& m);     // core_bindings.cpp: SimBackend, Pool, stats, snapshots
 void bind_replay(pybind11::module_& m);   // replay_bindings.cpp: trace replay, native allocator model
+void bind_host(pybind11::module_& m);     // host_bindings.cpp: the pinned host pool
 #if TORCHMEM_WITH_CUDA
 void bind_runtime(pybind11::module_& m);  // runtime_bindings_cuda.cpp: the installed allocator
+void bind_host_torch(pybind11::module_& m);  // host_torch_bindings_cuda.cpp: torch's host allocator hook
 #endif
 
 }  // namespace torchmem::bindings

@@ -42,7 +42,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("build_info", &build_info, "What this extension was built against");
   torchmem::bindings::bind_core(m);
   torchmem::bindings::bind_replay(m);
+  torchmem::bindings::bind_host(m);
 #if TORCHMEM_WITH_CUDA
   torchmem::bindings::bind_runtime(m);
+  torchmem::bindings::bind_host_torch(m);
 #endif
 }

@@ -60,6 +60,7 @@ import torch
 
 from torchmem.batch import distributed
 from torchmem.batch.model import LinearMemoryModel
+from torchmem.batch.offload_rung import OffloadRung
 from torchmem.batch.probe import MemoryProbe, default_probe
 from torchmem.batch.split import batch_size_of, split_batch, split_sizes
 from torchmem.retry import cleanup_after_oom, is_oom_error
@@ -148,13 +149,16 @@ class BatchSizeController:
       split_lists    also split lists of batch-size length (see batch/split.py).
       verbose        print each decision (they are always logged to
                      logging.getLogger("torchmem.batch") and kept in .events).
+      offload        "auto": when even min_micro runs out of memory, offload
+                     saved activations to pinned host memory instead of raising,
+                     and stop when memory allows (batch/offload_rung.py).
     """
 
     def __init__(self, global_batch, *, model=None, optimizer=None, scaler=None, micro_batch=None,
                  quantum=8, margin=None, grow_after=50, min_micro=1, max_retries=12, probe=None,
                  device=None, process_group=None, grad_sync="auto", reduction="mean",
                  adapt_global=False, lr_rule=None, min_global=None, max_global=None,
-                 split_lists=False, window=8, verbose=False):
+                 split_lists=False, window=8, verbose=False, offload=None):
         if not isinstance(global_batch, int) or global_batch < 1:
             raise ValueError(f"BatchSizeController: global_batch must be a positive int, got {global_batch!r}")
         if not isinstance(quantum, int) or quantum < 1:
@@ -190,6 +194,7 @@ class BatchSizeController:
         self.margin = float(margin if margin is not None else self.probe.default_margin)
         self.memory_model = LinearMemoryModel(window)
         self.grad_sync = self._resolve_grad_sync(grad_sync)
+        self.offload_rung = OffloadRung(offload, grow_after=grow_after)
 
         self.base_global_batch = global_batch
         self.global_batch = global_batch
@@ -313,12 +318,14 @@ class BatchSizeController:
             try:
                 with self._sync_context(final):
                     if backward:
-                        loss = _loss_of(step_fn(part))
+                        with self.offload_rung.forward():
+                            loss = _loss_of(step_fn(part))
                         scaled = loss * weight
                         (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
                         del scaled
                     else:
-                        loss = step_fn(part, weight)
+                        with self.offload_rung.forward():
+                            loss = step_fn(part, weight)
                         loss = _loss_of(loss) if loss is not None else None
                 if loss is not None:
                     contribution = loss.detach().to(torch.promote_types(loss.dtype, torch.float32)) * weight
@@ -400,6 +407,12 @@ class BatchSizeController:
         next_micro = outcome["next"]
         if next_micro >= micro:
             next_micro = self._quantize(micro - 1, cap=self._cap()) if micro > 1 else 0
+        if next_micro < max(1, self.min_micro) and retries <= self.max_retries:
+            why = self.offload_rung.engage()  # the last rung (batch/offload_rung.py)
+            if why is not None:
+                self._record("offload", micro, micro, why)
+                self._micro = self._proposal = micro
+                return
         if next_micro < max(1, self.min_micro) or retries > self.max_retries:
             raise MicroBatchOOMError(
                 f"torchmem.BatchSizeController: out of memory at micro-batch {micro} "
@@ -413,6 +426,15 @@ class BatchSizeController:
         self._proposal = next_micro
 
     def _after_success(self, micro, outcome, total):
+        if self.offload_rung.active:  # micro stays; the model learns nothing (offload hides the peak)
+            self.steps += 1
+            self.clean_steps += 1
+            self.last_peak, self.last_micro_steps = outcome["peak"], outcome["micro_steps"]
+            peak = None if outcome["peak"] is None else outcome["peak"] - (outcome["baseline"] or 0)
+            note = self.offload_rung.after_success(peak, self._target(self._budget()))
+            if note is not None:
+                self._record("offload", micro, micro, note)
+            return
         self.steps += 1
         self.clean_steps += 1
         self.last_peak = outcome["peak"]

@@ -1,0 +1,159 @@
+"""The pinned host pool against torch's pinned allocator and pageable memory,
+for BENCHMARKS.md (issue 13's goals, all measured in the same call):
+
+1. copy bandwidth, host->device and device->host, from a torchmem.host buffer,
+   a torch pinned tensor and a pageable tensor (goal: torchmem >= 98% of the
+   best pinned figure);
+2. fresh pinning of 1 GiB: a new torchmem pool's first 1 GiB block (mmap +
+   huge pages + parallel touch + cudaHostRegister), with and without huge
+   pages, vs torch.empty(..., pin_memory=True) after torch's host cache was
+   emptied (goal: <= 0.35 s);
+3. a cached request: allocate + free of a block already in the cache, and
+   pinning a CPU tensor into a cached block, vs torch (goal: <= torch's).
+
+    python bench/host_bench.py [--sizes-mib 64 256 1024] [--repeats 10] [--out host.json]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+# This checkout's torchmem, not whichever one is installed.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+MiB = 1 << 20
+
+
+def bandwidth(torch, src, dst, repeats):
+    """GB/s of dst.copy_(src, non_blocking=True), the median of `repeats` timed copies."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    rates = []
+    for _ in range(repeats):
+        start.record()
+        dst.copy_(src, non_blocking=True)
+        end.record()
+        end.synchronize()
+        rates.append(src.numel() * src.element_size() / (start.elapsed_time(end) / 1e3) / 1e9)
+    return statistics.median(rates)
+
+
+def copy_figures(torch, host, sizes, repeats):
+    pool = host.HostPool(backend="cuda")
+    rows = []
+    for size in sizes:
+        dev = torch.empty(size, dtype=torch.uint8, device="cuda")
+        sources = {
+            "torchmem": pool.empty(size, torch.uint8),
+            "torch_pinned": torch.empty(size, dtype=torch.uint8, pin_memory=True),
+            "pageable": torch.empty(size, dtype=torch.uint8),
+        }
+        for buf in sources.values():
+            buf.fill_(1)
+        row = {"bytes": size}
+        for name, buf in sources.items():
+            row[f"{name}_h2d_gbs"] = bandwidth(torch, buf, dev, repeats)
+            row[f"{name}_d2h_gbs"] = bandwidth(torch, dev, buf, repeats)
+        for way in ("h2d", "d2h"):
+            best = max(row[f"torchmem_{way}_gbs"], row[f"torch_pinned_{way}_gbs"])
+            row[f"torchmem_{way}_of_best"] = row[f"torchmem_{way}_gbs"] / best
+        rows.append(row)
+        print(f"copy {size // MiB:5d} MiB  H2D GB/s: torchmem {row['torchmem_h2d_gbs']:.1f}  "
+              f"torch pinned {row['torch_pinned_h2d_gbs']:.1f}  pageable {row['pageable_h2d_gbs']:.1f} | "
+              f"D2H: torchmem {row['torchmem_d2h_gbs']:.1f}  torch pinned {row['torch_pinned_d2h_gbs']:.1f}  "
+              f"pageable {row['pageable_d2h_gbs']:.1f}", flush=True)
+        del sources, dev
+    del pool
+    return rows
+
+
+def fresh_pinning(torch, host, size, repeats):
+    out = {}
+    for label, huge in (("torchmem_thp", "thp"), ("torchmem_4k", "off")):
+        times = []
+        for _ in range(repeats):
+            pool = host.HostPool(backend="cuda", huge_pages=huge)
+            t0 = time.perf_counter()
+            buf = pool.empty(size, torch.uint8)
+            times.append(time.perf_counter() - t0)
+            s = pool.stats()
+            del buf, pool
+        out[label] = {"seconds": statistics.median(times), "huge_page_bytes": s["huge_page_bytes"],
+                      "pinned_bytes": s["pinned_bytes"], "numa_node": s["numa_node"], "thp_mode": s["thp_mode"]}
+    times = []
+    for _ in range(repeats):
+        torch._C._host_emptyCache()
+        t0 = time.perf_counter()
+        buf = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        times.append(time.perf_counter() - t0)
+        del buf
+    torch._C._host_emptyCache()
+    out["torch"] = {"seconds": statistics.median(times)}
+    print(f"fresh pinning of {size / (1 << 30):.2f} GiB (median of {repeats}): torchmem THP "
+          f"{out['torchmem_thp']['seconds']:.3f} s ({out['torchmem_thp']['huge_page_bytes'] // MiB} MiB on huge "
+          f"pages), torchmem 4 KiB {out['torchmem_4k']['seconds']:.3f} s, torch {out['torch']['seconds']:.3f} s",
+          flush=True)
+    return out
+
+
+def cached_latency(torch, host, sizes, iters):
+    pool = host.HostPool(backend="cuda")
+    rows = []
+    for size in sizes:
+        cpu = torch.ones(size, dtype=torch.uint8)
+        cases = {
+            "torchmem_empty": lambda: pool.empty(size, torch.uint8),
+            "torch_empty": lambda: torch.empty(size, dtype=torch.uint8, pin_memory=True),
+            "torchmem_pin": lambda: pool.pin(cpu),
+            "torch_pin": lambda: cpu.pin_memory(),
+        }
+        row = {"bytes": size}
+        for name, make in cases.items():
+            for _ in range(10):
+                make()  # fill the cache
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                make()
+            row[f"{name}_us"] = (time.perf_counter() - t0) / iters * 1e6
+        rows.append(row)
+        print(f"cached request {size // 1024:6d} KiB (us): empty torchmem {row['torchmem_empty_us']:.1f} torch "
+              f"{row['torch_empty_us']:.1f} | pin() torchmem {row['torchmem_pin_us']:.1f} torch "
+              f"{row['torch_pin_us']:.1f}", flush=True)
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes-mib", type=int, nargs="+", default=[64, 256, 1024])
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--pin-gib", type=float, default=1.0)
+    parser.add_argument("--pin-repeats", type=int, default=3)
+    parser.add_argument("--latency-kib", type=int, nargs="+", default=[64, 1024, 16384])
+    parser.add_argument("--latency-iters", type=int, default=200)
+    parser.add_argument("--out", help="write the figures as JSON here")
+    args = parser.parse_args(argv)
+
+    import torch
+    from torchmem import host
+
+    if not torch.cuda.is_available():
+        print("host_bench: no CUDA GPU here", file=sys.stderr)
+        return 2
+    torch.empty(1, device="cuda")  # the context's start-up is not part of any figure
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "copies": copy_figures(torch, host, [s * MiB for s in args.sizes_mib], args.repeats),
+              "fresh_pinning": fresh_pinning(torch, host, int(args.pin_gib * (1 << 30)), args.pin_repeats),
+              "cached_request": cached_latency(torch, host, [k * 1024 for k in args.latency_kib], args.latency_iters)}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

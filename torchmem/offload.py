@@ -1,0 +1,248 @@
+"""torchmem.offload_activations: move saved activations to pinned host memory,
+only as many as a byte budget needs, overlapped with compute.
+
+    offload = torchmem.offload_activations(budget_bytes=6 << 30)
+    for batch in loader:
+        with offload:                       # forward: saved tensors may move out
+            loss = model(batch).loss
+        loss.backward()                     # they come back ahead of use
+        opt.step(); opt.zero_grad()
+
+Note [What moves]
+The first step inside the context moves every eligible saved tensor (on a
+device in `devices`, at least `min_bytes`, not a parameter, dense) and
+measures them: their sizes in the order forward saved them. From then on a
+plan moves only enough to keep at most `budget_bytes` of them on the device,
+choosing by size x lifetime: a tensor saved early in forward is used late in
+backward, so it occupies the device longest (lifetime = its distance from the
+end of forward). Largest and longest-lived go first. A step whose saved tensors
+differ from the measurement (another shape) is followed by a new plan; tensors
+past the measured list are moved, which is always safe. budget_bytes=None moves
+every eligible tensor.
+
+Note [Offload streams]
+Device to host: the pack hook makes a side stream wait for the current one
+(the tensor was produced there), copies into a pool block on the side stream
+and record_stream()s the device tensor on it, so the caching allocator does not
+reuse its memory until the copy finished; compute goes on meanwhile. Host to
+device: the first unpack in backward fetches its tensor and starts fetching the
+next `prefetch` offloaded tensors in reverse save order on a second side stream
+(after their device-to-host copies' events); each unpack makes the current
+stream wait for its tensor's event and record_stream()s the new device tensor
+on the current stream, so nothing is read before it arrived or freed while
+still in use. Host blocks return to the pinned pool when autograd drops the
+saved tensor, and the pool reuses them only after both copies finished
+(torchmem/host.py). Streams are created once per offloader: fresh streams each
+step would make the caching allocator grow pools.
+
+Values are copied bit for bit, strides included, so gradients are identical to
+a run without offload (tests/test_offload.py, tests/gpu/test_gpu_host.py).
+"""
+
+import weakref
+
+import torch
+
+__all__ = ["OffloadActivations", "offload_activations"]
+
+
+def offload_activations(budget_bytes=None, **kwargs):
+    """An OffloadActivations context (see its docstring and this module's notes)."""
+    return OffloadActivations(budget_bytes, **kwargs)
+
+
+class _Offloaded:
+    """One saved tensor living in host memory."""
+
+    __slots__ = ("host", "host_base", "shape", "stride", "dtype", "device", "index", "position", "step",
+                 "d2h_event", "h2d_event", "fetched", "used", "__weakref__")
+
+
+class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
+    """Saved-tensor hooks that move activations to a pinned host pool.
+
+    Arguments:
+      budget_bytes  most bytes of eligible saved tensors kept on the device;
+                    None moves them all (Note [What moves]).
+      min_bytes     smaller tensors stay (a copy has a fixed cost) (1 MiB).
+      pool          a torchmem.host.HostPool (default: torchmem.host.default_pool()).
+      prefetch      offloaded tensors fetched ahead in backward (3).
+      devices       device types whose tensors may move (("cuda",); tests use
+                    ("cpu",) to run the logic on CPU tensors).
+
+    Use it as a context around forward, once per step (also around several
+    micro-steps). After a step, `last_step` holds saved_bytes, offloaded_bytes,
+    offloaded_count, kept_bytes; `plan` the indices moved.
+    """
+
+    def __init__(self, budget_bytes=None, *, min_bytes=1 << 20, pool=None, prefetch=3, devices=("cuda",)):
+        if budget_bytes is not None and (not isinstance(budget_bytes, int) or budget_bytes < 0):
+            raise ValueError(f"offload_activations: budget_bytes must be None or an int >= 0, got {budget_bytes!r}")
+        if not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"offload_activations: prefetch must be an int >= 0, got {prefetch!r}")
+        super().__init__(self._pack, self._unpack)
+        self.budget_bytes = budget_bytes
+        self.min_bytes = int(min_bytes)
+        self.prefetch = prefetch
+        self.devices = tuple(devices)
+        self._pool = pool
+        self.measured = None   # sizes of the eligible saved tensors of the measured step
+        self.plan = None       # indices to move; None until measured (move all)
+        self.last_step = None
+        self._streams = {}     # device -> (d2h, h2d)
+        self._begin_step()
+
+    # ------------------------------------------------------------- planning
+    def set_budget(self, budget_bytes):
+        """Changes the budget; the next step follows a new plan."""
+        if budget_bytes is not None and (not isinstance(budget_bytes, int) or budget_bytes < 0):
+            raise ValueError(f"offload_activations: budget_bytes must be None or an int >= 0, got {budget_bytes!r}")
+        self.budget_bytes = budget_bytes
+        if self.measured is not None:
+            self.plan = plan_offload(self.measured, budget_bytes)
+
+    def _begin_step(self):
+        self._sizes = []
+        self._offloaded = []  # weakrefs to this step's _Offloaded, in save order
+        self._moved_bytes = 0
+
+    def __enter__(self):
+        self._begin_step()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        result = super().__exit__(*exc)
+        self.last_step = {
+            "saved_bytes": sum(self._sizes),
+            "offloaded_bytes": self._moved_bytes,
+            "offloaded_count": len(self._offloaded),
+            "kept_bytes": sum(self._sizes) - self._moved_bytes,
+        }
+        if exc[0] is not None:
+            return result  # (an OOM?) fetch nothing more; the graph is dropped
+        if self._sizes != self.measured:
+            self.measured = list(self._sizes)
+            self.plan = plan_offload(self.measured, self.budget_bytes)
+        # Backward starts after forward: fetch the last-saved tensors now.
+        self._fetch_before(self._offloaded, len(self._offloaded))
+        return result
+
+    # ---------------------------------------------------------------- hooks
+    def _eligible(self, t):
+        if t.device.type not in self.devices or t.numel() * t.element_size() < self.min_bytes:
+            return False
+        base = t._base if t._base is not None else t  # linear saves weight.t(), a view of the weight
+        if isinstance(base, torch.nn.Parameter) or (base.is_leaf and base.requires_grad):
+            return False  # weights stay where the optimizer updates them
+        if t.is_sparse or t.layout != torch.strided:
+            return False
+        span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
+        return span == t.numel()  # dense, no overlap: a flat copy holds it exactly
+
+    def _pack(self, t):
+        if not self._eligible(t):
+            return t
+        index = len(self._sizes)
+        nbytes = t.numel() * t.element_size()
+        self._sizes.append(nbytes)
+        if self.plan is not None and index < len(self.measured) and index not in self.plan:
+            return t
+        pool = self._host_pool()
+        h = _Offloaded()
+        h.shape, h.stride, h.dtype, h.device = t.shape, t.stride(), t.dtype, t.device
+        h.index, h.position, h.step = index, len(self._offloaded), self._offloaded
+        h.fetched, h.h2d_event, h.used = None, None, False
+        if t.device.type == "cuda":
+            d2h, _ = self._streams_for(t.device)
+            d2h.wait_stream(torch.cuda.current_stream(t.device))
+            host = pool.empty(t.numel(), t.dtype, stream=d2h)
+            view = host.as_strided(t.shape, t.stride())
+            with torch.cuda.stream(d2h):
+                view.copy_(t, non_blocking=True)
+            t.record_stream(d2h)
+            h.d2h_event = d2h.record_event()
+        else:
+            host = pool.empty(t.numel(), t.dtype)
+            view = host.as_strided(t.shape, t.stride())
+            view.copy_(t)
+            h.d2h_event = None
+        h.host, h.host_base = view, host
+        self._offloaded.append(weakref.ref(h))
+        self._moved_bytes += nbytes
+        return h
+
+    def _unpack(self, obj):
+        if not isinstance(obj, _Offloaded):
+            return obj
+        self._fetch(obj)
+        self._fetch_before(obj.step, obj.position)
+        out, obj.fetched, obj.used = obj.fetched, None, True
+        if out.device.type == "cuda":
+            current = torch.cuda.current_stream(out.device)
+            current.wait_event(obj.h2d_event)
+            out.record_stream(current)
+        return out
+
+    # ------------------------------------------------------------- fetching
+    def _fetch(self, h):
+        if h.fetched is not None:
+            return
+        if h.device.type == "cuda":
+            _, h2d = self._streams_for(h.device)
+            h2d.wait_event(h.d2h_event)
+            with torch.cuda.stream(h2d):
+                out = torch.empty_strided(h.shape, h.stride, dtype=h.dtype, device=h.device)
+                out.copy_(h.host, non_blocking=True)
+            h.h2d_event = h2d.record_event()
+            self._host_pool().record_stream(h.host_base, h2d)
+        else:
+            out = torch.empty_strided(h.shape, h.stride, dtype=h.dtype, device=h.device)
+            out.copy_(h.host)
+        h.fetched = out
+
+    def _fetch_before(self, step, position):
+        """Starts fetching the `prefetch` offloaded tensors of `step` (a list of
+        weakrefs in save order) saved just before `position`."""
+        started = 0
+        for ref in reversed(step[:position]):
+            if started >= self.prefetch:
+                break
+            h = ref()
+            if h is None or h.used:
+                continue
+            if h.fetched is None:
+                self._fetch(h)
+            started += 1
+
+    def _streams_for(self, device):
+        streams = self._streams.get(device)
+        if streams is None:
+            streams = (torch.cuda.Stream(device), torch.cuda.Stream(device))
+            self._streams[device] = streams
+        return streams
+
+    def _host_pool(self):
+        if self._pool is None:
+            from torchmem import host
+            self._pool = host.default_pool()
+        return self._pool
+
+
+def plan_offload(sizes, budget_bytes):
+    """The indices of `sizes` (bytes of saved tensors in save order) to move so
+    that at most `budget_bytes` stay, largest x longest-lived first (Note [What
+    moves]). None budget: all of them."""
+    if budget_bytes is None:
+        return set(range(len(sizes)))
+    need = sum(sizes) - budget_bytes
+    if need <= 0:
+        return set()
+    count = len(sizes)
+    order = sorted(range(count), key=lambda i: (-sizes[i] * (count - i), i))
+    chosen, moved = set(), 0
+    for i in order:
+        if moved >= need:
+            break
+        chosen.add(i)
+        moved += sizes[i]
+    return chosen
