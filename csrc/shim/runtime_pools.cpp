@@ -8,7 +8,8 @@
 // block becomes inactive in the graph's pool), and torch's own tests compare
 // memory_stats() deltas around a capture, so device_stats() reports parked
 // blocks as freed: allocation/active counts and allocated/active bytes drop by
-// them (current) and their `freed` totals grow. Peaks stay as the core measured.
+// them (current) and their `freed` totals grow; the inactive gauges grow by
+// them (reserved = active + inactive still holds). Peaks stay as the core measured.
 #include <algorithm>
 #include <utility>
 
@@ -141,6 +142,9 @@ PoolStats device_stats(int device) {
       stat->current -= bytes[kind];
       stat->freed += static_cast<std::uint64_t>(bytes[kind]);
     }
+    // ...and they sit in the graph's pool as cached free blocks.
+    stats.inactive_split[kind].current += blocks[kind];
+    stats.inactive_split_bytes[kind].current += bytes[kind];
   }
   return stats;
 }
