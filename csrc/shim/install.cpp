@@ -18,6 +18,8 @@
 #include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "shim/runtime.h"
 
@@ -29,6 +31,15 @@ using torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
 using TorchDeviceStats = c10::cuda::CUDACachingAllocator::DeviceStats;
 
 std::mutex install_mutex;
+
+// The same cap as torchmem/snapshot.py MAX_TRACE_ENTRIES: torch's default
+// max_entries (SIZE_MAX) would ask for an unbounded ring.
+constexpr size_t kMaxTraceEntries = size_t{1} << 20;
+
+void follow_history(bool enabled, size_t max_entries, bool clear_history) {
+  set_trace_capacity(enabled ? std::clamp<size_t>(max_entries, 1, kMaxTraceEntries) : 0);
+  if (clear_history) clear_trace();
+}
 
 // Note [Answering torch's own queries] CUDAPluggableAllocator raises on
 // getDeviceStats, resetPeakStats, resetAccumulatedStats and cacheInfo, which
@@ -90,6 +101,26 @@ class TorchmemAllocator final : public CUDAPluggableAllocator {
     out.num_device_free = static_cast<int64_t>(stats.num_device_free);
     out.max_split_size = -1;  // torchmem splits any free block; native's "no max_split_size" reads -1
     return out;
+  }
+
+  // torch._C._cuda_record_memory_history, reached when torch.cuda.memory is not
+  // patched (install(patch_torch=False)): torchmem's trace ring follows it,
+  // events only (torch's context recorder gathers C++/Python frames torchmem
+  // does not store; the patched function records Python stacks). No
+  // `override`: the parameter list differs between torch versions.
+  void recordHistory(bool enabled, c10::cuda::CUDACachingAllocator::CreateContextFn /*recorder*/,
+                     size_t max_entries, c10::cuda::CUDACachingAllocator::RecordContext /*when*/,
+                     bool clear_history, const std::vector<std::string>& /*skip_actions*/) {
+    follow_history(enabled, max_entries, clear_history);
+  }
+  void recordHistory(bool enabled, c10::cuda::CUDACachingAllocator::CreateContextFn /*recorder*/,
+                     size_t max_entries, c10::cuda::CUDACachingAllocator::RecordContext /*when*/,
+                     bool clear_history) {
+    follow_history(enabled, max_entries, clear_history);
+  }
+  void recordHistory(bool enabled, c10::cuda::CUDACachingAllocator::CreateContextFn /*recorder*/,
+                     size_t max_entries, c10::cuda::CUDACachingAllocator::RecordContext /*when*/) {
+    follow_history(enabled, max_entries, false);
   }
 
   // Note [Memory fraction] (runtime.h)

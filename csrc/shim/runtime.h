@@ -12,8 +12,9 @@
 // capture mutex (private pools and the active filters) and a parked-blocks
 // mutex. A pool's mutex may be taken while the capture mutex is held (to
 // create a private pool), never the other way round; the parked-blocks mutex
-// is a leaf. No lock is held while Python code runs (the OOM callback and the
-// context provider run with nothing of ours locked).
+// and the external-blocks mutex (Note [External pool allocators]) are leaves.
+// No lock is held while user code runs (the OOM callback, torch's OOM
+// observers, the context provider and a MemPool's own allocator).
 #pragma once
 
 #include <cstddef>

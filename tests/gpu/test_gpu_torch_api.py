@@ -96,6 +96,22 @@ def test_record_memory_history_after_allocations_exist():
     assert native == ours == {"after_start": True, "cleared": True, "capped": True}
 
 
+def test_unpatched_record_memory_history_drives_the_trace_ring():
+    proc = run_python("""
+    import json, torch, torchmem
+    torchmem.install(patch_torch=False, warn_unsupported=False)
+    early = torch.empty(3 << 20, dtype=torch.uint8, device="cuda")
+    torch.cuda.memory._record_memory_history(max_entries=100)  # torch's own, through recordHistory
+    y = torch.empty((5 << 20) + 512, dtype=torch.uint8, device="cuda")
+    dev = torch.cuda.current_device()
+    sizes = [e["size"] for e in torchmem.snapshot()["device_traces"][dev] if e["action"] == "alloc"]
+    torch.cuda.memory._record_memory_history(enabled=None)
+    off = torchmem.snapshot()["device_traces"][dev]
+    print(json.dumps({"recorded": ((5 << 20) + 512) in sizes, "off_empty": off == []}))
+    """)
+    assert _last_json(proc) == {"recorded": True, "off_empty": True}
+
+
 def test_memory_stats_has_every_native_key():
     body = """
     x = torch.empty(3 * MiB, device="cuda")
