@@ -445,9 +445,10 @@ double memory_fraction(int device) {
   DeviceState& state = state_for(device);
   const double set = state.fraction.load();
   if (set >= 0.0) return set;
-  const std::size_t limit = state.pool->limit();
-  if (limit == 0 || state.total_bytes == 0) return 1.0;
-  return static_cast<double>(limit) / static_cast<double>(state.total_bytes);
+  const LimitSpec& limit = registry().config.limit;  // fixed once pools exist
+  if (limit.kind == LimitSpec::Kind::kFraction) return limit.fraction;
+  if (limit.kind == LimitSpec::Kind::kNone || state.total_bytes == 0) return 1.0;
+  return std::min(1.0, static_cast<double>(limit.bytes) / static_cast<double>(state.total_bytes));
 }
 
 }  // namespace torchmem::shim
