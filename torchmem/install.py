@@ -8,6 +8,18 @@ first, in the order a user would want to hear about it: a bad option
 (``ValueError``), no GPU, a torchmem built without CUDA, and a CUDA allocator
 that already initialized (``RuntimeError`` saying where to call install()).
 
+Note [Lazy install]
+install() does not initialize CUDA: the allocator swap is plain C++ (no CUDA
+call), the GPU check asks NVML (no cuInit) and the device pools are made at
+their device's first allocation. So after install(), `import torch` semantics
+hold as under the native allocator: CUDA_VISIBLE_DEVICES set later still
+counts, and a fork() before the first CUDA use gives a child that can use
+CUDA (its torchmem has no pools yet and makes its own). After the parent
+initialized CUDA, a forked child cannot use CUDA, exactly as without
+torchmem (torch raises "Cannot re-initialize CUDA in forked subprocess").
+Only where NVML is missing does the GPU check fall back to
+torch.cuda.is_available(), which initializes the CUDA driver.
+
 ``mem_pool_allocator()`` is the other way in: a ``CUDAPluggableAllocator`` over
 torchmem's pool for a scoped ``torch.cuda.MemPool``, with PyTorch's own
 allocator left in charge everywhere else.
@@ -54,11 +66,22 @@ def _require_cuda_runtime():
             "cannot replace the GPU allocator; rebuild with a CUDA torch and toolkit present "
             "(`pip install --no-build-isolation -e .`). Trace replay works without CUDA."
         )
-    if not torch.cuda.is_available():
+    if not _gpu_present():
         raise RuntimeError(
             "torchmem needs a CUDA GPU: torch.cuda.is_available() is False on this machine. "
             "Without a GPU, use `python -m torchmem replay` to study a recorded trace."
         )
+
+
+def _gpu_present():
+    """Whether a CUDA GPU is visible, without initializing CUDA (Note [Lazy install])."""
+    if not torch.backends.cuda.is_built():
+        return False
+    count_nvml = getattr(torch.cuda, "_device_count_nvml", None)
+    count = count_nvml() if count_nvml is not None else -1
+    if count >= 0:
+        return count > 0
+    return torch.cuda.is_available()  # no NVML: ask CUDA itself (this initializes the driver)
 
 
 def _warn_unsupported_once():

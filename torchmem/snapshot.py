@@ -20,10 +20,14 @@ Ids are never reused, so a block allocated long ago still finds its stack.
 Frames are innermost first, as in torch's snapshots; torchmem's own frames are
 dropped and at most MAX_FRAMES kept.
 
-Note [Fixed trace capacity]
-The core sizes a pool's trace ring when the pool is created (at a device's
-first allocation). record_history() before that, or install(trace_capacity=N),
-always works; later, it works only if the core can resize the ring.
+Note [Live trace ring]
+record_history() works at any time, as torch's _record_memory_history does:
+the core resizes a live pool's trace ring (Pool::set_trace_capacity), keeping
+the newest entries that fit, and turning history off empties the ring.
+torch's modes map onto two switches, the ring (trace events) and the context
+provider (stacks): enabled='all' turns on both, enabled='state' only the
+stacks of live blocks (no events), enabled=None neither; context=None records
+no stacks. torch's C++ frames (stacks='all') are not captured: Python only.
 
 Note [Callable module]
 `torchmem.snapshot` names both this module and its snapshot() function (the
@@ -140,11 +144,13 @@ def dump_snapshot(path="dump_snapshot.pickle", device=None, pool=None, snapshot_
     return path
 
 
-def record_history(enabled=True, stacks="python", max_entries=100_000):
+def record_history(enabled=True, stacks="python", max_entries=100_000, trace=True, clear_history=False):
     """Turns allocation history on or off for the installed allocator: the last `max_entries`
     events (alloc, free, segment map/unmap, oom) go to snapshot()["device_traces"]. With
     stacks="python", each allocation also records its Python stack (see docs/observability.md
-    for the cost per allocation); stacks=None records events only."""
+    for the cost per allocation); stacks=None records events only. trace=False keeps stacks
+    for live blocks without recording events (torch's enabled="state"); clear_history=True
+    drops the events recorded so far. Works at any time (Note [Live trace ring])."""
     if stacks not in ("python", None):
         raise ValueError(f"torchmem.record_history: stacks must be 'python' or None, got {stacks!r}")
     if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 1:
@@ -154,60 +160,43 @@ def record_history(enabled=True, stacks="python", max_entries=100_000):
             warnings.warn(f"torchmem.record_history: max_entries {max_entries} capped at {MAX_TRACE_ENTRIES}")
         max_entries = MAX_TRACE_ENTRIES
     runtime = _stats._runtime()
-    if enabled:
-        _set_trace_capacity(runtime, max_entries)
-        runtime.runtime_set_context_provider(capture_stack if stacks == "python" else None)
-    else:
-        runtime.runtime_set_context_provider(None)
-        try:
-            runtime.runtime_set_trace_capacity(0)
-        except RuntimeError:
-            pass  # Note [Fixed trace capacity]: the ring keeps recording events, without stacks
-    _recording.update(enabled=bool(enabled), stacks=stacks if enabled else None,
-                      max_entries=max_entries if enabled else 0)
-
-
-def _set_trace_capacity(runtime, entries):
-    """Note [Fixed trace capacity]: a device pool that already exists may not be able to
-    resize its trace ring (the core fixes it at creation). Then a ring set at install
-    (trace_capacity=N) is kept; without one, the error says how to get history."""
-    try:
-        runtime.runtime_set_trace_capacity(entries)
-    except RuntimeError as exc:
-        if "trace capacity" not in str(exc):
-            raise
-        from torchmem import install
-
-        configured = install.installed_config()
-        kept = configured.trace_capacity if configured is not None else 0
-        if not kept:
-            raise RuntimeError(
-                "torchmem.record_history: the device pools already exist and cannot start a trace now; "
-                "call record_history() before the first CUDA allocation, or install with "
-                "torchmem.install(trace_capacity=N)"
-            ) from exc
-        if kept != entries:
-            warnings.warn(f"torchmem.record_history: keeping the trace_capacity={kept} set at install "
-                          f"(the pools exist; max_entries={entries} cannot apply)")
+    entries = max_entries if (enabled and trace) else 0
+    runtime.runtime_set_trace_capacity(entries)
+    if clear_history:
+        runtime.runtime_clear_trace()
+    runtime.runtime_set_context_provider(capture_stack if (enabled and stacks == "python") else None)
+    _recording.update(enabled=bool(enabled), stacks=stacks if enabled else None, max_entries=entries)
 
 
 def history_settings():
-    """{'enabled', 'stacks', 'max_entries'} as record_history last set them."""
+    """{'enabled', 'stacks', 'max_entries'} as record_history last set them (max_entries 0: no events)."""
     return dict(_recording)
+
+
+_TORCH_ENABLED = (None, "state", "all")
+_TORCH_CONTEXT = (None, "state", "alloc", "all")
+_TORCH_STACKS = ("python", "all")
 
 
 def torch_record_memory_history(enabled="all", context="all", stacks="all", max_entries=sys.maxsize,
                                 device=None, clear_history=False, *args, **kwargs):
     """torch.cuda.memory._record_memory_history's signature over record_history() (patch.py
-    installs it). enabled=None turns history off; context=None records no stacks; torch's
-    stacks="all" also asks for C++ frames, which torchmem does not capture (Python only)."""
-    del device, clear_history, args, kwargs  # one history for the process; no C++ frames
-    if isinstance(enabled, bool):  # the legacy boolean form
-        on = enabled
-    else:
-        on = enabled is not None
-    record_history(enabled=on, stacks="python" if (on and context is not None) else None,
-                   max_entries=max_entries if isinstance(max_entries, int) and max_entries >= 1 else MAX_TRACE_ENTRIES)
+    installs it); Note [Live trace ring] says how its modes map. Bad values raise ValueError
+    naming the accepted ones, as torch does. `device` is accepted and ignored: one history
+    covers every device, as torchmem's trace is per process."""
+    del device, args, kwargs
+    if isinstance(enabled, bool):  # the legacy boolean form: True = record events and stacks
+        enabled = "all" if enabled else None
+    if enabled not in _TORCH_ENABLED:
+        raise ValueError(f"_record_memory_history: enabled must be one of {_TORCH_ENABLED}, got {enabled!r}")
+    if context not in _TORCH_CONTEXT:
+        raise ValueError(f"_record_memory_history: context must be one of {_TORCH_CONTEXT}, got {context!r}")
+    if stacks not in _TORCH_STACKS:
+        raise ValueError(f"_record_memory_history: stacks must be one of {_TORCH_STACKS}, got {stacks!r}")
+    if not isinstance(max_entries, int) or isinstance(max_entries, bool):
+        raise ValueError(f"_record_memory_history: max_entries must be an int, got {max_entries!r}")
+    record_history(enabled=enabled is not None, stacks="python" if context is not None else None,
+                   max_entries=max(1, max_entries), trace=enabled == "all", clear_history=bool(clear_history))
 
 
 class _CallableModule(types.ModuleType):

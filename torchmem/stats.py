@@ -12,6 +12,15 @@ Every function takes an optional source: by default the installed allocator
 which is how the CPU tests and trace replays use them. Nothing here keeps state:
 every figure comes from the core's counters at call time.
 
+Note [Native key set]
+For the installed allocator, the torch keys come from torch's own
+torch._C._cuda_memoryStats, which reads them from torchmem's getDeviceStats
+(csrc/shim/install.cpp): the key set is exactly the one the native allocator
+gives on the running torch version (keys added by newer torch included), and
+the numbers are the same ones torch.accelerator.memory_stats shows. For a
+simulated pool (pool=...), or if that call fails, the keys are built here.
+docs/compatibility.md says what each key means under torchmem.
+
 Note [Numbers only]
 Tools iterate over memory_stats() and log every value (Lightning's
 DeviceStatsMonitor sends them all to the logger), so every value is an int or a
@@ -116,10 +125,25 @@ def _torchmem_figures(raw):
     return figures
 
 
+def _torch_nested_stats(device):
+    """torch's own nested stats dict for the installed allocator (Note [Native key set]), or None."""
+    import torch
+
+    try:
+        return dict(torch._C._cuda_memoryStats(device_index(device)))
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def memory_stats_as_nested_dict(device=None, pool=None):
     """torch.cuda.memory_stats_as_nested_dict()'s shape: {stat: {pool: {field: n}}, counter: n, ...},
     plus torchmem's figures nested under "torchmem"."""
     raw = raw_stats(device, pool)
+    if pool is None:
+        native = _torch_nested_stats(device)
+        if native is not None:
+            native["torchmem"] = _torchmem_figures(raw)
+            return native
     nested = {}
     for name in STAT_ARRAYS:
         nested[name] = {kind: {field: int(raw[name][kind][field]) for field in STAT_FIELDS} for kind in STAT_KINDS}

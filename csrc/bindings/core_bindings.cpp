@@ -178,6 +178,9 @@ void bind_core(py::module_& m) {
            "empty_cache: returns the bytes given back to the backend")
       .def("set_limit", &Pool::set_limit, py::arg("bytes"), py::call_guard<py::gil_scoped_release>())
       .def("limit", &Pool::limit)
+      .def("set_trace_capacity", &Pool::set_trace_capacity, py::arg("entries"),
+           py::call_guard<py::gil_scoped_release>(), "Resize the trace ring, keeping its newest entries")
+      .def("clear_trace", &Pool::clear_trace, py::call_guard<py::gil_scoped_release>())
       .def("stats", &pool_stats)
       .def("reset_peak_stats", &Pool::reset_peak_stats, py::call_guard<py::gil_scoped_release>())
       .def("reset_accumulated_stats", &Pool::reset_accumulated_stats,

@@ -116,7 +116,7 @@ py::dict runtime_stats(int device) {
   MemInfo mem;
   {
     py::gil_scoped_release released;
-    stats = pool.stats();
+    stats = shim::device_stats(device);  // parked blocks count as freed, as torch sees them
     counters = pool.backend().counters();
     backend_name = pool.backend().name();
     mem = shim::device_mem_info(device);
@@ -246,7 +246,14 @@ void bind_runtime(py::module_& m) {
       py::arg("device"), py::arg("bytes"), "Set the budget in bytes (0 = the whole device)");
   m.def(
       "runtime_limit", [](int device) { return shim::device_pool(device).limit(); }, py::arg("device"));
-  m.def("runtime_set_trace_capacity", &shim::set_trace_capacity, py::arg("entries"));
+  m.def("runtime_set_trace_capacity", &shim::set_trace_capacity, py::arg("entries"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Trace ring size for every pool, live ones included (they keep their newest entries)");
+  m.def("runtime_clear_trace", &shim::clear_trace, py::call_guard<py::gil_scoped_release>(),
+        "Drop every pool's trace entries");
+  m.def("runtime_memory_fraction", &shim::memory_fraction, py::arg("device"),
+        "The memory fraction in force (torch.cuda.get_per_process_memory_fraction)");
+  m.def("runtime_set_memory_fraction", &shim::set_memory_fraction, py::arg("fraction"), py::arg("device"));
   m.def("runtime_set_oom_callback", &set_oom_callback, py::arg("callback"),
         "callable(device, requested_bytes) -> bool, run after a failed allocation; None removes it");
   m.def("runtime_set_context_provider", &set_context_provider, py::arg("provider"),

@@ -533,6 +533,17 @@ std::size_t Pool::limit() const {
   return config_.limit_bytes;
 }
 
+void Pool::set_trace_capacity(std::size_t entries) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  impl_->ring.set_capacity(entries);
+  config_.trace_capacity = entries;
+}
+
+void Pool::clear_trace() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  impl_->ring.clear();
+}
+
 PoolStats Pool::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return impl_->stats();

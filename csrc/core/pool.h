@@ -256,6 +256,11 @@ class Pool {
   void set_limit(std::size_t bytes);
   std::size_t limit() const;
 
+  // Resizes the trace ring of a live pool, keeping its newest entries that
+  // fit (0 = stop tracing and drop them); clear_trace() drops every entry.
+  void set_trace_capacity(std::size_t entries);
+  void clear_trace();
+
   PoolStats stats() const;
   void reset_peak_stats();
   void reset_accumulated_stats();

@@ -14,9 +14,13 @@
 #include <c10/cuda/CUDAFunctions.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "shim/checkpoint.h"
 #include "shim/runtime.h"
@@ -29,6 +33,15 @@ using torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
 using TorchDeviceStats = c10::cuda::CUDACachingAllocator::DeviceStats;
 
 std::mutex install_mutex;
+
+// The same cap as torchmem/snapshot.py MAX_TRACE_ENTRIES: torch's default
+// max_entries (SIZE_MAX) would ask for an unbounded ring.
+constexpr size_t kMaxTraceEntries = size_t{1} << 20;
+
+void follow_history(bool enabled, size_t max_entries, bool clear_history) {
+  set_trace_capacity(enabled ? std::clamp<size_t>(max_entries, 1, kMaxTraceEntries) : 0);
+  if (clear_history) clear_trace();
+}
 
 // Note [Answering torch's own queries] CUDAPluggableAllocator raises on
 // getDeviceStats, resetPeakStats, resetAccumulatedStats and cacheInfo, which
@@ -72,7 +85,7 @@ class TorchmemAllocator final : public CUDAPluggableAllocator {
   }
 
   TorchDeviceStats getDeviceStats(c10::DeviceIndex device) override {
-    PoolStats stats = device_pool(device).stats();
+    PoolStats stats = device_stats(device);
     TorchDeviceStats out;
 #define TORCHMEM_COPY_STAT_ARRAY(name)                      \
   for (int kind = 0; kind < kStatKinds; ++kind) {           \
@@ -88,15 +101,57 @@ class TorchmemAllocator final : public CUDAPluggableAllocator {
     out.num_sync_all_streams = static_cast<int64_t>(stats.num_sync_all_streams);
     out.num_device_alloc = static_cast<int64_t>(stats.num_device_alloc);
     out.num_device_free = static_cast<int64_t>(stats.num_device_free);
+    out.max_split_size = -1;  // torchmem splits any free block; native's "no max_split_size" reads -1
     return out;
+  }
+
+  // torch._C._cuda_record_memory_history, reached when torch.cuda.memory is not
+  // patched (install(patch_torch=False)): torchmem's trace ring follows it,
+  // events only (torch's context recorder gathers C++/Python frames torchmem
+  // does not store; the patched function records Python stacks). No
+  // `override`: the parameter list differs between torch versions.
+  void recordHistory(bool enabled, c10::cuda::CUDACachingAllocator::CreateContextFn /*recorder*/,
+                     size_t max_entries, c10::cuda::CUDACachingAllocator::RecordContext /*when*/,
+                     bool clear_history, const std::vector<std::string>& /*skip_actions*/) {
+    follow_history(enabled, max_entries, clear_history);
+  }
+  void recordHistory(bool enabled, c10::cuda::CUDACachingAllocator::CreateContextFn /*recorder*/,
+                     size_t max_entries, c10::cuda::CUDACachingAllocator::RecordContext /*when*/,
+                     bool clear_history) {
+    follow_history(enabled, max_entries, clear_history);
+  }
+  void recordHistory(bool enabled, c10::cuda::CUDACachingAllocator::CreateContextFn /*recorder*/,
+                     size_t max_entries, c10::cuda::CUDACachingAllocator::RecordContext /*when*/) {
+    follow_history(enabled, max_entries, false);
+  }
+
+  // Note [Memory fraction] (runtime.h)
+  double getMemoryFraction(c10::DeviceIndex device) override { return memory_fraction(device); }
+
+  // Called like native's: (device, requested bytes, device total or the
+  // budget in force, device free) just before the OOM error is raised.
+  void attachOutOfMemoryObserver(c10::cuda::CUDACachingAllocator::OutOfMemoryObserver observer) override {
+    add_oom_observer([observer = std::move(observer)](int64_t device, size_t requested, size_t total,
+                                                      size_t free) { observer(device, requested, total, free); });
   }
 
   // Private-pool reference counts (torch.cuda.MemPool, graph pools). No
   // `override`: which of these torch declares differs between versions; a
   // name torch does not declare is simply unused.
+  // Note [External pool allocators] (runtime.h): torch.cuda.MemPool(allocator=X)
+  // passes X here. The functions hold X's shared_ptr, so X outlives the
+  // MemPool and the Python object for as long as any block of it lives.
   void createOrIncrefPool(c10::DeviceIndex device, c10::cuda::MempoolId_t id,
-                          std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> /*allocator*/ = nullptr) {
-    incref_pool(device, MempoolKey(id.first, id.second));
+                          std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> allocator = nullptr) {
+    std::shared_ptr<ExternalAllocator> external;
+    if (allocator != nullptr && allocator.get() != this) {
+      external = std::make_shared<ExternalAllocator>();
+      external->allocate = [allocator](size_t size, CudaStream stream) {
+        return allocator->raw_alloc_with_stream(size, stream);
+      };
+      external->free = [allocator](void* ptr) { allocator->raw_delete(ptr); };
+    }
+    incref_pool(device, MempoolKey(id.first, id.second), std::move(external));
   }
   void ensureExistsAndIncrefPool(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
     incref_pool(device, MempoolKey(id.first, id.second));
@@ -187,6 +242,14 @@ void install(const RuntimeConfig& config) {
       [](int device, c10::cuda::MempoolId_t id) { release_pool(device, MempoolKey(id.first, id.second)); });
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(
       std::static_pointer_cast<c10::cuda::CUDACachingAllocator::CUDAAllocator>(created));
+  // Note [Registering for kCUDA] changeCurrentAllocator swaps the allocator
+  // torch.cuda and tensor creation use, but c10's per-device-type registry
+  // (c10::GetAllocator(kCUDA), which torch.accelerator.memory_stats and other
+  // device-generic code ask) still holds the native allocator, which never
+  // initializes, so those answered "no stats". The highest priority keeps a
+  // later registration from quietly taking the slot back. Nothing here
+  // touches CUDA (Note [Lazy install], docs/compatibility.md).
+  c10::SetAllocator(c10::DeviceType::CUDA, allocator, std::numeric_limits<uint8_t>::max());
   mark_installed();
 }
 

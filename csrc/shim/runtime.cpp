@@ -20,6 +20,7 @@
 // would collide. The core rejects size 0, so we serve them as 1-byte requests
 // (one 512-byte block): each gets a distinct address.
 #include "shim/runtime.h"
+#include "shim/runtime_state.h"
 
 #include <cuda_runtime_api.h>
 
@@ -33,7 +34,6 @@
 #include <memory>
 #include <mutex>
 #include <stdexcept>
-#include <type_traits>
 #include <unordered_map>
 
 #include "backend/cuda_malloc_backend_cuda.h"
@@ -44,75 +44,20 @@ namespace torchmem::shim {
 
 namespace {
 
-constexpr int kMaxDevices = 64;
 // Note [Device-tagged deleter context] (runtime.h)
 constexpr std::uintptr_t kDeviceTagMask = 127;
 static_assert(kMaxDevices < static_cast<int>(kDeviceTagMask) && kMinBlockSize > kDeviceTagMask,
               "the device tag must fit under the block alignment");
 std::atomic<std::uint64_t> failed_deleter_free_count{0};
 
-// Note [Private pool uses] As in PyTorch's allocator, every
-// begin_allocate_to_pool and every incref_pool (torch.cuda.MemPool creation;
-// newer torch's graph capture) counts one use of its pool (graphs may share a
-// pool: torch.cuda.graph(pool=other.pool())), and every release_pool drops
-// one; the core pool is released when the last use is dropped.
-struct PrivatePool {
-  PoolId id = 0;
-  int uses = 0;
-};
-
-// Note [Parked private blocks] A CUDA graph replays into the addresses its
-// capture used, including those of intermediates freed during the capture.
-// The core pool may reclaim (unmap and move) granules of any free block whose
-// fence completed, and release_cached() returns them, which would pull memory
-// out from under a later replay. So while a private pool is in use, frees of
-// its blocks are parked here (the core still counts them as allocated) and
-// handed to the core only when the pool is released. The cost: blocks freed
-// inside a capture are not reused by the same capture.
-struct Capture {
-  MempoolKey key;
-  PoolId pool;
-  std::function<bool(CudaStream)> filter;
-};
-
-// Everything torchmem keeps for one device. Never destroyed: torch may free
-// tensors during interpreter shutdown, after static destructors would have run.
-struct DeviceState {
-  int device = 0;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Pool> pool;
-  std::size_t total_bytes = 0;
-
-  std::mutex capture_mutex;            // guards captures, private_pools, next_pool_id
-  std::atomic<int> active_captures{0};  // fast-path check: any filter to consult?
-  std::vector<Capture> captures;
-  std::map<MempoolKey, PrivatePool> private_pools;
-  PoolId next_pool_id = 1;
-
-  // Note [Parked private blocks]
-  std::mutex parked_mutex;                            // guards private_live, parked
-  std::atomic<std::size_t> private_live_count{0};     // fast-path check for frees
-  std::unordered_map<Addr, MempoolKey> private_live;  // live blocks of private pools
-  std::map<MempoolKey, std::vector<Addr>> parked;     // freed, held until the pool's release
-};
-
-struct Registry {
-  std::mutex mutex;  // guards config and creation of device states
-  RuntimeConfig config;
-  bool configured = false;
-  std::atomic<bool> installed{false};
-  std::array<std::atomic<DeviceState*>, kMaxDevices> states{};
-
-  std::mutex callback_mutex;
-  std::shared_ptr<OomCallback> oom_callback;
-  std::shared_ptr<ContextProvider> context_provider;
-  std::atomic<bool> has_context_provider{false};
-};
+}  // namespace
 
 Registry& registry() {
   static Registry* instance = new Registry();  // leaked on purpose: see DeviceState
   return *instance;
 }
+
+namespace {
 
 bool same_config(const RuntimeConfig& a, const RuntimeConfig& b) {
   // limit_bytes is resolved per device from `limit`: compare the spec instead.
@@ -148,6 +93,8 @@ std::size_t resolve_limit(const LimitSpec& limit, std::size_t total_bytes) {
   return 0;
 }
 
+}  // namespace
+
 DeviceState& state_for(int device) {
   check_device(device);
   Registry& r = registry();
@@ -178,6 +125,8 @@ DeviceState* existing_state(int device) {
   return registry().states[device].load(std::memory_order_acquire);
 }
 
+namespace {
+
 std::uint64_t current_context() {
   Registry& r = registry();
   if (!r.has_context_provider.load(std::memory_order_relaxed)) return 0;
@@ -198,58 +147,21 @@ bool run_oom_callback(int device, std::size_t requested) {
   return callback && *callback && (*callback)(device, requested);
 }
 
-// The private pool whose filter claims `stream` (0 and nullptr when none does).
-PoolId route_to_pool(DeviceState& state, CudaStream stream, MempoolKey* key) {
-  if (state.active_captures.load(std::memory_order_acquire) == 0) return 0;
-  std::lock_guard<std::mutex> lock(state.capture_mutex);
-  for (auto it = state.captures.rbegin(); it != state.captures.rend(); ++it) {
-    if (it->filter && it->filter(stream)) {
-      *key = it->key;
-      return it->pool;
-    }
-  }
-  return 0;
-}
-
 void* try_allocate(DeviceState& state, std::size_t size, CudaStream stream) {
   std::size_t request = size == 0 ? 1 : size;  // Note [Zero-size requests]
-  MempoolKey key{0, 0};
-  PoolId pool = route_to_pool(state, stream, &key);
+  Route route = route_to_pool(state, stream);
+  if (route.external) return allocate_external(route.external, request, stream);
+  if (state.zero_budget.load(std::memory_order_relaxed)) return nullptr;  // Note [Memory fraction]
+  const MempoolKey key = route.key;
+  const PoolId pool = route.pool;
   Addr addr = state.pool->allocate(request, reinterpret_cast<StreamId>(stream), pool, current_context());
-  if (addr != 0 && pool != 0) {
-    std::lock_guard<std::mutex> lock(state.parked_mutex);
-    state.private_live.emplace(addr, key);
-    state.private_live_count.store(state.private_live.size(), std::memory_order_release);
-  }
+  if (addr != 0 && pool != 0) note_private_block(state, addr, key);
   return reinterpret_cast<void*>(addr);
 }
 
-// True if `addr` is a block of a private pool still in use: then it is parked
-// (Note [Parked private blocks]) instead of freed.
-bool park_if_private(DeviceState& state, Addr addr) {
-  if (state.private_live_count.load(std::memory_order_acquire) == 0) return false;
-  MempoolKey key;
-  {
-    std::lock_guard<std::mutex> lock(state.parked_mutex);
-    auto found = state.private_live.find(addr);
-    if (found == state.private_live.end()) return false;
-    key = found->second;
-    state.private_live.erase(found);
-    state.private_live_count.store(state.private_live.size(), std::memory_order_release);
-  }
-  bool in_use = false;
-  {
-    std::lock_guard<std::mutex> lock(state.capture_mutex);
-    in_use = state.private_pools.count(key) != 0;
-  }
-  if (!in_use) return false;
-  std::lock_guard<std::mutex> lock(state.parked_mutex);
-  state.parked[key].push_back(addr);
-  return true;
-}
-
-// PyTorch's human units (bytes, KiB, MiB, GiB with two decimals), so OOM messages
-// read like the native allocator's; exact powers print in the larger unit.
+// PyTorch's human units (bytes, KiB, MiB, GiB with two decimals) and
+// thresholds (1024 bytes prints as "1024 bytes"), so OOM messages read like
+// the native allocator's.
 // Note [No iostreams here] Sizes and addresses are formatted with snprintf, not
 // std::ostream: on the H200 machine (torch 2.11's venv), `ostream << double`
 // from this module crashed inside libstdc++'s locale facets (seen with
@@ -258,11 +170,11 @@ bool park_if_private(DeviceState& state, Addr addr) {
 // machinery to disagree about.
 std::string format_size(std::uint64_t size) {
   char text[64];
-  if (size < 1024) {
+  if (size <= 1024) {
     std::snprintf(text, sizeof text, "%llu bytes", static_cast<unsigned long long>(size));
-  } else if (size < 1048576) {
+  } else if (size <= 1048576) {
     std::snprintf(text, sizeof text, "%.2f KiB", static_cast<double>(size) / 1024.0);
-  } else if (size < 1073741824ULL) {
+  } else if (size <= 1073741824ULL) {
     std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(size) / 1048576.0);
   } else {
     std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(size) / 1073741824.0);
@@ -276,47 +188,53 @@ std::string format_address(const void* ptr) {
   return text;
 }
 
-std::string oom_message(DeviceState& state, std::size_t size) {
+// Note [OOM message] The native allocator's sentences first (tools and tests
+// match "CUDA out of memory. Tried to allocate X. GPU N has a total capacity
+// of T of which F is free."), then torchmem's own figures and advice.
+std::string oom_message(DeviceState& state, std::size_t size, const MemInfo& mem) {
   PoolStats stats = state.pool->stats();
+  const auto live = static_cast<std::uint64_t>(stats.allocated_bytes[kStatAll].current);
+  const auto reserved = static_cast<std::uint64_t>(stats.reserved_bytes[kStatAll].current);
+  const std::uint64_t cached = reserved > live ? reserved - live : 0;
+  const std::size_t limit = state.pool->limit();
+  const bool zero_budget = state.zero_budget.load();
+  std::string msg = "CUDA out of memory. Tried to allocate " + format_size(size) + ". GPU " +
+                    std::to_string(state.device) + " has a total capacity of " + format_size(mem.total_bytes) +
+                    " of which " + format_size(mem.free_bytes) + " is free. ";
+  if (zero_budget || limit != 0) {
+    msg += "Process has " + format_size(zero_budget ? 0 : limit) + " memory allowed. ";
+  }
+  msg += "Of the allocated memory " + format_size(live) + " is allocated by PyTorch, and " + format_size(cached) +
+         " is reserved by PyTorch but unallocated. torchmem (" + state.backend->name() +
+         " backend): largest free block " + format_size(stats.largest_free_block) +
+         ". Try a smaller batch or sequence length, let torchmem.BatchSizeController pick the largest "
+         "batch that fits, or raise the budget (torchmem.install(limit=...) or "
+         "torch.cuda.set_per_process_memory_fraction).";
+  return msg;
+}
+
+MemInfo mem_info_or_total(DeviceState& state) {
   MemInfo mem;
   try {
     mem = state.backend->mem_info();
   } catch (const std::exception&) {
     mem.total_bytes = state.total_bytes;
   }
-  const auto live = static_cast<std::uint64_t>(stats.allocated_bytes[kStatAll].current);
-  const auto reserved = static_cast<std::uint64_t>(stats.reserved_bytes[kStatAll].current);
-  const std::uint64_t cached = reserved > live ? reserved - live : 0;
-  const std::size_t limit = state.pool->limit();
-  std::string msg = "CUDA out of memory. Tried to allocate " + format_size(size) + ". GPU " +
-                    std::to_string(state.device) + " has a total capacity of " + format_size(mem.total_bytes) +
-                    " of which " + format_size(mem.free_bytes) + " is free. torchmem (" + state.backend->name() +
-                    " backend) holds " + format_size(reserved) + " reserved: " + format_size(live) + " live, " +
-                    format_size(cached) + " cached; largest free block " + format_size(stats.largest_free_block) +
-                    ". Budget: " +
-                    (limit ? format_size(limit) : "the whole device (" + format_size(mem.total_bytes) + ")") +
-                    ". Try a smaller batch or sequence length, let torchmem.BatchSizeController pick the largest "
-                    "batch that fits, or raise the budget (torchmem.install(limit=...) or "
-                    "torch.cuda.set_per_process_memory_fraction).";
-  return msg;
+  return mem;
 }
 
-template <typename P, typename = void>
-struct has_set_trace_capacity : std::false_type {};
-template <typename P>
-struct has_set_trace_capacity<P, std::void_t<decltype(std::declval<P&>().set_trace_capacity(std::size_t{}))>>
-    : std::true_type {};
-
-template <typename P>
-void apply_trace_capacity(P& pool, std::size_t entries) {
-  if constexpr (has_set_trace_capacity<P>::value) {
-    pool.set_trace_capacity(entries);
-  } else {
-    if (pool.config().trace_capacity != entries) {
-      throw std::runtime_error(
-          "torchmem: this build's pool cannot change its trace capacity after it was created; "
-          "pass trace_capacity=N to torchmem.install() instead");
-    }
+// torch's observers, in the order attached, with no torchmem lock held.
+void notify_oom_observers(DeviceState& state, std::size_t size, const MemInfo& mem) {
+  std::vector<OomObserver> observers;
+  {
+    std::lock_guard<std::mutex> lock(registry().callback_mutex);
+    observers = registry().oom_observers;
+  }
+  if (observers.empty()) return;
+  const std::size_t limit = state.zero_budget.load() ? 0 : state.pool->limit();
+  const bool budgeted = state.zero_budget.load() || limit != 0;
+  for (const OomObserver& observer : observers) {
+    observer(state.device, size, budgeted ? limit : mem.total_bytes, mem.free_bytes);
   }
 }
 
@@ -379,7 +297,13 @@ void set_trace_capacity(std::size_t entries) {
     registry().config.pool.trace_capacity = entries;
   }
   for (int d = 0; d < kMaxDevices; ++d) {
-    if (DeviceState* state = existing_state(d)) apply_trace_capacity(*state->pool, entries);
+    if (DeviceState* state = existing_state(d)) state->pool->set_trace_capacity(entries);
+  }
+}
+
+void clear_trace() {
+  for (int d = 0; d < kMaxDevices; ++d) {
+    if (DeviceState* state = existing_state(d)) state->pool->clear_trace();
   }
 }
 
@@ -389,6 +313,12 @@ void set_oom_callback(OomCallback callback) {
   auto shared = callback ? std::make_shared<OomCallback>(std::move(callback)) : nullptr;
   std::lock_guard<std::mutex> lock(registry().callback_mutex);
   registry().oom_callback = std::move(shared);
+}
+
+void add_oom_observer(OomObserver observer) {
+  if (!observer) return;
+  std::lock_guard<std::mutex> lock(registry().callback_mutex);
+  registry().oom_observers.push_back(std::move(observer));
 }
 
 void set_context_provider(ContextProvider provider) {
@@ -406,6 +336,12 @@ void* allocate_or_null(std::size_t size, int device, CudaStream stream) {
 }
 
 void* allocate_or_throw(std::size_t size, int device, CudaStream stream) {
+  // As the native allocator: absurd sizes are refused before anything is asked.
+  constexpr std::size_t kOneExaByte = std::size_t{1} << 60;
+  if (size >= kOneExaByte) {
+    throw c10::OutOfMemoryError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                "CUDA out of memory. Tried to allocate more than 1EB memory.");
+  }
   DeviceState& state = state_for(device);
   void* ptr = try_allocate(state, size, stream);
   if (ptr != nullptr) return ptr;
@@ -416,11 +352,14 @@ void* allocate_or_throw(std::size_t size, int device, CudaStream stream) {
     ptr = try_allocate(state, size, stream);
   }
   if (ptr != nullptr) return ptr;
+  const MemInfo mem = mem_info_or_total(state);
+  notify_oom_observers(state, size, mem);
   throw c10::OutOfMemoryError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-                              oom_message(state, size));
+                              oom_message(state, size, mem));
 }
 
 void deallocate(void* ptr, int device) {
+  if (free_if_external(ptr)) return;  // Note [External pool allocators]
   DeviceState* state = existing_state(device);
   if (state == nullptr) {
     throw std::runtime_error("torchmem: free of address " + format_address(ptr) + " on device " +
@@ -440,6 +379,7 @@ void deallocate(void* ptr, int device) {
 int owning_device(void* ptr) {
   int current = 0;
   if (cudaGetDevice(&current) != cudaSuccess) current = 0;
+  if (is_external_block(ptr)) return current;  // deallocate() hands it to its allocator
   auto addr = reinterpret_cast<Addr>(ptr);
   DeviceState* state = existing_state(current);
   if (state != nullptr && state->pool->block_size(addr) != 0) return current;
@@ -473,6 +413,7 @@ void delete_tagged_block(void* context) noexcept {
 std::uint64_t failed_deleter_frees() { return failed_deleter_free_count.load(std::memory_order_relaxed); }
 
 void record_stream(void* ptr, CudaStream stream) {
+  if (is_external_block(ptr)) return;  // the user's allocator frees at once; no stream to track
   // The hook gets no device: the pool that owns the block takes the stream.
   existing_state(owning_device(ptr))->pool->record_stream(reinterpret_cast<Addr>(ptr),
                                                           reinterpret_cast<StreamId>(stream));
@@ -488,83 +429,26 @@ void* base_allocation(void* ptr, std::size_t* size) {
 }
 
 void set_memory_fraction(double fraction, int device) {
-  if (!(fraction > 0.0 && fraction <= 1.0)) {
-    throw std::invalid_argument("torchmem: memory fraction must be in (0, 1], got " + std::to_string(fraction));
+  if (!(fraction >= 0.0 && fraction <= 1.0)) {
+    throw std::invalid_argument("torchmem: memory fraction must be in [0, 1], got " + std::to_string(fraction));
   }
   DeviceState& state = state_for(device);
-  state.pool->set_limit(static_cast<std::size_t>(fraction * static_cast<double>(state.total_bytes)));
+  // Note [Memory fraction]: 1.0 is the whole device, which is also "no limit".
+  const auto bytes = static_cast<std::size_t>(fraction * static_cast<double>(state.total_bytes));
+  const bool zero = fraction < 1.0 && bytes < state.backend->granularity();
+  if (!zero) state.pool->set_limit(fraction < 1.0 ? bytes : 0);
+  state.zero_budget.store(zero);
+  state.fraction.store(fraction);
 }
 
-namespace {
-
-// One more use of the private pool `key`, creating it at the first use (Note
-// [Private pool uses]). Caller holds state.capture_mutex; the core pool's
-// mutex is taken under it (Note [Lock order]).
-PoolId add_pool_use(DeviceState& state, MempoolKey key) {
-  auto found = state.private_pools.find(key);
-  if (found == state.private_pools.end()) {
-    PoolId id = state.next_pool_id++;
-    state.pool->create_private_pool(id);  // throws before anything is recorded
-    found = state.private_pools.emplace(key, PrivatePool{id, 0}).first;
-  }
-  found->second.uses += 1;
-  return found->second.id;
-}
-
-}  // namespace
-
-void incref_pool(int device, MempoolKey key) {
+double memory_fraction(int device) {
   DeviceState& state = state_for(device);
-  std::lock_guard<std::mutex> lock(state.capture_mutex);
-  add_pool_use(state, key);
-}
-
-int pool_use_count(int device, MempoolKey key) {
-  DeviceState& state = state_for(device);
-  std::lock_guard<std::mutex> lock(state.capture_mutex);
-  auto found = state.private_pools.find(key);
-  return found == state.private_pools.end() ? 0 : found->second.uses;
-}
-
-void begin_allocate_to_pool(int device, MempoolKey key, std::function<bool(CudaStream)> filter) {
-  DeviceState& state = state_for(device);
-  std::lock_guard<std::mutex> lock(state.capture_mutex);
-  PoolId pool = add_pool_use(state, key);
-  state.captures.push_back(Capture{key, pool, std::move(filter)});
-  state.active_captures.store(static_cast<int>(state.captures.size()), std::memory_order_release);
-}
-
-void end_allocate_to_pool(int device, MempoolKey key) {
-  DeviceState& state = state_for(device);
-  std::lock_guard<std::mutex> lock(state.capture_mutex);
-  auto& captures = state.captures;
-  captures.erase(std::remove_if(captures.begin(), captures.end(), [&](const Capture& c) { return c.key == key; }),
-                 captures.end());
-  state.active_captures.store(static_cast<int>(captures.size()), std::memory_order_release);
-}
-
-void release_pool(int device, MempoolKey key) {
-  DeviceState& state = state_for(device);
-  PoolId pool = 0;
-  {
-    std::lock_guard<std::mutex> lock(state.capture_mutex);
-    auto found = state.private_pools.find(key);
-    if (found == state.private_pools.end()) return;  // never allocated to: nothing to release
-    if (--found->second.uses > 0) return;             // Note [Private pool uses]
-    pool = found->second.id;
-    state.private_pools.erase(found);
-  }
-  std::vector<Addr> parked;
-  {
-    std::lock_guard<std::mutex> lock(state.parked_mutex);
-    auto found = state.parked.find(key);
-    if (found != state.parked.end()) {
-      parked = std::move(found->second);
-      state.parked.erase(found);
-    }
-  }
-  for (Addr addr : parked) state.pool->deallocate(addr);
-  state.pool->release_private_pool(pool);
+  const double set = state.fraction.load();
+  if (set >= 0.0) return set;
+  const LimitSpec& limit = registry().config.limit;  // fixed once pools exist
+  if (limit.kind == LimitSpec::Kind::kFraction) return limit.fraction;
+  if (limit.kind == LimitSpec::Kind::kNone || state.total_bytes == 0) return 1.0;
+  return std::min(1.0, static_cast<double>(limit.bytes) / static_cast<double>(state.total_bytes));
 }
 
 PrivateBlocks private_blocks(int device, MempoolKey key) {

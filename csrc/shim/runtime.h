@@ -12,13 +12,15 @@
 // capture mutex (private pools and the active filters) and a parked-blocks
 // mutex. A pool's mutex may be taken while the capture mutex is held (to
 // create a private pool), never the other way round; the parked-blocks mutex
-// is a leaf. No lock is held while Python code runs (the OOM callback and the
-// context provider run with nothing of ours locked).
+// and the external-blocks mutex (Note [External pool allocators]) are leaves.
+// No lock is held while user code runs (the OOM callback, torch's OOM
+// observers, the context provider and a MemPool's own allocator).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -69,16 +71,26 @@ std::vector<int> devices();        // devices that have a pool, ascending
 std::string backend_name(int device);
 MemInfo device_mem_info(int device);
 std::size_t empty_cache();         // release_cached() on every pool; bytes returned
-// Trace ring size for pools made from now on, and for live pools where the
-// core Pool offers set_trace_capacity() (else a live pool keeps its own and
-// this throws std::runtime_error saying to pass trace_capacity at install).
+// Trace ring size for pools made from now on and for live pools (which keep
+// their newest entries that fit; 0 stops tracing). clear_trace() empties
+// every live pool's ring (torch's _record_memory_history(clear_history=True)).
 void set_trace_capacity(std::size_t entries);
+void clear_trace();
+// The device pool's stats as torch reports them: parked private-pool blocks
+// count as freed (Note [Parked stats], runtime.cpp).
+PoolStats device_stats(int device);
 
 // ---- callbacks (Python, through the bindings) ---------------------------------
 // Called after a failed allocation with no torchmem lock held; returns true if it
 // freed memory (the allocation is retried, at most oom_hook_retries times).
 using OomCallback = std::function<bool(int device, std::size_t requested)>;
 void set_oom_callback(OomCallback callback);  // empty = none
+// torch's OutOfMemoryObserver: (device, requested bytes, device total or the
+// budget in force, device free), called in the order attached just before an
+// OOM error is raised (after the OOM callback's retries), with no lock held.
+using OomObserver = std::function<void(std::int64_t device, std::size_t requested, std::size_t total,
+                                       std::size_t free)>;
+void add_oom_observer(OomObserver observer);
 // Called before each allocation; its value becomes the TraceEntry context.
 using ContextProvider = std::function<std::uint64_t()>;
 void set_context_provider(ContextProvider provider);
@@ -105,9 +117,28 @@ void delete_tagged_block(void* context) noexcept;
 std::uint64_t failed_deleter_frees();  // bad frees reported by delete_tagged_block
 void record_stream(void* ptr, CudaStream stream);
 void* base_allocation(void* ptr, std::size_t* size);
+// Note [Memory fraction] torch's set_per_process_memory_fraction(f): the
+// budget becomes f * device total (0 <= f <= 1; a budget under one granule
+// refuses every allocation). memory_fraction() answers the fraction last set,
+// else the install limit as a fraction of the device, else 1.0.
 void set_memory_fraction(double fraction, int device);
+double memory_fraction(int device);
 void begin_allocate_to_pool(int device, MempoolKey key, std::function<bool(CudaStream)> filter);
-void incref_pool(int device, MempoolKey key);      // torch.cuda.MemPool creation / graph pool sharing
+
+// Note [External pool allocators] torch.cuda.MemPool(allocator=X) with the
+// user's own allocator X: allocations routed to that pool are X's (one X call
+// per tensor), and their frees go back to X, even after the MemPool and X's
+// Python object are gone (the functions own what they need). torchmem's pool
+// never sees these blocks: they are not in its stats or snapshots, and the
+// budget does not count them.
+struct ExternalAllocator {
+  std::function<void*(std::size_t size, CudaStream stream)> allocate;
+  std::function<void(void* ptr)> free;
+};
+// torch.cuda.MemPool creation / graph pool sharing; `external` only from MemPool(allocator=X).
+void incref_pool(int device, MempoolKey key, std::shared_ptr<ExternalAllocator> external = nullptr);
+// Whether `ptr` is a live block of an external allocator (Note [External pool allocators]).
+bool is_external_block(void* ptr);
 int pool_use_count(int device, MempoolKey key);
 void end_allocate_to_pool(int device, MempoolKey key);
 void release_pool(int device, MempoolKey key);

@@ -28,8 +28,8 @@ MiB = 1 << 20
 """
 
 
-# History tests size the trace ring at install too, so they work whether or not the device
-# pools already exist when record_history() runs (snapshot.py Note [Fixed trace capacity]).
+# History tests size the trace ring at install too; record_history() resizes it on live pools
+# (snapshot.py Note [Live trace ring]).
 HISTORY_ENV = {"TORCHMEM_CONF": "trace_capacity=200000"}
 
 

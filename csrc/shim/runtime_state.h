@@ -1,0 +1,122 @@
+// runtime_state.h: what the runtime keeps per device and per process. Private
+// to csrc/shim (runtime.cpp: the registry and the allocation path;
+// runtime_pools.cpp: private pools, parked blocks and external allocators).
+//
+// Like runtime.h, it includes no torch and no CUDA headers.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "shim/runtime.h"
+
+namespace torchmem::shim {
+
+constexpr int kMaxDevices = 64;
+
+// Note [Private pool uses] As in PyTorch's allocator, every
+// begin_allocate_to_pool and every incref_pool (torch.cuda.MemPool creation;
+// newer torch's graph capture) counts one use of its pool (graphs may share a
+// pool: torch.cuda.graph(pool=other.pool())), and every release_pool drops
+// one; the core pool is released when the last use is dropped.
+struct PrivatePool {
+  PoolId id = 0;
+  int uses = 0;
+  std::shared_ptr<ExternalAllocator> external;  // Note [External pool allocators]
+};
+
+// Note [Parked private blocks] A CUDA graph replays into the addresses its
+// capture used, including those of intermediates freed during the capture.
+// The core pool may reclaim (unmap and move) granules of any free block whose
+// fence completed, and release_cached() returns them, which would pull memory
+// out from under a later replay. So while a private pool is in use, frees of
+// its blocks are parked here (the core still counts them as allocated) and
+// handed to the core only when the pool is released. The cost: blocks freed
+// inside a capture are not reused by the same capture.
+struct Capture {
+  MempoolKey key;
+  PoolId pool;
+  std::function<bool(CudaStream)> filter;
+  std::shared_ptr<ExternalAllocator> external;
+};
+
+// Where route_to_pool sends an allocation.
+struct Route {
+  PoolId pool = 0;
+  MempoolKey key{0, 0};
+  std::shared_ptr<ExternalAllocator> external;
+};
+
+// Everything torchmem keeps for one device. Never destroyed: torch may free
+// tensors during interpreter shutdown, after static destructors would have run.
+struct DeviceState {
+  int device = 0;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Pool> pool;
+  std::size_t total_bytes = 0;
+  // Note [Memory fraction]: the fraction last set (< 0: never set), and whether
+  // the budget it gave is under one granule (then every allocation is refused).
+  std::atomic<double> fraction{-1.0};
+  std::atomic<bool> zero_budget{false};
+
+  std::mutex capture_mutex;            // guards captures, private_pools, next_pool_id
+  std::atomic<int> active_captures{0};  // fast-path check: any filter to consult?
+  std::vector<Capture> captures;
+  std::map<MempoolKey, PrivatePool> private_pools;
+  PoolId next_pool_id = 1;
+
+  // Note [Parked private blocks]
+  std::mutex parked_mutex;                            // guards private_live, parked
+  std::atomic<std::size_t> private_live_count{0};     // fast-path check for frees
+  std::unordered_map<Addr, MempoolKey> private_live;  // live blocks of private pools
+  std::map<MempoolKey, std::vector<Addr>> parked;     // freed, held until the pool's release
+  // Parked blocks and bytes per StatKind: freed by the user, so device_stats()
+  // reports them as freed although the core still holds them (Note [Parked stats]).
+  std::array<std::int64_t, kStatKinds> parked_blocks{};
+  std::array<std::int64_t, kStatKinds> parked_bytes{};
+};
+
+struct Registry {
+  std::mutex mutex;  // guards config and creation of device states
+  RuntimeConfig config;
+  bool configured = false;
+  std::atomic<bool> installed{false};
+  std::array<std::atomic<DeviceState*>, kMaxDevices> states{};
+
+  std::mutex callback_mutex;
+  std::shared_ptr<OomCallback> oom_callback;
+  std::vector<OomObserver> oom_observers;  // guarded by callback_mutex
+  std::shared_ptr<ContextProvider> context_provider;
+  std::atomic<bool> has_context_provider{false};
+
+  // Note [External pool allocators]: live blocks of users' allocators, any device.
+  std::mutex external_mutex;
+  std::atomic<std::size_t> external_count{0};  // fast-path check for frees
+  std::unordered_map<Addr, std::shared_ptr<ExternalAllocator>> external_live;
+};
+
+Registry& registry();
+// The state of `device`, made (backend and pool) at its first use.
+DeviceState& state_for(int device);
+DeviceState* existing_state(int device);  // nullptr while the device has no pool
+
+// ---- runtime_pools.cpp: the private-pool side of allocate and free ----------
+// The private pool (or external allocator) whose capture filter claims `stream`.
+Route route_to_pool(DeviceState& state, CudaStream stream);
+// Note [External pool allocators]
+void* allocate_external(const std::shared_ptr<ExternalAllocator>& external, std::size_t size, CudaStream stream);
+bool free_if_external(void* ptr);
+// Records a live block of private pool `key` (so its free can be parked).
+void note_private_block(DeviceState& state, Addr addr, MempoolKey key);
+// True if `addr` belongs to a private pool still in use: then it is parked
+// (Note [Parked private blocks]) instead of freed.
+bool park_if_private(DeviceState& state, Addr addr);
+
+}  // namespace torchmem::shim
