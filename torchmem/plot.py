@@ -3,9 +3,8 @@
 Reads the shared trace format (gzip JSON, torchmem/data/traces/README.md) or a
 PyTorch memory-snapshot pickle (torch.cuda.memory._dump_snapshot or
 torchmem.dump_snapshot) through torchmem.trace, then draws requested bytes (live
-bytes the program asked for), the recorded allocator's reserved bytes and, when
-torchmem.replay is available, the reserved bytes torchmem's pool would hold for
-the same requests; a second panel shows the fragmentation ratio so far
+bytes the program asked for), the recorded allocator's reserved bytes and the
+reserved bytes torchmem's pool would hold for the same requests (replayed); a second panel shows the fragmentation ratio so far
 (peak reserved / peak requested up to each event), which ends at the headline
 figure. Drawing uses a bare matplotlib Figure (Agg), never pyplot, so calling
 it from a notebook does not change the notebook's backend.
@@ -65,13 +64,10 @@ def curves(trace):
 
 
 def replayed_reserved(trace):
-    """Reserved bytes of torchmem's simulated pool after each event (torchmem.replay), or
-    None when the replay driver is not available in this build."""
-    try:
-        from torchmem import replay
-        return np.asarray(replay.reserved_timeline(trace, policy="torchmem"), dtype=np.int64)
-    except (ImportError, AttributeError, TypeError):
-        return None
+    """Reserved bytes of torchmem's simulated pool after each event (torchmem.replay)."""
+    from torchmem import replay
+
+    return np.asarray(replay.reserved_timeline(trace, policy="torchmem"), dtype=np.int64)
 
 
 def _decimate(values, points=MAX_POINTS):

@@ -182,4 +182,41 @@ PoolConfig config_from_dict(const py::dict& config, const PoolConfig& base) {
   return c;
 }
 
+SimCosts costs_from_dict(const pybind11::object& costs) {
+  SimCosts result;
+  if (costs.is_none()) return result;
+  if (!pybind11::isinstance<pybind11::dict>(costs)) {
+    throw pybind11::value_error("costs: expected a dict of microseconds per backend call, or None");
+  }
+  for (auto item : costs.cast<pybind11::dict>()) {
+    const std::string key = pybind11::str(item.first);
+    double value;
+    try {
+      value = item.second.cast<double>();
+    } catch (const pybind11::cast_error&) {
+      throw pybind11::value_error("costs['" + key + "']: expected a number of microseconds");
+    }
+#define TORCHMEM_COST_FIELD(field) \
+  if (key == #field) {             \
+    result.field = value;          \
+    continue;                      \
+  }
+    TORCHMEM_COST_FIELD(reserve_us)
+    TORCHMEM_COST_FIELD(create_us)
+    TORCHMEM_COST_FIELD(release_us)
+    TORCHMEM_COST_FIELD(map_us)
+    TORCHMEM_COST_FIELD(set_access_us)
+    TORCHMEM_COST_FIELD(unmap_us)
+    TORCHMEM_COST_FIELD(segment_alloc_us)
+    TORCHMEM_COST_FIELD(segment_free_us)
+    TORCHMEM_COST_FIELD(event_record_us)
+    TORCHMEM_COST_FIELD(event_query_us)
+#undef TORCHMEM_COST_FIELD
+    throw pybind11::value_error("costs: unknown key '" + key +
+                                "'; allowed: reserve_us, create_us, release_us, map_us, set_access_us, unmap_us, "
+                                "segment_alloc_us, segment_free_us, event_record_us, event_query_us");
+  }
+  return result;
+}
+
 }  // namespace torchmem::bindings

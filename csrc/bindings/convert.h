@@ -7,7 +7,7 @@
 // one format. Keys come from the X-macros in core/stats.h, so a new counter
 // appears here without an edit.
 //
-// Shapes (see /work/briefs/core.md):
+// Shapes:
 //   stats_to_dict: {"<stat>": {"all"|"small_pool"|"large_pool":
 //                     {"current","peak","allocated","freed"}}, ... for every
 //                   TORCHMEM_STAT_ARRAYS name, "<counter>": int for every
@@ -21,10 +21,13 @@
 //                        "context","sequence"}]}
 //   config_from_dict: keys are PoolConfig field names; an unknown key or a value
 //                     of the wrong type raises ValueError naming the key.
+//   costs_from_dict: {SimCosts field ("map_us", ...): microseconds}, or None for
+//                    the defaults; SimBackend(costs=) and replay(costs=) take it.
 #pragma once
 
 #include <pybind11/pybind11.h>
 
+#include "backend/sim_backend.h"
 #include "core/backend.h"
 #include "core/pool.h"
 #include "core/stats.h"
@@ -36,6 +39,8 @@ pybind11::dict backend_counters_to_dict(const BackendCounters& counters);
 pybind11::dict snapshot_to_dict(const PoolSnapshot& snapshot);
 // Starts from `base` (default PoolConfig{}) and overrides the keys present.
 PoolConfig config_from_dict(const pybind11::dict& config, const PoolConfig& base = PoolConfig{});
+// Starts from SimCosts{} and overrides the keys present (None: the defaults).
+SimCosts costs_from_dict(const pybind11::object& costs);
 
 // Names used in snapshots: "active_allocated" | "active_pending_free" |
 // "inactive", and "alloc" | "free_requested" | "free_completed" |

@@ -25,35 +25,6 @@ namespace torchmem::bindings {
 
 namespace {
 
-SimCosts costs_from_dict(const py::dict& d) {
-  SimCosts c;
-  for (const auto& item : d) {
-    const std::string key = py::str(item.first);
-    double value;
-    try {
-      value = item.second.cast<double>();
-    } catch (const py::cast_error&) {
-      throw py::value_error("SimBackend costs['" + key + "']: expected a number of microseconds");
-    }
-    if (key == "reserve_us") c.reserve_us = value;
-    else if (key == "create_us") c.create_us = value;
-    else if (key == "release_us") c.release_us = value;
-    else if (key == "map_us") c.map_us = value;
-    else if (key == "set_access_us") c.set_access_us = value;
-    else if (key == "unmap_us") c.unmap_us = value;
-    else if (key == "segment_alloc_us") c.segment_alloc_us = value;
-    else if (key == "segment_free_us") c.segment_free_us = value;
-    else if (key == "event_record_us") c.event_record_us = value;
-    else if (key == "event_query_us") c.event_query_us = value;
-    else {
-      throw py::value_error("SimBackend costs: unknown key '" + key +
-                            "'; allowed: reserve_us, create_us, release_us, map_us, set_access_us, "
-                            "unmap_us, segment_alloc_us, segment_free_us, event_record_us, event_query_us");
-    }
-  }
-  return c;
-}
-
 py::dict pool_stats(const Pool& pool) {
   PoolStats s;
   BackendCounters counters;
@@ -90,7 +61,7 @@ void bind_core(py::module_& m) {
              c.vmm = vmm;
              c.host_memory = host_memory;
              c.event_delay = event_delay;
-             if (!costs.is_none()) c.costs = costs_from_dict(costs.cast<py::dict>());
+             c.costs = costs_from_dict(costs);
              try {
                return std::make_unique<SimBackend>(c);
              } catch (const std::invalid_argument& e) {

@@ -63,35 +63,6 @@ const TraceEvent* event_rows(const EventArray& array) {
   return reinterpret_cast<const TraceEvent*>(array.data());
 }
 
-SimCosts costs_from_dict(const py::object& costs) {
-  SimCosts result;
-  if (costs.is_none()) return result;
-  for (auto item : costs.cast<py::dict>()) {
-    const auto key = item.first.cast<std::string>();
-    const double value = item.second.cast<double>();
-#define TORCHMEM_COST_FIELD(field) \
-  if (key == #field) {             \
-    result.field = value;          \
-    continue;                      \
-  }
-    TORCHMEM_COST_FIELD(reserve_us)
-    TORCHMEM_COST_FIELD(create_us)
-    TORCHMEM_COST_FIELD(release_us)
-    TORCHMEM_COST_FIELD(map_us)
-    TORCHMEM_COST_FIELD(set_access_us)
-    TORCHMEM_COST_FIELD(unmap_us)
-    TORCHMEM_COST_FIELD(segment_alloc_us)
-    TORCHMEM_COST_FIELD(segment_free_us)
-    TORCHMEM_COST_FIELD(event_record_us)
-    TORCHMEM_COST_FIELD(event_query_us)
-#undef TORCHMEM_COST_FIELD
-    throw py::value_error("replay costs: unknown key '" + key +
-                          "'; allowed: reserve_us, create_us, release_us, map_us, set_access_us, unmap_us, "
-                          "segment_alloc_us, segment_free_us, event_record_us, event_query_us");
-  }
-  return result;
-}
-
 NativeConfig native_from_dict(const py::object& config) {
   NativeConfig result;
   if (config.is_none()) return result;

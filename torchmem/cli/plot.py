@@ -2,8 +2,9 @@
 
 FILE is a trace (.json.gz) or a memory-snapshot pickle. A snapshot with history
 is drawn as a timeline; one without (what `replay --snapshot` writes: the layout
-at one moment) as its segments and blocks. For a trace, torchmem's policy is also replayed (when torchmem.replay provides a
-per-event curve) and its reserved curve drawn beside the recorded allocator's.
+at one moment) as its segments and blocks. For a trace, torchmem's policy is
+also replayed (unless --no-replay) and its reserved curve drawn beside the
+recorded allocator's.
 The drawing itself is torchmem.plot (plot_timeline, plot_layout).
 """
 

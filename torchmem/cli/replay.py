@@ -177,8 +177,8 @@ def resolve_trace(name):
     """A path for TRACE: the file if it exists, else the bundled trace of that name."""
     from torchmem import trace as trace_io
 
-    if os.path.exists(name):
-        return name
+    if os.path.exists(name) or os.sep in name or "." in os.path.basename(name):
+        return name  # a path: trace.load says when it is missing
     try:
         return trace_io.bundled_trace(name)
     except ValueError as exc:
