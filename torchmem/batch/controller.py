@@ -29,9 +29,9 @@ Note [Moving the micro-batch]
   or the ceiling itself when no grid size lies between (8 -> 16 with
   quantum 8); with no ceiling, half way to twice the size, or the whole
   batch. A probe that OOMs puts the ceiling back, the same batch is retried
-  at the size that held before, and the wait before the next probe grows 4x (hysteresis: at most
-  one OOM per wait, and fewer while memory stays tight); a probe that holds
-  resets the wait to `grow_after`.
+  at the size that held before, and the wait before the next probe grows 4x
+  (hysteresis: at most one OOM per wait, fewer and fewer while memory stays
+  tight); a probe that holds resets the wait to `grow_after`.
 - Note [Calibration step] From a cold start the slope is an upper bound
   (batch/model.py Note [Cold start]); when a step's fixed bytes are large it
   predicts that nothing above the size in use fits, and a model that only ever
@@ -392,7 +392,7 @@ class BatchSizeController:
         """The size to retry at after an OOM at `micro` (always < micro)."""
         budget = self._budget()
         best = self.memory_model.largest_under(self._target(budget))
-        if self._probe_size is not None and self._probe_from < micro:
+        if self._probe_size is not None and self._probe_from < self._probe_size <= micro:
             size = self._probe_from  # a probe up failed: back to the size that held
         elif best is not None and best < micro:
             size = best
