@@ -1,16 +1,24 @@
 # torchmem's entry points. The two README commands are `make demo` and `make test`;
 # each installs what is missing first (torch only if it is not importable, so a
-# GPU machine keeps its own CUDA torch), then builds the extension in place.
+# GPU machine keeps its own CUDA torch; the frameworks the integration tests need
+# only for `make test`), then builds the extension in place. Packages go to the
+# Python that runs make ($(PYTHON)): use a virtual environment (README).
 PYTHON ?= python3
 TORCH_SPEC ?= torch==2.14.1
+# e.g. TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu" for a CPU-only torch
+TORCH_PIP_ARGS ?=
 PIP := $(PYTHON) -m pip
 
-.PHONY: setup build demo test test-gpu bench-micro clean
+.PHONY: setup setup-test build demo test test-gpu bench-micro clean
 
 setup:
-	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
-	@$(PYTHON) tools/ensure_deps.py
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	@$(PYTHON) tools/ensure_deps.py demo
 	@$(PYTHON) tools/build_if_stale.py
+
+# What the tests need on top: pytest, matplotlib, Lightning, Transformers, Accelerate.
+setup-test: setup
+	@$(PYTHON) tools/ensure_deps.py test
 
 # Force a rebuild of torchmem._C in place.
 build:
@@ -21,10 +29,10 @@ build:
 demo: setup
 	$(PYTHON) -m torchmem demo
 
-test: setup
+test: setup-test
 	$(PYTHON) -m pytest -q
 
-test-gpu: setup
+test-gpu: setup-test
 	$(PYTHON) -m pytest -q -m gpu
 
 # C++ microbenchmark of the pool's cached fast path (plain g++, no torch).

@@ -12,7 +12,7 @@
 #
 # Environment: CUDA_HOME (toolkit root), TORCH_CUDA_ARCH_LIST (default below),
 # DEBUG=1 (-O0 -g, expensive invariant checks on), TORCHMEM_FORCE_CPU=1 (skip the
-# CUDA parts), TORCHMEM_BUILD_DIR (ninja's object directory, default build/).
+# CUDA parts), TORCHMEM_BUILD_DIR (ninja's object directory, default build/obj).
 
 import glob
 import os
@@ -111,9 +111,9 @@ def extension():
 class Build(BuildExtension):
     def initialize_options(self):
         super().initialize_options()
-        build_dir = os.environ.get("TORCHMEM_BUILD_DIR")
-        if build_dir:
-            self.build_temp = build_dir
+        # One object directory for every build of this checkout (in place, wheel), so
+        # ninja recompiles only what changed (tests/test_wheel.py builds a wheel).
+        self.build_temp = os.environ.get("TORCHMEM_BUILD_DIR") or os.path.join(ROOT, "build", "obj")
 
 
 print(f"torchmem: building with CUDA={'yes (' + CUDA_HOME + ')' if WITH_CUDA else 'no'}, "

@@ -4,17 +4,13 @@ The pool is torchmem's real core (_C.Pool) over the simulated backend, so these
 tests read the same counters and snapshots the installed allocator gives on a GPU.
 """
 
-import pytest
-
 MiB = 1 << 20
 
 
 def make_pool(limit=0, trace_capacity=10_000, capacity=8 << 30, vmm=True, **config):
-    """A _C.Pool over a SimBackend; skips the test when the core bindings are not built yet."""
+    """A _C.Pool over a SimBackend."""
     from torchmem._loader import _C
 
-    if not hasattr(_C, "Pool"):
-        pytest.skip("torchmem._C.Pool is not built yet (core bindings)")
     backend = _C.SimBackend(capacity=capacity, granularity=2 * MiB, vmm=vmm)
     config = dict(config, limit_bytes=limit, trace_capacity=trace_capacity)
     return _C.Pool(backend, config)

@@ -288,3 +288,36 @@ def test_margin_defaults_to_the_probes_and_can_be_given():
     for bad in (1.0, -0.1, "5%"):
         with pytest.raises(ValueError, match="margin must be None or a number in"):
             BatchSizeController(8, model=model, probe=NullProbe(), margin=bad)
+
+
+def test_without_figures_it_grows_back_when_memory_frees_and_backs_off_while_it_does_not():
+    # Learning from OOMs alone it settles at 8: 16 OOMs, and the grid has nothing between.
+    memory = SyntheticMemory(1000, 100, 1000 + 100 * 12)
+    model = torch.nn.Linear(3, 1)
+    grow_after = 10
+    ctl = BatchSizeController(64, model=model, probe=NullProbe(), grow_after=grow_after)
+
+    def step_fn(mb):
+        memory.use(mb.shape[0])
+        return model(mb).sum()
+
+    def steps(n):
+        for _ in range(n):
+            ctl.run(step_fn, torch.randn(64, 3))
+            model.zero_grad(set_to_none=True)
+
+    steps(1)
+    assert ctl.micro_batch == 8
+    # Memory stays tight: it probes 16 again, each probe OOMs, is retried at 8, and
+    # the wait before the next probe grows 4x (hysteresis).
+    ooms = memory.ooms
+    steps(grow_after * (1 + 4 + 16))
+    probes = [e["step"] for e in ctl.events if e["event"] == "grow"]
+    assert [b - a for a, b in zip([0] + probes, probes)] == [grow_after, 4 * grow_after, 16 * grow_after]
+    assert memory.ooms - ooms == len(probes) and ctl.micro_batch == 8
+    # Memory frees: the next probe holds and it grows back to the whole batch, OOM-free.
+    memory.budget = 1000 + 100 * 64
+    ooms = memory.ooms
+    steps(64 * grow_after + 6 * grow_after)
+    assert ctl.micro_batch == 64 and ctl.accumulation_steps == 1
+    assert memory.ooms == ooms

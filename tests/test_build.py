@@ -59,3 +59,25 @@ def test_unknown_attribute_is_an_attribute_error():
         assert "no_such_thing" in str(exc)
     else:
         raise AssertionError("expected AttributeError")
+
+
+def test_pure_python_parts_work_without_the_compiled_module():
+    # sys.modules[...] = None makes `from torchmem import _C` fail as a missing build would.
+    proc = run_python(
+        """
+        import sys
+        sys.modules["torchmem._C"] = None
+        import torch, torchmem
+        assert "torchmem._C" not in sys.modules or sys.modules["torchmem._C"] is None
+        torchmem.Config(limit="8GiB")
+        assert not torchmem.is_installed()
+        from torchmem.batch import BatchSizeController, NullProbe
+        BatchSizeController(8, model=torch.nn.Linear(2, 1), probe=NullProbe())
+        torchmem.oom_retry(lambda x: x)
+        try:
+            torchmem.build_info()
+        except ImportError as exc:
+            print(exc)
+        """
+    )
+    assert "could not be loaded" in proc.stdout and "pip install --no-build-isolation -e ." in proc.stdout

@@ -160,3 +160,84 @@ def test_demo_replays_gpt2_side_by_side(capsys):
     assert "min-cap ratio" in out
     assert "expandable_segments" in out and "cudaMallocAsync" in out  # the H200 anchors
     assert "GiB less at peak than PyTorch's native allocator" in out
+    # against the fair competitor, labelled as a measurement; backend time per step, as a share of one
+    assert "Against expandable_segments" in out and "MEASURED ON THE H200" in out
+    time_row = next(line for line in out.splitlines() if line.startswith("modeled backend time"))
+    assert time_row.count("ms/step") == 2 and "% of a step" in time_row
+
+
+def test_limit_fraction_is_a_share_of_the_simulated_device(short_trace, capsys):
+    assert main(["replay", short_trace, "--json", "--policy", "torchmem", "--limit", "0.5",
+                 "--capacity", "64GiB"]) == 0
+    (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert record["limit"] == 32 << 30
+    assert main(["replay", short_trace, "--limit", "1.5"]) == 2
+    assert "(0, 1]" in capsys.readouterr().err
+
+
+def test_torchmem_conf_applies_and_config_wins(short_trace, capsys, monkeypatch):
+    monkeypatch.setenv("TORCHMEM_CONF", "limit=64MiB,reclaim_slack=0.5")
+    assert main(["replay", short_trace, "--json", "--policy", "torchmem"]) == 0
+    (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert record["limit"] == 64 << 20
+    assert main(["replay", short_trace, "--json", "--policy", "torchmem", "--config", "limit=128MiB"]) == 0
+    (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert record["limit"] == 128 << 20
+
+
+def test_a_budget_that_causes_ooms_says_so_and_gives_no_ratio(short_trace, capsys):
+    assert main(["replay", short_trace, "--limit", "64MiB"]) == 0
+    out = capsys.readouterr().out
+    ratio_row = next(line for line in out.splitlines() if line.startswith("ratio"))
+    ours, native, recorded = ratio_row.split()[1:]
+    assert ours == native == "OOM"
+    # the recorded allocator's ratio divides by the trace's own peak, not the OOMing replay's
+    trace = trace_io.load(short_trace)
+    assert float(recorded) == pytest.approx(trace.recorded_peak_reserved() / trace.peak_requested(), abs=1e-3)
+    for policy in ("torchmem", "native"):
+        assert f"{policy}: OUT OF MEMORY:" in out
+    assert "the trace does not fit" in out
+
+
+def _write_trace(path, events):
+    trace_io.save(trace_io.Trace(events=events, workload="broken"), path)
+    return str(path)
+
+
+@pytest.mark.parametrize("events, words", [
+    ([[0, 4096, 1000, 0], [1, 8192, 0, 0], [1, 4096, 1000, 0]], ["event 1", "free of 0x2000", "not live"]),
+    ([[0, 4096, 1000, 0], [1, 4096, 1000, 0], [1, 4096, 1000, 0]], ["event 2", "freed twice"]),
+    ([[0, 4096, -5, 0]], ["event 0", "negative size -5"]),
+    ([[0, 4096, 1000, 0], [0, 4096, 1000, 0]], ["event 1", "still live"]),
+])
+def test_broken_traces_are_refused_naming_the_entry(tmp_path, capsys, events, words):
+    path = _write_trace(tmp_path / "broken.json", events)
+    assert main(["replay", path]) == 2
+    err = capsys.readouterr().err
+    for word in words + ["--lenient"]:
+        assert word in err
+
+
+def test_lenient_skips_broken_entries_and_says_what(tmp_path, capsys):
+    path = _write_trace(tmp_path / "broken.json", [[0, 4096, 1000, 0], [1, 8192, 0, 0], [0, 16384, -5, 0],
+                                                   [1, 4096, 1000, 0]])
+    assert main(["replay", path, "--lenient", "--json", "--policy", "torchmem"]) == 0
+    captured = capsys.readouterr()
+    (record,) = [json.loads(line) for line in captured.out.splitlines()]
+    assert (record["events"], record["allocs"], record["frees"], record["unmatched_frees"]) == (2, 1, 1, 0)
+    assert "skipped 2 entries" in captured.err and "unknown free: 1" in captured.err and "negative: 1" in captured.err
+
+
+def test_bundled_traces_by_name_and_list(capsys):
+    assert main(["replay", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == [trace_io.bundled_trace_names(p)[0] for p in trace_io.bundled_traces()]
+    assert all(line.split()[-1] in trace_io.bundled_traces() for line in lines)
+    assert main(["replay", "vision", "--json", "--policy", "native"]) == 0
+    (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert record["trace"] == trace_io.bundled_trace("vision")
+    assert main(["replay", "no_such_trace"]) == 2
+    err = capsys.readouterr().err
+    assert "neither a file nor a bundled trace" in err and "gpt2_train" in err
+    assert main(["replay"]) == 2
+    assert "--list" in capsys.readouterr().err

@@ -101,6 +101,22 @@ def test_plot_writes_a_png_that_opens(tmp_path, capsys):
     assert matplotlib.image.imread(str(png2)).ndim == 3
 
 
+def test_plot_draws_the_layout_that_replay_snapshot_writes(tmp_path, capsys):
+    import matplotlib.image
+
+    from torchmem import trace as trace_io
+
+    snap, png = tmp_path / "peak.pickle", tmp_path / "layout.png"
+    assert main(["replay", "vision", "--policy", "native", "--json", "--snapshot", str(snap)]) == 0
+    record = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert main(["plot", str(snap), "-o", str(png)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    snapshot = trace_io.read_snapshot(str(snap))
+    assert summary["segments"] == len(snapshot["segments"]) and summary["reserved"] == record["peak_reserved"]
+    assert summary["active_allocated_bytes"] + summary["inactive_bytes"] == summary["reserved"]
+    assert matplotlib.image.imread(str(png)).ndim == 3
+
+
 @pytest.mark.parametrize("argv, words", [
     (["stats", "/no/such/file.pickle"], ["FILE", "/no/such/file.pickle"]),
     (["stats"], ["not installed", "snapshot"]),

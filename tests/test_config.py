@@ -8,7 +8,8 @@ from torchmem import config
 from support import REPO
 
 
-def test_defaults_and_core_dict():
+def test_defaults_and_core_dict(monkeypatch):
+    monkeypatch.delenv(config.ENV_VAR, raising=False)
     cfg = config.Config()
     assert cfg.as_dict() == {option.name: option.default for option in config.OPTIONS}
     core = cfg.core_dict(80 << 30)
@@ -88,3 +89,20 @@ def test_core_dict_covers_every_pool_config_field():
     for name, default in fields.items():
         if name != "limit_bytes":
             assert core[name] == default, name
+
+
+def test_every_config_applies_torchmem_conf_and_explicit_arguments_win(monkeypatch):
+    from torchmem import replay
+
+    monkeypatch.setenv(config.ENV_VAR, "limit=4GiB,reclaim_slack=0.5")
+    cfg = config.Config(reclaim_slack=0.25)
+    assert cfg.limit == 4 << 30 and cfg.reclaim_slack == 0.25
+    assert config.Config() == config.from_env_and_kwargs()
+    assert replay.pool_config()["limit_bytes"] == 4 << 30
+    assert replay.pool_config({"limit": "8GiB"})["limit_bytes"] == 8 << 30
+    assert config.Config.defaults().limit is None
+    monkeypatch.setenv(config.ENV_VAR, "limit=1GiB")
+    assert cfg.replace(debug_checks=True).limit == 4 << 30  # replace() keeps the Config's own values
+    monkeypatch.setenv(config.ENV_VAR, "limit=lots")
+    with pytest.raises(ValueError, match="TORCHMEM_CONF='limit=lots'.*'limit'"):
+        config.Config()

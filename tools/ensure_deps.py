@@ -1,33 +1,50 @@
-"""Installs the Python packages torchmem's build, demo and tests need, but only
-those missing: a machine without network (the GPU machine) has them already."""
+"""Installs the Python packages a make target needs, but only those missing: a
+machine without network (the GPU machine) has them already.
+
+    python tools/ensure_deps.py demo   # build torchmem and run the demo
+    python tools/ensure_deps.py test   # also what the tests need
+
+The demo needs only the build tools; the test suite also needs pytest, hypothesis,
+matplotlib and the frameworks the integrations are tested against (Lightning,
+Transformers, Accelerate: several GB), so only `make test` installs those.
+"""
 
 import importlib.util
 import subprocess
 import sys
 
-# import name -> pip requirement
+# import name -> pip requirement, per target
 NEEDED = {
-    "ninja": "ninja",
-    "pytest": "pytest",
-    "hypothesis": "hypothesis",
-    "numpy": "numpy",
-    "matplotlib": "matplotlib",
-    "setuptools": "setuptools>=64",
-    "wheel": "wheel",
-    # The Lightning and Hugging Face integrations are tested against the real
-    # frameworks on CI too (only GPU tests may skip there).
-    "lightning": "lightning",
-    "transformers": "transformers",
-    "accelerate": "accelerate",
+    "demo": {
+        "ninja": "ninja",
+        "numpy": "numpy",
+        "setuptools": "setuptools>=64",
+        "wheel": "wheel",
+    },
+    "test": {
+        "pytest": "pytest",
+        "hypothesis": "hypothesis",
+        "matplotlib": "matplotlib",
+        # The Lightning and Hugging Face integrations are tested against the real
+        # frameworks on CI too (only GPU tests may skip there).
+        "lightning": "lightning",
+        "transformers": "transformers",
+        "accelerate": "accelerate",
+    },
 }
 
 
-def main():
-    missing = [req for name, req in NEEDED.items() if importlib.util.find_spec(name) is None]
+def main(argv):
+    if len(argv) != 1 or argv[0] not in NEEDED:
+        sys.exit(f"usage: python tools/ensure_deps.py {{{'|'.join(NEEDED)}}}")
+    needed = dict(NEEDED["demo"])
+    if argv[0] == "test":
+        needed.update(NEEDED["test"])
+    missing = [req for name, req in needed.items() if importlib.util.find_spec(name) is None]
     if missing:
         print(f"installing missing packages: {' '.join(missing)}", flush=True)
         subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", *missing])
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

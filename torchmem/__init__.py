@@ -5,14 +5,15 @@ caching allocator with torchmem's pool. Everything else (stats, snapshots, leak
 checks, OOM hooks, the adaptive batch-size controller, the OOM auto-retry
 decorator) is imported from here too. Importing torchmem never initializes CUDA.
 
-Names are loaded on first use, so ``import torchmem`` stays cheap and a part that
-needs an optional dependency (Lightning, transformers, matplotlib) costs nothing
-until it is used.
+Names are loaded on first use, so ``import torchmem`` stays cheap, the compiled
+module torchmem._C loads only when a name that needs it is used (config, batch
+and retry work without a build), and a part that needs an optional dependency
+(Lightning, transformers, matplotlib) costs nothing until it is used.
 """
 
 import importlib
 
-from torchmem._loader import build_info
+import torch  # noqa: F401  (loads the libraries torchmem._C links against, for a direct `import torchmem._C`)
 
 __version__ = "0.1.0"
 
@@ -20,7 +21,8 @@ __version__ = "0.1.0"
 _LAZY = {
     # allocator
     "install": "torchmem.install",
-    "is_installed": "torchmem.install",
+    "is_installed": "torchmem._loader",
+    "build_info": "torchmem._loader",
     "Config": "torchmem.config",
     # stats and torch compatibility
     "memory_stats": "torchmem.stats",
@@ -51,7 +53,7 @@ _LAZY = {
     "OffloadActivations": "torchmem.offload",
 }
 
-__all__ = ["build_info", "__version__"] + sorted(_LAZY)
+__all__ = ["__version__"] + sorted(_LAZY)
 
 
 def __getattr__(name):

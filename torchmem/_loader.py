@@ -1,17 +1,26 @@
-"""Loads the compiled module torchmem._C and says clearly when it cannot.
+"""Loads the compiled module torchmem._C, on first use, and says clearly when it cannot.
 
-A module built against one torch and imported with another fails with an
-undefined-symbol ImportError, or worse, loads and misbehaves. We check the torch
-version the module was built against (build_info) and turn both cases into an
-error that says what happened and how to rebuild.
+Loading is lazy so that `import torchmem` and the pure-Python parts (config,
+batch, retry) work without a build: `_C` is loaded when something first reads
+`torchmem._loader._C` (``from torchmem._loader import _C``) or calls
+``extension()``. A module built against one torch and imported with another
+fails with an undefined-symbol ImportError, or worse, loads and misbehaves. We
+check the torch version the module was built against (build_info) and turn both
+cases into an error that says what happened and how to rebuild.
+
+``is_installed()`` is the one answer to "is torchmem's allocator installed in
+this process?"; every other module asks it.
 """
 
-import torch
+import threading
 
 REBUILD_HINT = (
     "Rebuild it against the torch in this environment: "
     "`pip install --no-build-isolation -e .` from the torchmem checkout (or `make build`)."
 )
+
+_module = None
+_lock = threading.Lock()
 
 
 def _base_version(version):
@@ -19,6 +28,9 @@ def _base_version(version):
 
 
 def load_extension():
+    """Imports torchmem._C and checks it matches the installed torch; raises ImportError saying how to fix it."""
+    import torch
+
     try:
         from torchmem import _C
     except ImportError as exc:
@@ -36,13 +48,39 @@ def load_extension():
     return _C
 
 
-_C = load_extension()
+def extension():
+    """torchmem._C, loaded and checked on the first call."""
+    global _module
+    if _module is None:
+        with _lock:
+            if _module is None:
+                _module = load_extension()
+    return _module
+
+
+def __getattr__(name):
+    if name == "_C":
+        return extension()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def build_info():
     """What the compiled module was built against: torch and CUDA versions,
     whether the CUDA backends (vmm, cuda_malloc) and the allocator shim were
     compiled, and compiler flags of note. Safe without a GPU."""
-    info = dict(_C.build_info())
+    import torch
+
+    info = dict(extension().build_info())
     info["torch_runtime_version"] = torch.__version__
     return info
+
+
+def is_installed():
+    """True when torchmem's pool is PyTorch's current CUDA allocator in this process.
+
+    Never loads the compiled module: install() loads it, so while it is not
+    loaded torchmem cannot be installed. A CPU-only build has no runtime."""
+    module = _module
+    if module is None or not module.build_info()["cuda_backends"]:
+        return False
+    return bool(module.runtime_is_installed())

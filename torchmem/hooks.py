@@ -89,12 +89,10 @@ def hook_counters():
 def _attach_runtime():
     """Makes the installed allocator call _run_hooks on OOM. Called by on_oom() and by
     torchmem.install(); a no-op when torchmem's allocator is not installed."""
-    from torchmem.stats import runtime_installed
+    from torchmem._loader import extension, is_installed
 
-    if runtime_installed():
-        from torchmem._loader import _C
-
-        _C.runtime_set_oom_callback(_run_hooks)
+    if is_installed():
+        extension().runtime_set_oom_callback(_run_hooks)
         return True
     return False
 

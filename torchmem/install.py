@@ -32,7 +32,9 @@ import warnings
 import torch
 
 from torchmem import config as _config
-from torchmem._loader import _C
+from torchmem import hooks as _hooks
+from torchmem import patch as _patch
+from torchmem._loader import _C, is_installed
 
 __all__ = ["install", "is_installed", "mem_pool_allocator"]
 
@@ -102,16 +104,6 @@ def _warn_unsupported_once():
     )
 
 
-def _optional(module_name):
-    """A torchmem module written by another part of the project, or None while it does not exist."""
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name == module_name:
-            return None
-        raise
-
-
 def install(**options):
     """Replace PyTorch's CUDA caching allocator with torchmem's pool; returns the Config in force.
 
@@ -143,21 +135,10 @@ def install(**options):
         _installed_config = cfg
     if cfg.warn_unsupported:
         _warn_unsupported_once()
-    hooks = _optional("torchmem.hooks")
-    if hooks is not None and hasattr(hooks, "_attach_runtime"):
-        hooks._attach_runtime()
+    _hooks._attach_runtime()
     if cfg.patch_torch:
-        patch = _optional("torchmem.patch")
-        if patch is not None:
-            patch.patch_torch()
+        _patch.patch_torch()
     return cfg
-
-
-def is_installed():
-    """True when torchmem's pool is PyTorch's current CUDA allocator in this process."""
-    if not _C.build_info()["cuda_backends"]:
-        return False
-    return bool(_C.runtime_is_installed())
 
 
 def installed_config():

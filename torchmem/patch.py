@@ -39,9 +39,9 @@ def _use_torchmem():
     """Whether the wrappers answer from torchmem: a pool given to patch_torch, or the installed allocator."""
     if _source["pool"] is not None:
         return True
-    from torchmem.stats import runtime_installed
+    from torchmem._loader import is_installed
 
-    return runtime_installed()
+    return is_installed()
 
 
 def _device_kwargs(device):

@@ -3,12 +3,14 @@
 Reads the shared trace format (gzip JSON, torchmem/data/traces/README.md) or a
 PyTorch memory-snapshot pickle (torch.cuda.memory._dump_snapshot or
 torchmem.dump_snapshot) through torchmem.trace, then draws requested bytes (live
-bytes the program asked for), the recorded allocator's reserved bytes and, when
-torchmem.replay is available, the reserved bytes torchmem's pool would hold for
-the same requests; a second panel shows the fragmentation ratio so far
+bytes the program asked for), the recorded allocator's reserved bytes and the
+reserved bytes torchmem's pool would hold for the same requests (replayed); a second panel shows the fragmentation ratio so far
 (peak reserved / peak requested up to each event), which ends at the headline
 figure. Drawing uses a bare matplotlib Figure (Agg), never pyplot, so calling
 it from a notebook does not change the notebook's backend.
+
+A snapshot without history (what `replay --snapshot` writes: the layout at one
+moment) has no timeline; plot_layout draws its segments and blocks instead.
 
 Note [Peak-preserving decimation]
 Traces have hundreds of thousands of events; a plot has ~2000 pixels across.
@@ -62,17 +64,17 @@ def curves(trace):
 
 
 def replayed_reserved(trace):
-    """Reserved bytes of torchmem's simulated pool after each event (torchmem.replay), or
-    None when the replay driver is not available in this build."""
-    try:
-        from torchmem import replay
-        return np.asarray(replay.reserved_timeline(trace, policy="torchmem"), dtype=np.int64)
-    except (ImportError, AttributeError, TypeError):
-        return None
+    """Reserved bytes of torchmem's simulated pool after each event (torchmem.replay)."""
+    from torchmem import replay
+
+    return np.asarray(replay.reserved_timeline(trace, policy="torchmem"), dtype=np.int64)
 
 
 def _decimate(values, points=MAX_POINTS):
-    """(x, y): the maximum of each bucket (Note [Peak-preserving decimation])."""
+    """(x, y): the maximum of each bucket (A snapshot without history (what `replay --snapshot` writes: the layout at one
+moment) has no timeline; plot_layout draws its segments and blocks instead.
+
+Note [Peak-preserving decimation])."""
     values = np.asarray(values)
     if len(values) <= points:
         return np.arange(len(values)), values
@@ -132,3 +134,52 @@ def plot_timeline(path, output, replay=True, title=None):
     fig.tight_layout()
     fig.savefig(output, format="png", dpi=100)
     return summary
+
+
+def has_history(path):
+    """Whether the snapshot pickle at `path` recorded allocator events (a timeline to draw)."""
+    snapshot = trace_io.read_snapshot(path)
+    return any(snapshot.get("device_traces") or [])
+
+
+# Block states of a snapshot, in drawing order, with their colours.
+_STATE_COLORS = (("active_allocated", "tab:blue"), ("active_pending_free", "tab:orange"), ("inactive", "0.85"))
+
+
+def plot_layout(path, output, title=None):
+    """Writes a PNG of a snapshot's layout at one moment to `output`: one bar per segment,
+    its blocks coloured by state (allocated, pending free, free). Returns the figures drawn."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    snapshot = trace_io.read_snapshot(path)
+    segments = sorted(snapshot["segments"], key=lambda seg: seg["address"])
+    if not segments:
+        raise ValueError(f"{path}: the snapshot holds no segments: nothing to draw")
+    mib = float(1 << 20)
+    fig = Figure(figsize=(11, min(2 + 0.3 * len(segments), 30)))
+    axes = fig.subplots()
+    totals = dict.fromkeys((state for state, _ in _STATE_COLORS), 0)
+    for row, segment in enumerate(segments):
+        for state, color in _STATE_COLORS:
+            spans = [((block["address"] - segment["address"]) / mib, block["size"] / mib)
+                     for block in segment["blocks"] if block["state"] == state]
+            totals[state] += sum(block["size"] for block in segment["blocks"] if block["state"] == state)
+            if spans:
+                axes.broken_barh(spans, (row - 0.4, 0.8), facecolors=color)
+    axes.set_yticks(range(len(segments)))
+    axes.set_yticklabels([f"{seg['segment_type']} {seg['total_size'] / mib:,.0f} MiB" for seg in segments],
+                         fontsize=7)
+    axes.invert_yaxis()
+    axes.set_xlabel("offset in segment (MiB)")
+    reserved = sum(seg["total_size"] for seg in segments)
+    settings = snapshot.get("allocator_settings") or {}
+    where = f" ({settings['replayed_policy']}, event {settings['replayed_event']:,})" if "replayed_event" in settings else ""
+    axes.set_title(title or f"memory layout: {os.path.basename(path)}{where}: {reserved / mib:,.0f} MiB reserved "
+                            f"in {len(segments)} segments, {totals['active_allocated'] / mib:,.0f} MiB allocated")
+    axes.legend(handles=[Patch(color=color, label=state.replace("_", " ")) for state, color in _STATE_COLORS],
+                loc="lower right")
+    fig.tight_layout()
+    fig.savefig(output, format="png", dpi=100)
+    return {"segments": len(segments), "reserved": int(reserved),
+            **{f"{state}_bytes": int(total) for state, total in totals.items()}}

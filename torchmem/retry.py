@@ -97,13 +97,10 @@ def requested_bytes_of(message):
 
 
 def _run_torchmem_hooks(device, requested):
+    from torchmem import hooks
+
     try:
-        from torchmem import hooks
-        run_hooks = hooks._run_hooks
-    except (ImportError, AttributeError):
-        return False
-    try:
-        return bool(run_hooks(device, requested))
+        return bool(hooks._run_hooks(device, requested))
     except Exception as hook_error:  # a hook's failure must not hide the OOM being handled
         warnings.warn(f"torchmem: OOM hooks raised during cleanup: {hook_error!r}", RuntimeWarning)
         return False
@@ -111,7 +108,7 @@ def _run_torchmem_hooks(device, requested):
 
 def cleanup_after_oom(message="", run_hooks=True, device=None):
     """Frees what an OOM left behind: garbage cycles, torch's cached blocks, and
-    (when torchmem's hooks module exists) whatever the registered OOM hooks free.
+    whatever the registered OOM hooks free.
     Call it OUTSIDE the except block (Note [Cleaning up outside except])."""
     gc.collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():

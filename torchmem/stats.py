@@ -48,28 +48,17 @@ class NotInstalledError(RuntimeError):
 
 def _runtime():
     """torchmem._C when its allocator is installed in this process, else raises."""
-    from torchmem._loader import _C
+    from torchmem._loader import extension, is_installed
 
-    if not hasattr(_C, "runtime_is_installed"):
+    if not is_installed():
+        cuda = extension().build_info()["cuda_backends"]
         raise NotInstalledError(
-            "this torchmem build has no CUDA runtime (built without CUDA); pass pool=<torchmem._C.Pool> "
-            "to read a simulated pool"
+            ("torchmem's allocator is not installed in this process: call torchmem.install() right after "
+             "`import torch`" if cuda else
+             "this torchmem build has no CUDA runtime (built without CUDA)")
+            + ", or pass pool=<torchmem._C.Pool> to read a simulated pool"
         )
-    if not _C.runtime_is_installed():
-        raise NotInstalledError(
-            "torchmem's allocator is not installed in this process: call torchmem.install() right after "
-            "`import torch`, or pass pool=<torchmem._C.Pool> to read a simulated pool"
-        )
-    return _C
-
-
-def runtime_installed():
-    """True when torchmem's allocator is installed in this process (never raises)."""
-    try:
-        from torchmem._loader import _C
-    except ImportError:
-        return False
-    return bool(hasattr(_C, "runtime_is_installed") and _C.runtime_is_installed())
+    return extension()
 
 
 def device_index(device=None):

@@ -49,6 +49,7 @@ ACTIONS = {
     "oom": 7,
 }
 ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, OOM = range(8)
+_ACTION_NAMES = {code: name for name, code in ACTIONS.items()}
 # Snapshot actions that change nothing a replay needs.
 _IGNORED_SNAPSHOT_ACTIONS = {"snapshot", "user_defined"}
 
@@ -108,6 +109,35 @@ class Trace:
         delta = np.where(grows, sizes, 0) - np.where(shrinks, sizes, 0)
         return int(self.initial_reserved + max(0, int(np.cumsum(delta).max())))
 
+    def problems(self):
+        """Entries a replay cannot take as recorded, in order: (event index, kind, what is
+        wrong) for a negative address or size ("negative"), a free of an address that is
+        not live, never allocated or freed twice ("unknown free"), and an alloc at an
+        address still live, its free missing ("alloc over live"). Snapshots are checked
+        after Note [Trace prologue] is applied."""
+        found = []
+        live = set()
+        for index, (action, addr, size, _) in enumerate(self.events.tolist()):
+            if size < 0 or addr < 0:
+                what = f"size {size}" if size < 0 else f"address {addr}"
+                found.append((index, "negative", f"{_ACTION_NAMES[action]} with a negative {what}"))
+            elif action == ALLOC:
+                if addr in live:
+                    found.append((index, "alloc over live", f"alloc at {addr:#x}, which is still live (its free is missing)"))
+                live.add(addr)
+            elif action == FREE_REQUESTED:
+                if addr not in live:
+                    found.append((index, "unknown free",
+                                  f"free of {addr:#x}, which is not live (never allocated, or freed twice)"))
+                live.discard(addr)
+        return found
+
+    def without(self, indices):
+        """A copy of this trace without the events at `indices`."""
+        keep = np.ones(len(self.events), dtype=bool)
+        keep[list(indices)] = False
+        return dataclasses.replace(self, events=self.events[keep])
+
     def peak_requested(self):
         """Peak of live requested bytes (allocs minus frees paired by address)."""
         live = {}
@@ -150,6 +180,25 @@ class _DataOnlyUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}: a memory snapshot holds only plain data")
 
 
+def _unpickle(data, path):
+    try:
+        return _DataOnlyUnpickler(io.BytesIO(data)).load()
+    except Exception as exc:  # any unpickling failure is a bad file
+        raise TraceError(f"{path}: looks like a pickle but cannot be read as a memory snapshot ({exc})") from None
+
+
+def read_snapshot(path):
+    """The dict of a memory-snapshot pickle (Note [Safe unpickling]); TraceError if it is not one."""
+    path = os.fspath(path)
+    data = _open_bytes(path)
+    if data[:1] != b"\x80":
+        raise TraceError(f"{path}: not a memory-snapshot pickle")
+    snapshot = _unpickle(data, path)
+    if not isinstance(snapshot, dict) or not isinstance(snapshot.get("segments"), list):
+        raise TraceError(f"{path}: not a memory snapshot: no 'segments' list")
+    return snapshot
+
+
 def load(path, device=None):
     """Reads a trace: torchmem's JSON trace format (.json or .json.gz) or a PyTorch
     memory snapshot pickle (``_dump_snapshot``). ``device`` picks a snapshot's device
@@ -160,11 +209,7 @@ def load(path, device=None):
     if not data:
         raise TraceError(f"{path}: the file is empty")
     if data[:1] == b"\x80":
-        try:
-            snapshot = _DataOnlyUnpickler(io.BytesIO(data)).load()
-        except Exception as exc:  # any unpickling failure is a bad file
-            raise TraceError(f"{path}: looks like a pickle but cannot be read as a memory snapshot ({exc})") from None
-        return from_snapshot(snapshot, path=path, device=device)
+        return from_snapshot(_unpickle(data, path), path=path, device=device)
     if data.lstrip()[:1] in (b"{", b"["):
         try:
             document = json.loads(data)
@@ -291,16 +336,29 @@ def save(trace, path):
     return path
 
 
+def _bundled_folder():
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "traces")
+
+
 def bundled_traces():
     """Paths of the traces shipped with torchmem (torchmem/data/traces), sorted."""
-    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "traces")
+    folder = _bundled_folder()
     return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith((".json", ".json.gz")))
 
 
+def bundled_trace_names(path):
+    """The names a bundled trace answers to: its file name, without .json.gz, without
+    the trace_ prefix (its workload, "gpt2_train"), and without _train ("gpt2")."""
+    base = os.path.basename(path)
+    stem = base.split(".")[0]
+    workload = stem.removeprefix("trace_")
+    return [workload, workload.removesuffix("_train"), stem, base]
+
+
 def bundled_trace(name):
-    """The path of a bundled trace by short name ("gpt2", "llama_ckpt", or a file name)."""
+    """The path of a bundled trace by name ("gpt2_train", "gpt2", "llama_ckpt", or a file name)."""
     for path in bundled_traces():
-        base = os.path.basename(path)
-        if name in (base, base.split(".")[0], base.split(".")[0].replace("trace_", "").replace("_train", "")):
+        if name in bundled_trace_names(path):
             return path
-    raise ValueError(f"no bundled trace named {name!r}; available: {[os.path.basename(p) for p in bundled_traces()]}")
+    raise ValueError(f"no bundled trace named {name!r}; available: "
+                     f"{', '.join(bundled_trace_names(p)[0] for p in bundled_traces())} (in {_bundled_folder()})")

@@ -2,7 +2,7 @@
 //
 // Fake addresses, a capacity and a granule size; every primitive is counted
 // and charged a modeled cost (microseconds, defaults measured on an H200, see
-// /work/shared/DESIGN.md), so trace replay reports both memory and the driver
+// BENCHMARKS.md section 5), so trace replay reports both memory and the driver
 // time a policy would spend. It is also a checker of the pool: a call that a
 // real driver would reject or that would corrupt memory (mapping over a mapped
 // granule, unmapping an unmapped one, releasing a mapped granule, freeing an

@@ -6,7 +6,7 @@
 // without a driver, e.g. CI). cudaGetDriverEntryPointByVersion hands out the
 // driver's function pointers at run time; <cuda.h> is included for types only.
 //
-// Costs on an H200 (DESIGN.md): cuMemCreate ~10 us, cuMemMap ~1 us,
+// Costs on an H200 (BENCHMARKS.md section 5): cuMemCreate ~10 us, cuMemMap ~1 us,
 // cuMemSetAccess ~27 us per granule on fresh ranges, cuMemUnmap ~16 us. So map()
 // sets access ONCE over the whole run it mapped, and the pool, not this file,
 // decides how rarely granules move.

@@ -21,6 +21,8 @@
 //                        "context","sequence"}]}
 //   config_from_dict: keys are PoolConfig field names; an unknown key or a value
 //                     of the wrong type raises ValueError naming the key.
+//   sim_costs_from_dict: {SimCosts field ("map_us", ...): microseconds}, or None for
+//                    the defaults; SimBackend(costs=) and replay(costs=) take it.
 #pragma once
 
 #include <pybind11/pybind11.h>

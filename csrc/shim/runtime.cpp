@@ -11,7 +11,7 @@
 // callback says it freed memory (at most oom_hook_retries times). Then we throw
 // c10::OutOfMemoryError constructed directly: torch turns it into
 // torch.OutOfMemoryError. (Raising the same error through TORCH_CHECK_WITH out
-// of the allocator crashed the process on torch 2.11; see DESIGN.md.) Under
+// of the allocator crashed the process on torch 2.11, seen on the H200.) Under
 // torch.cuda.MemPool the native allocator asks for whole segments and handles
 // nullptr itself (free its cache, retry, raise), so that path returns nullptr.
 //

@@ -22,8 +22,16 @@ Note [Moving the micro-batch]
   The ceiling lifts when the budget rises (then the jump is immediate) or
   after `grow_after` clean steps if the model says the ceiling size now fits
   (hysteresis: an OOM is not risked again until memory looks different).
-  Without figures (CPU, no probe) it probes half way to the ceiling, or
-  doubles, after `grow_after` clean steps.
+  Without figures (CPU, no probe): Note [Probing without figures].
+- Note [Probing without figures] With no memory figures only OOMs say what
+  fits, and memory may have freed since the last one. After `grow_after`
+  clean steps the controller tries a larger size: half way to the ceiling,
+  or the ceiling itself when no grid size lies between (8 -> 16 with
+  quantum 8); with no ceiling, half way to twice the size, or the whole
+  batch. A probe that OOMs puts the ceiling back, the same batch is retried
+  at the size that held before, and the wait before the next probe grows 4x
+  (hysteresis: at most one OOM per wait, fewer and fewer while memory stays
+  tight); a probe that holds resets the wait to `grow_after`.
 - Note [Calibration step] From a cold start the slope is an upper bound
   (batch/model.py Note [Cold start]); when a step's fixed bytes are large it
   predicts that nothing above the size in use fits, and a model that only ever
@@ -74,6 +82,10 @@ _LR_RULES = {
     "sqrt": math.sqrt,
 }
 _BUDGET_RISE = 1.02  # a budget this much above the one at the last OOM counts as "rose"
+# Without figures, each probe that OOMs multiplies the clean steps before the next one
+# by this, up to _PROBE_BACKOFF ** _PROBE_BACKOFF_MAX (Note [Probing without figures]).
+_PROBE_BACKOFF = 4
+_PROBE_BACKOFF_MAX = 3
 
 
 class OptimizerStepOOMError(RuntimeError):
@@ -209,6 +221,9 @@ class BatchSizeController:
         self._ceiling = None          # smallest size that OOMed since memory last changed
         self._ceiling_budget = None   # the budget when it did
         self._baseline = None         # bytes in use when the last attempt began
+        self._probe_size = None       # a size tried by _probe_up, until it runs or OOMs,
+        self._probe_from = None       # and the size that held before it
+        self._failed_probes = 0       # probes that OOMed since one last held
         self.clean_steps = 0
         self.steps = 0
         self.ooms = 0
@@ -384,7 +399,9 @@ class BatchSizeController:
         """The size to retry at after an OOM at `micro` (always < micro)."""
         budget = self._budget()
         best = self.memory_model.largest_under(self._target(budget))
-        if best is not None and best < micro:
+        if self._probe_size is not None and self._probe_from < self._probe_size <= micro:
+            size = self._probe_from  # a probe up failed: back to the size that held
+        elif best is not None and best < micro:
             size = best
         elif self.memory_model.ready:
             size = micro * 3 // 4
@@ -403,6 +420,9 @@ class BatchSizeController:
             self.ooms += 1
             self._ceiling = micro if self._ceiling is None else min(self._ceiling, micro)
             self._ceiling_budget = self._budget()
+            if self._probe_size is not None and micro >= self._probe_size:
+                self._failed_probes += 1
+        self._probe_size = None
         self.clean_steps = 0
         next_micro = outcome["next"]
         if next_micro >= micro:
@@ -439,6 +459,9 @@ class BatchSizeController:
         self.clean_steps += 1
         self.last_peak = outcome["peak"]
         self.last_micro_steps = outcome["micro_steps"]
+        if self._probe_size is not None and micro >= self._probe_size:
+            self._failed_probes = 0  # the probe held: memory is no tighter than it was
+            self._probe_size = None
         if outcome["peak"] is not None:
             self.memory_model.observe(micro, outcome["peak"] - (outcome["baseline"] or 0))
         proposal = self._grow_or_keep(self._micro, outcome["peak"])
@@ -486,14 +509,27 @@ class BatchSizeController:
                 self._last_reason = f"peak {peak} above budget x (1 - margin) = {budget * (1 - self.margin):.0f}"
                 return max(1, candidate)
             return micro
-        if self.clean_steps >= self.grow_after and micro < cap:
-            upper = self._ceiling if self._ceiling is not None else min(cap + 1, 2 * micro + 1)
-            candidate = self._quantize((micro + upper) // 2, cap)
-            if micro < candidate < upper:
-                self.clean_steps = 0
-                self._last_reason = f"probing up after {self.grow_after} clean steps"
-                return candidate
-        return micro
+        return self._probe_up(micro, cap)
+
+    def _probe_up(self, micro, cap):
+        """Without memory figures: a size above `micro` to try after enough clean steps, else
+        `micro` (Note [Probing without figures])."""
+        wait = self.grow_after * _PROBE_BACKOFF ** min(self._failed_probes, _PROBE_BACKOFF_MAX)
+        if self.clean_steps < wait or micro >= cap:
+            return micro
+        upper = self._ceiling if self._ceiling is not None else min(cap, 2 * micro)
+        candidate = self._quantize((micro + upper) // 2, cap)
+        if candidate <= micro:  # no grid size between: try the upper end itself
+            candidate = self._quantize(upper, cap)
+        if candidate <= micro:
+            return micro
+        if self._ceiling is not None and candidate >= self._ceiling:
+            self._record("ceiling", self._ceiling, None, f"{self.clean_steps} clean steps: trying it again")
+            self._ceiling = None
+        self.clean_steps = 0
+        self._probe_size, self._probe_from = candidate, micro
+        self._last_reason = f"probing up after {wait} clean steps"
+        return candidate
 
     _last_reason = ""
 
@@ -617,7 +653,8 @@ class BatchSizeController:
         """Everything needed to resume with the same sizes and memory model."""
         return {"version": 1, "micro": self._micro, "proposal": self._proposal, "ceiling": self._ceiling,
                 "ceiling_budget": self._ceiling_budget, "baseline": self._baseline,
-                "clean_steps": self.clean_steps, "steps": self.steps, "ooms": self.ooms,
+                "clean_steps": self.clean_steps, "failed_probes": self._failed_probes,
+                "steps": self.steps, "ooms": self.ooms,
                 "global_batch": self.global_batch, "base_global_batch": self.base_global_batch,
                 "lr_factor": self.lr_factor, "memory_model": self.memory_model.state_dict()}
 
@@ -631,6 +668,7 @@ class BatchSizeController:
         self._ceiling_budget = state["ceiling_budget"]
         self._baseline = state.get("baseline")
         self.clean_steps = int(state["clean_steps"])
+        self._failed_probes = int(state.get("failed_probes", 0))
         self.steps = int(state["steps"])
         self.ooms = int(state["ooms"])
         self.global_batch = int(state["global_batch"])

@@ -19,6 +19,8 @@ margin must absorb: that is the "less precision without torchmem".
 
 import torch
 
+from torchmem._loader import is_installed
+
 __all__ = ["MemoryProbe", "NullProbe", "TorchProbe", "TorchmemProbe", "SyntheticMemory", "default_probe"]
 
 
@@ -179,14 +181,6 @@ class SyntheticMemory(MemoryProbe):
         return self.budget
 
 
-def _torchmem_installed():
-    try:
-        import torchmem
-        return bool(torchmem.is_installed())
-    except (ImportError, AttributeError):
-        return False
-
-
 def default_probe(device=None):
     """torchmem's figures when its allocator is installed, else torch's own on
     CUDA, else none (CPU)."""
@@ -194,6 +188,6 @@ def default_probe(device=None):
         return NullProbe()
     if not torch.cuda.is_available():
         return NullProbe()
-    if _torchmem_installed():
+    if is_installed():
         return TorchmemProbe(device)
     return TorchProbe(device)

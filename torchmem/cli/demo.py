@@ -27,12 +27,9 @@ def add_arguments(parser):
     parser.add_argument("--no-min-cap", action="store_true",
                         help="skip the smallest-budget search (saves a few seconds)")
     parser.add_argument("--json", action="store_true", help="print the replay figures as JSON lines")
-    try:  # the GPU demo's own options (steps, sizes, budget), when it is there
-        from torchmem import demo_train
-    except ImportError:
-        return
-    if hasattr(demo_train, "add_arguments"):
-        demo_train.add_arguments(parser.add_argument_group("GPU training (used when a GPU is present)"))
+    from torchmem import demo_train
+
+    demo_train.add_arguments(parser.add_argument_group("GPU training (used when a GPU is present)"))
 
 
 def load_anchors(path=None):
@@ -40,7 +37,8 @@ def load_anchors(path=None):
     path = path or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "anchors.jsonl")
     anchors = {}
     if not os.path.isfile(path):
-        return anchors
+        raise FileNotFoundError(f"torchmem's measured figures are missing: {path} (a broken install? "
+                                f"reinstall torchmem)")
     with open(path) as f:
         for line in f:
             line = line.strip()
@@ -63,22 +61,29 @@ def format_anchors(workload, anchors):
     return lines
 
 
-def backend_time_line(result, anchor_rows):
-    """torchmem's modeled driver time per training step, next to the H200's step time."""
+def step_timing(anchor_rows):
+    """(steps in the trace, median native step in ms) measured on the H200, or (None, None)."""
     native = anchor_rows.get("native")
     if not native or not native.get("n_steps"):
+        return None, None
+    return native["n_steps"], native["median_step_s"] * 1000
+
+
+def backend_time_line(result, anchor_rows):
+    """torchmem's modeled driver time per training step, next to the H200's step time."""
+    steps, step_ms = step_timing(anchor_rows)
+    if steps is None:
         return None
-    per_step_ms = result.modeled_backend_us / 1000 / native["n_steps"]
-    step_ms = native["median_step_s"] * 1000
+    per_step_ms = result.modeled_backend_us / 1000 / steps
     return (f"torchmem's backend calls cost ~{per_step_ms:.1f} ms per step (modeled at H200 driver costs, "
-            f"{native['n_steps']} steps), {100 * per_step_ms / step_ms:.1f}% of a {step_ms:.0f} ms native step.")
+            f"{steps} steps), {100 * per_step_ms / step_ms:.1f}% of a {step_ms:.0f} ms native step.")
 
 
 def summary_line(results):
     """How much less torchmem holds than the native model, in words."""
     by_policy = {r.policy: r for r in results}
     ours, native = by_policy.get("torchmem"), by_policy.get("native")
-    if not ours or not native or not native.peak_reserved:
+    if not ours or not native or not native.peak_reserved or ours.ooms or native.ooms:
         return None
     saved = native.peak_reserved - ours.peak_reserved
     text = (f"torchmem holds {saved / (1 << 30):,.1f} GiB less at peak than PyTorch's native allocator "
@@ -87,6 +92,21 @@ def summary_line(results):
         text += (f"; the smallest budget that runs it without OOM is {ours.min_cap / (1 << 30):,.1f} GiB "
                  f"with torchmem vs {native.min_cap / (1 << 30):,.1f} GiB native")
     return text + "."
+
+
+def expandable_line(ours, anchor_rows):
+    """torchmem's replay against expandable_segments, the one-variable alternative. The replay
+    has no model of expandable segments, so its figure is the one measured on the H200."""
+    row = anchor_rows.get("expandable_segments:True")
+    if ours is None or not row or ours.ooms:
+        return None
+    theirs = row["peak_reserved_mib"] * (1 << 20)
+    saved = theirs - ours.peak_reserved
+    return (f"Against expandable_segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, the fair "
+            f"competitor: one environment variable), MEASURED ON THE H200 (the replay has no model of it): "
+            f"it held {row['peak_reserved_mib']:,.0f} MiB at peak, {row['reserved_over_alloc']:.3f}x what was "
+            f"allocated; torchmem's replay holds {ours.peak_reserved / (1 << 20):,.0f} MiB, {ours.ratio:.3f}x "
+            f"({saved / (1 << 30):,.1f} GiB {'less' if saved >= 0 else 'more'}).")
 
 
 def run_replay(args, out=None):
@@ -116,7 +136,8 @@ def run_replay(args, out=None):
             continue
         if index:
             print(file=out)
-        print(format_table(trace.name, results), file=out)
+        steps, step_ms = step_timing(anchors.get(trace.name, {}))
+        print(format_table(trace.name, results, steps=steps, step_ms=step_ms), file=out)
         lines = format_anchors(trace.name, anchors)
         if lines:
             print("measured on the H200 for the same workload, untraced:", file=out)
@@ -126,6 +147,9 @@ def run_replay(args, out=None):
         if summary:
             print(summary, file=out, flush=True)
         ours = next((r for r in results if r.policy == "torchmem"), None)
+        against = expandable_line(ours, anchors.get(trace.name, {}))
+        if against:
+            print(against, file=out, flush=True)
         timing = backend_time_line(ours, anchors.get(trace.name, {})) if ours else None
         if timing:
             print(timing, file=out, flush=True)

@@ -1,8 +1,14 @@
 """`python -m torchmem replay`: replay allocator traces under torchmem and a model
 of PyTorch's native allocator, and compare what each would have held.
 
-TRACE is torchmem's trace format (.json / .json.gz, see torchmem/data/traces) or
-a torch.cuda.memory._dump_snapshot pickle. Without --json it prints one
+TRACE is a bundled trace's name (`--list` shows them), a file in torchmem's trace
+format (.json / .json.gz, see torchmem/data/traces) or a
+torch.cuda.memory._dump_snapshot pickle. A trace with entries a replay cannot take
+as recorded (negative sizes, frees of addresses that are not live, ...) is refused
+with the first such entry named; --lenient skips them and says what it skipped.
+Under a budget the trace does not fit, the table says how many allocations
+failed and gives no ratio (peak figures then cover only what succeeded).
+Without --json it prints one
 side-by-side table per trace (with the recording allocator's own figures where
 the trace has them); with --json, one JSON object per line per (trace, policy).
 Progress goes to stderr, so stdout stays clean for --json.
@@ -13,7 +19,7 @@ import os
 import pickle
 import sys
 
-from torchmem.config import parse_bytes, parse_conf_string
+from torchmem.config import Config, parse_bytes, parse_conf_string, parse_limit
 
 HELP = "replay allocator traces under torchmem and PyTorch's native allocator (model), side by side"
 
@@ -22,12 +28,18 @@ PROGRESS_MIN_EVENTS = 50_000
 
 
 def add_arguments(parser):
-    parser.add_argument("traces", nargs="+", metavar="TRACE",
-                        help="trace file: torchmem trace (.json/.json.gz) or a torch memory snapshot pickle")
+    parser.add_argument("traces", nargs="*", metavar="TRACE",
+                        help="a bundled trace's name (see --list), a torchmem trace file (.json/.json.gz) "
+                             "or a torch memory snapshot pickle")
+    parser.add_argument("--list", action="store_true", help="list the bundled traces (names and paths) and exit")
+    parser.add_argument("--lenient", action="store_true",
+                        help="skip trace entries a replay cannot take (negative sizes, frees of addresses that "
+                             "are not live, allocs over live ones) instead of refusing the trace; says what it skipped")
     parser.add_argument("--policy", choices=("torchmem", "native", "all"), default="all",
                         help="allocation policy to replay under (default: all = both)")
-    parser.add_argument("--limit", metavar="BYTES", default=None,
-                        help="memory budget for the replay, e.g. 20GiB (default: the device capacity)")
+    parser.add_argument("--limit", metavar="BUDGET", default=None,
+                        help="memory budget for the replay: bytes (20GiB) or a fraction of the simulated "
+                             "device (0.5 or 50%%, as install(limit=...)); default: the whole device")
     parser.add_argument("--min-cap", action="store_true",
                         help="also find the smallest budget with no OOM (bisection to 2 MiB)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line per (trace, policy)")
@@ -35,7 +47,8 @@ def add_arguments(parser):
                         help="write the layout at peak reserved in PyTorch's memory-snapshot format "
                              "(torchmem's policy, or native with --policy native); one trace only")
     parser.add_argument("--config", metavar="KEY=VALUE,...", default="",
-                        help="torchmem options for the replay (the TORCHMEM_CONF syntax), e.g. reclaim_slack=0.01")
+                        help="torchmem options for the replay (the TORCHMEM_CONF syntax), e.g. reclaim_slack=0.01; "
+                             "applied over TORCHMEM_CONF")
     parser.add_argument("--capacity", metavar="BYTES", default=None,
                         help="simulated device memory (default: 140GiB, an H200)")
     parser.add_argument("--event-delay", type=int, default=0, metavar="POLLS",
@@ -78,9 +91,13 @@ def _ratio(value):
     return "-" if value is None else f"{value:.3f}"
 
 
-def format_table(trace, results):
+def format_table(trace, results, requested=None, steps=None, step_ms=None):
     """A side-by-side table of one trace's ReplayResults (a column per policy, plus
-    the recording allocator's own peak where the trace has segment events)."""
+    the recording allocator's own peak where the trace has segment events), followed
+    by a line per policy that hit OOMs. `requested`: the trace's own peak requested
+    bytes (what the recorded ratio divides by; default: the first result's).
+    `steps` and `step_ms` (the trace's training steps and one step's time, when
+    known) turn the modeled backend time into time per step and share of a step."""
     columns = [r.policy for r in results]
     recorded = results[0].recorded_peak_reserved if results else None
     has_recorded = recorded is not None
@@ -91,11 +108,13 @@ def format_table(trace, results):
     def row(label, values, recorded_value=""):
         rows.append([label] + list(values) + ([recorded_value] if has_recorded else []))
 
-    peak_requested = results[0].peak_requested if results else 0
-    row("peak requested", [_mib(r.peak_requested) for r in results], "")
+    if requested is None and results:
+        requested = results[0].peak_requested
+    row("peak requested", [_mib(r.peak_requested) for r in results], _mib(requested) if has_recorded else "")
     row("peak reserved", [_mib(r.peak_reserved) for r in results], _mib(recorded))
-    row("ratio", [_ratio(r.ratio) for r in results],
-        _ratio(recorded / peak_requested) if has_recorded and peak_requested else "")
+    # Under OOMs the peaks cover only the allocations that succeeded: a ratio would mislead.
+    row("ratio", ["OOM" if r.ooms else _ratio(r.ratio) for r in results],
+        _ratio(recorded / requested) if has_recorded and requested else "")
     if any(r.min_cap is not None for r in results):
         row("min-cap", [_mib(r.min_cap) for r in results])
         row("min-cap ratio", [_ratio(r.min_cap_ratio) for r in results])
@@ -106,7 +125,10 @@ def format_table(trace, results):
     for kind in kinds:
         row(f"{kind.replace('_calls', '')} calls", [f"{r.backend_calls.get(kind, 0):,}" for r in results])
     row("stitched granules", [f"{r.reclaims:,}" if r.policy == "torchmem" else "-" for r in results])
-    row("modeled backend time", [f"{r.modeled_backend_us / 1000:,.1f} ms" for r in results])
+    if steps and step_ms:
+        row("modeled backend time", [_per_step(r.modeled_backend_us, steps, step_ms) for r in results])
+    else:
+        row("modeled backend time", [f"{r.modeled_backend_us / 1000:,.1f} ms in all" for r in results])
     row("replay wall time", [f"{r.seconds:.2f} s" for r in results])
 
     header = [""] + columns
@@ -116,7 +138,18 @@ def format_table(trace, results):
     lines.append("  ".join(str(h).ljust(widths[0]) if i == 0 else str(h).rjust(widths[i]) for i, h in enumerate(header)))
     for line in rows:
         lines.append("  ".join(str(c).ljust(widths[0]) if i == 0 else str(c).rjust(widths[i]) for i, c in enumerate(line)))
+    for r in results:
+        if r.ooms:
+            budget = _mib(r.limit) if r.limit else "the device's memory"
+            lines.append(f"{r.policy}: OUT OF MEMORY: {r.ooms:,} of {r.allocs + r.ooms:,} allocations failed under "
+                         f"a budget of {budget}; the trace does not fit, so no ratio is given (its peaks count only "
+                         f"the allocations that succeeded). --min-cap finds the smallest budget that fits.")
     return "\n".join(lines)
+
+
+def _per_step(total_us, steps, step_ms):
+    per_step_ms = total_us / 1000 / steps
+    return f"{per_step_ms:,.1f} ms/step ({100 * per_step_ms / step_ms:.1f}% of a step)"
 
 
 def _json_line(result, with_min_cap):
@@ -128,30 +161,88 @@ def _json_line(result, with_min_cap):
 
 
 def _parse_config(text):
-    from torchmem.config import Config
-
+    """TORCHMEM_CONF's options, overridden by --config's (Config applies the environment)."""
     return Config(**parse_conf_string(text or ""))
+
+
+def _parse_limit(text, capacity):
+    """--limit in bytes: a size, or a fraction of the simulated device (as install(limit=...))."""
+    limit = parse_limit("--limit", text)
+    if limit is None:
+        return 0
+    return int(limit * capacity) if isinstance(limit, float) else limit
+
+
+def resolve_trace(name):
+    """A path for TRACE: the file if it exists, else the bundled trace of that name."""
+    from torchmem import trace as trace_io
+
+    if os.path.exists(name) or os.sep in name or "." in os.path.basename(name):
+        return name  # a path: trace.load says when it is missing
+    try:
+        return trace_io.bundled_trace(name)
+    except ValueError as exc:
+        raise FileNotFoundError(f"TRACE {name!r} is neither a file nor a bundled trace ({exc})") from None
+
+
+def list_bundled(out=None):
+    """Prints the bundled traces: name, events, workload and path."""
+    from torchmem import trace as trace_io
+
+    out = out or sys.stdout
+    for path in trace_io.bundled_traces():
+        names = trace_io.bundled_trace_names(path)
+        trace = trace_io.load(path)
+        print(f"{names[0]:<16} {len(trace):>9,} events  {trace.device_name or '-'}  {path}", file=out)
+
+
+def checked(trace, path, lenient):
+    """The trace as a replay can take it: refused (ValueError naming the first bad entry)
+    unless lenient, which drops the bad entries and says so on stderr."""
+    problems = trace.problems()
+    if not problems:
+        return trace
+    index, _, what = problems[0]
+    more = f" (and {len(problems) - 1:,} more)" if len(problems) > 1 else ""
+    if not lenient:
+        raise ValueError(f"{path}: event {index:,}: {what}{more}. The trace is broken: fix it, or pass "
+                         f"--lenient to skip such entries.")
+    kinds = {}
+    for _, kind, _ in problems:
+        kinds[kind] = kinds.get(kind, 0) + 1
+    summary = ", ".join(f"{kind}: {count:,}" for kind, count in kinds.items())
+    print(f"{path}: --lenient: skipped {len(problems):,} entries a replay cannot take ({summary}); the first: "
+          f"event {index:,}: {what}", file=sys.stderr)
+    return trace.without(index for index, _, _ in problems)
 
 
 def run(args):
     from torchmem import replay as replay_api
     from torchmem import trace as trace_io
+    from torchmem.cli.demo import load_anchors, step_timing
 
+    if args.list:
+        list_bundled()
+        return 0
+    if not args.traces:
+        raise ValueError("give at least one TRACE (a file, or a bundled trace's name: --list shows them)")
     policies = replay_api.POLICIES if args.policy == "all" else (args.policy,)
-    limit = parse_bytes("--limit", args.limit) if args.limit is not None else 0
     capacity = parse_bytes("--capacity", args.capacity) if args.capacity is not None else replay_api.DEFAULT_CAPACITY
     if capacity <= 0:
         raise ValueError("--capacity must be > 0 bytes")
+    limit = _parse_limit(args.limit, capacity)
     config = _parse_config(args.config)
     if args.event_delay < 0:
         raise ValueError(f"--event-delay must be >= 0 polls, got {args.event_delay}")
     if args.snapshot and len(args.traces) != 1:
         raise ValueError(f"--snapshot writes one file: give one TRACE, not {len(args.traces)}")
 
+    anchors = load_anchors()
     progress = Progress()
     first = True
-    for path in args.traces:
-        trace = trace_io.load(path, device=args.device)
+    for name in args.traces:
+        path = resolve_trace(name)
+        trace = checked(trace_io.load(path, device=args.device), path, args.lenient)
         show = progress if len(trace) >= PROGRESS_MIN_EVENTS else None
         results = []
         for policy in policies:
@@ -166,7 +257,9 @@ def run(args):
         else:
             if not first:
                 print()
-            print(format_table(path, results), flush=True)
+            steps, step_ms = step_timing(anchors.get(trace.name, {}))
+            print(format_table(path, results, requested=trace.peak_requested(), steps=steps, step_ms=step_ms),
+                  flush=True)
         first = False
         if args.snapshot:
             _write_snapshot(args.snapshot, trace, results, limit, config, capacity)

@@ -70,8 +70,9 @@ def _trace_figures(path):
 def run(args):
     if args.file is None:
         from torchmem import stats
+        from torchmem._loader import is_installed
 
-        if not stats.runtime_installed():
+        if not is_installed():
             raise ValueError("no FILE given and torchmem is not installed in this process; pass a snapshot "
                              "pickle (torchmem.dump_snapshot) or a trace (.json.gz)")
         print(json.dumps(stats.memory_stats(), indent=1) if args.json else stats.memory_summary(), end="")

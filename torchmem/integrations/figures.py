@@ -9,15 +9,9 @@ stats when its allocator is installed, else from torch.cuda.memory_stats
 
 import torch
 
+from torchmem._loader import is_installed as _installed
+
 __all__ = ["memory_figures", "reset_peaks"]
-
-
-def _installed():
-    try:
-        import torchmem
-        return bool(torchmem.is_installed())
-    except (ImportError, AttributeError, RuntimeError):
-        return False
 
 
 def _stats(device):
