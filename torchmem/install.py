@@ -127,6 +127,8 @@ def install(**options):
         patch = _optional("torchmem.patch")
         if patch is not None:
             patch.patch_torch()
+    if cfg.monitor or cfg.share or cfg.metrics_port:
+        _optional("torchmem.monitor").start_from_config(cfg)  # records, sharing, metrics (docs/monitoring.md)
     return cfg
 
 
