@@ -45,6 +45,8 @@ _LAZY = {
     "BatchSizeController": "torchmem.batch",
     "oom_retry": "torchmem.retry",
     "is_oom_error": "torchmem.retry",
+    # watching and sharing
+    "serve_metrics": "torchmem.monitor",
 }
 
 __all__ = ["build_info", "__version__"] + sorted(_LAZY)

@@ -76,7 +76,14 @@ def start_from_config(cfg):
     the metrics server (metrics_port=N)."""
     pub = None
     if cfg.monitor or cfg.share:
-        pub = start(interval=cfg.monitor_interval, group=cfg.share, guarantee=cfg.guarantee, wait_s=cfg.share_wait)
+        try:
+            pub = start(interval=cfg.monitor_interval, group=cfg.share, guarantee=cfg.guarantee,
+                        wait_s=cfg.share_wait)
+        except Exception as exc:  # the allocator is installed already: watching must not stop the job
+            import warnings
+
+            warnings.warn(f"torchmem monitor: could not start publishing ({exc!r}); training goes on without "
+                          f"`top`, metrics{' or sharing' if cfg.share else ''}", RuntimeWarning, stacklevel=3)
     if cfg.metrics_port:
         serve_metrics(cfg.metrics_port)
     return pub

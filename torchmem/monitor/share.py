@@ -84,6 +84,7 @@ class ShareAgent:
         self.last_decision = {}
         self._lock = threading.Lock()  # the publisher thread and an OOM hook may both arbitrate
         self._bad_paths = set()
+        self.waits = []  # (seconds, granted): every wait of an owner's allocation, for reports
 
     def guarantee_bytes(self, row):
         if isinstance(self.guarantee, float):
@@ -196,8 +197,10 @@ class ShareAgent:
                     self.arbitrate(rows)
                 next_round = self.clock() + 0.05
             if self.source.device_free(index) >= room:
+                self.waits.append((self.clock() - st.need_since, True))
                 return True
             time.sleep(0.01)
+        self.waits.append((self.clock() - st.need_since, False))
         _log.warning("torchmem sharing: waited %.1f s for %d bytes on device %d; the borrowers did not give "
                      "them back (do they run a BatchSizeController?)", self.wait_s, requested, index)
         return False
