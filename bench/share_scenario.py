@@ -41,7 +41,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated: " + ", ".join(MODES))
     p.add_argument("--phase-s", type=float, default=20.0, help="seconds per phase (3 phases, one heavy each)")
-    p.add_argument("--heavy-batch", type=int, default=128, help="sequences per step of the heavy process")
+    p.add_argument("--heavy-batch", type=int, default=256, help="sequences per step of the heavy process")
     p.add_argument("--light-batch", type=int, default=8, help="sequences per step of a light process")
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--layers", type=int, default=12)

@@ -136,3 +136,19 @@ def test_config_options_of_watching_and_sharing():
     with pytest.raises(ValueError, match="metrics_port"):
         config.Config(metrics_port=70000)
     assert config.Config(monitor="false").monitor is False
+
+
+def test_install_wiring_starts_and_stops_the_publisher(tmp_path, monkeypatch):
+    """What torchmem.install() calls after the swap (monitor.start_from_config), on the runtime
+    source; without a GPU the runtime has no device yet, so the record lists none."""
+    monkeypatch.setenv("TORCHMEM_MONITOR_DIR", str(tmp_path))
+    pub = monitor.start_from_config(config.Config(monitor_interval=0.05))
+    try:
+        assert pub is monitor.publisher() is not None
+        (rec,) = record.scan(str(tmp_path))
+        assert rec.pid == os.getpid() and rec.devices == []
+        assert monitor.start_from_config(config.Config()) is pub  # once per process
+    finally:
+        monitor.stop()
+    assert monitor.publisher() is None and os.listdir(tmp_path) == []
+    assert monitor.start_from_config(config.Config(monitor=False)) is None

@@ -19,8 +19,9 @@ hook here records the bytes the allocation needs (`need`), arbitrates at once
 device has room, then asks the allocator to retry. Borrowers see the new
 decision within a tick: their cached memory goes back at once, their live
 memory at the end of their current step. An allocation beyond the owner's own
-guarantee is not a neighbour's doing: the hook declines and the OOM is the
-process's own (its controller recovers from it as from any OOM).
+guarantee (a borrower's, for one) is not a neighbour's doing: the hook
+declines at once and the OOM is the process's own (its controller recovers
+from it as from any OOM).
 """
 
 import collections
@@ -183,8 +184,8 @@ class ShareAgent:
         guarantee = self.guarantee_bytes(rows[0])
         room = requested + _SLACK  # granule rounding of the request
         need = live + room
-        if need > max(guarantee, st.granted):
-            return False
+        if need > guarantee:
+            return False  # borrowed memory is not guaranteed: this OOM is the process's own
         st.need, st.need_since = max(st.need, need), self.clock()
         deadline = self.clock() + self.wait_s
         next_round = 0.0
