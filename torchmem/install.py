@@ -42,7 +42,8 @@ def _runtime_options(cfg):
     (the limit is resolved per device in C++), plus limit and oom_hook_retries."""
     options = cfg.core_dict(0)
     del options["limit_bytes"]
-    options["limit"] = cfg.limit
+    # A sharing process starts at its guarantee until the arbiter's first round (docs/sharing.md).
+    options["limit"] = cfg.guarantee if cfg.share else cfg.limit
     options["oom_hook_retries"] = int(cfg.oom_hook_retries)
     return options
 

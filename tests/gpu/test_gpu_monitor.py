@@ -131,4 +131,5 @@ def test_two_processes_share_one_gpu(tmp_path):
     assert max(owner_result["waits"]) < 1.0, owner_result["waits"]
     assert borrower_result["max_live"] >= 0.6 * borrower_result["total"]  # it had borrowed past its 48%
     assert owner_result["live"] + (1 << 30) > 0.45 * owner_result["total"]  # the owner got its share
-    assert borrower_result["live"] <= borrower_result["limit"]
+    # it follows its limit within one of its steps (one 1 GiB tensor)
+    assert borrower_result["live"] <= borrower_result["limit"] + (1 << 30)

@@ -46,10 +46,10 @@ def figures_from_raw(raw, index, uuid=b""):
 def process_command():
     """A short name for `top`: the script or module the process runs."""
     argv = [a for a in sys.argv if a]
-    if not argv:
+    if not argv or argv[0] == "-":
         return os.path.basename(sys.executable)
-    if argv[0] in ("-c", "-m") and len(argv) > 1:
-        return " ".join(argv[:2])
+    if argv[0] == "-c":
+        return os.path.basename(sys.executable) + " -c"
     return os.path.basename(argv[0])
 
 
