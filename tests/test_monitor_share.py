@@ -14,8 +14,11 @@ import signal
 import time
 
 import pytest
+import torch
 
 from monitor_fakes import MiB, UUID, FakeDevice, FakeOOM, FakeTenant
+from torchmem.batch import BatchSizeController, MicroBatchOOMError
+from torchmem.batch.probe import SyntheticMemory
 from torchmem.monitor import record, share
 
 CTX = multiprocessing.get_context("fork")
@@ -175,3 +178,73 @@ def test_corrupt_and_foreign_records_do_not_stop_sharing(setup):
     errors = []
     record.scan(directory, on_error=lambda path, err: errors.append(os.path.basename(path)))
     assert sorted(errors) == ["12345.rec", "23456.rec"]
+
+
+
+class TenantMemory(SyntheticMemory):
+    """A BatchSizeController probe whose bytes live in a FakeTenant: a step over `micro` samples
+    holds fixed + per_sample x micro bytes, and the budget is the limit the arbiter granted."""
+
+    def __init__(self, tenant, fixed, per_sample):
+        super().__init__(fixed, per_sample, budget=GUARANTEE)
+        self.tenant = tenant
+        tenant.allocate(fixed)
+
+    def budget_bytes(self):
+        return self.tenant.limit or self.tenant.device.capacity
+
+    def use(self, micro):
+        self.budget = self.budget_bytes()
+        super().use(micro)  # OOM above its own limit, as torchmem's pool would raise
+        extra = self.need(micro) - self.fixed
+        try:
+            self.tenant.allocate(extra)
+        except FakeOOM as exc:
+            raise torch.OutOfMemoryError(f"CUDA out of memory ({exc})") from None
+        self.tenant.free(extra)  # activations die at the end of the micro-step; the cache stays
+
+
+def test_controller_shrinks_the_borrower_and_no_one_crashes(setup):
+    """The borrower runs the real BatchSizeController (in this process; the owner is forked)."""
+    directory, device, events, results, procs = setup
+    owner = CTX.Process(target=owner_main, args=(device, 0, directory, events["claim"], events["done"], results))
+    procs.append(owner)
+    owner.start()
+    tenant = FakeTenant(device, 1)
+    pub = _start(tenant, directory)
+    model = torch.nn.Linear(3, 1)
+    memory = TenantMemory(tenant, fixed=100 * MiB, per_sample=10 * MiB)
+    ctl = BatchSizeController(64, model=model, probe=memory, margin=0.0)
+
+    def steps_until(done, timeout):
+        deadline = time.monotonic() + timeout
+        while not done():
+            assert time.monotonic() < deadline, f"timed out; controller events: {ctl.events[-5:]}"
+
+            def step_fn(micro_batch):
+                memory.use(micro_batch.shape[0])
+                return model(micro_batch).square().mean()
+
+            try:
+                ctl.run(step_fn, torch.randn(64, 3))
+            except MicroBatchOOMError as exc:
+                raise AssertionError(f"the borrower crashed: {exc}") from None
+            model.zero_grad(set_to_none=True)
+            time.sleep(0.02)
+
+    claimed = {}
+
+    def owner_done():
+        if not results.empty():
+            claimed.update(results.get())
+        return bool(claimed)
+
+    try:
+        steps_until(lambda: ctl.micro_batch == 64, 15)  # 740 MiB a step: it borrowed beyond its 500
+        events["claim"].set()
+        steps_until(owner_done, 30)  # the borrower keeps training while the owner takes its share back
+        assert claimed["crashed"] is None and claimed["live"] == GUARANTEE, claimed
+        assert max(claimed["waits"]) < 1.0, claimed["waits"]
+        steps_until(lambda: ctl.micro_batch <= 40, 5)  # (500 - 100) / 10: back within its own share
+    finally:
+        pub.stop()
