@@ -152,3 +152,21 @@ def test_install_wiring_starts_and_stops_the_publisher(tmp_path, monkeypatch):
         monitor.stop()
     assert monitor.publisher() is None and os.listdir(tmp_path) == []
     assert monitor.start_from_config(config.Config(monitor=False)) is None
+
+
+def test_top_lists_live_share_groups_and_removes_dead_ones(tmp_path):
+    from torchmem.cli import top
+
+    alive = {"limits": {str(os.getpid()): 5 << 30}, "borrowers": [os.getpid()], "trim": [], "capacity": 10 << 30,
+             "scaled": False}
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = dict(alive, limits={child.stdout.strip(): 5 << 30}, borrowers=[])
+    (tmp_path / "share-live-00.json").write_text(json.dumps(alive))
+    (tmp_path / "share-gone-00.json").write_text(json.dumps(dead))
+    (tmp_path / "share-gone-00.lock").write_text("")
+    (tmp_path / "share-junk-00.json").write_text("{not json")
+    (group,) = top.share_groups(str(tmp_path))
+    assert group["file"] == "share-live-00.json" and group["borrowers"] == [os.getpid()]
+    assert sorted(os.listdir(tmp_path)) == ["share-junk-00.json", "share-live-00.json"]
+    line = top._group_line(group)
+    assert line.startswith("live-00: capacity 10.00 GiB") and str(os.getpid()) in line

@@ -87,7 +87,43 @@ def collect(directory=None, use_nvml=True):
             "torchmem_live_bytes": sum(p["live_bytes"] for p in procs),
             "processes": procs,
         })
-    return {"time": time.time(), "devices": devices}
+    return {"time": time.time(), "devices": devices, "share_groups": share_groups(directory)}
+
+
+def share_groups(directory=None):
+    """The sharing groups' latest decisions (monitor/share.py writes one JSON file per group and
+    device): [{"file", "capacity", "limits", "borrowers", "trim", ...}]. Unreadable files are
+    skipped; a group whose members have all exited is removed."""
+    import glob
+    import os
+
+    from torchmem.monitor import record
+
+    groups = []
+    for path in sorted(glob.glob(os.path.join(directory or record.default_dir(), "share-*.json"))):
+        try:
+            with open(path) as f:
+                decision = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if not (isinstance(decision, dict) and isinstance(decision.get("limits"), dict)):
+            continue
+        if not any(str(pid).isdigit() and record.process_start_ticks(int(pid)) is not None
+                   for pid in decision["limits"]):
+            for stale in (path, path[:-len(".json")] + ".lock"):  # every member has exited
+                try:
+                    os.unlink(stale)
+                except OSError:
+                    pass
+            continue
+        groups.append(dict(decision, file=os.path.basename(path)))
+    return groups
+
+
+def _group_line(group):
+    borrowers = ", ".join(str(p) for p in group.get("borrowers", [])) or "none"
+    return (f"{group['file'][len('share-'):-len('.json')]}: capacity {_gib(group.get('capacity', 0))} GiB, "
+            f"borrowers {borrowers}" + (" (guarantees scaled down to fit)" if group.get("scaled") else ""))
 
 
 def _gib(n):
@@ -122,10 +158,9 @@ def render(snapshot):
     """A rich renderable (a Group of one table per device)."""
     from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     if not snapshot["devices"]:
-        from rich.text import Text
-
         return Text("no torchmem process publishes on this node (torchmem.install() with monitor=true)")
     tables = []
     for dev in snapshot["devices"]:
@@ -135,6 +170,7 @@ def render(snapshot):
         for p in dev["processes"]:
             table.add_row(*_row_cells(p))
         tables.append(table)
+    tables += [Text("share " + _group_line(g)) for g in snapshot.get("share_groups", [])]
     return Group(*tables)
 
 
@@ -149,6 +185,7 @@ def plain_text(snapshot):
         widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
         lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
         lines.append("")
+    lines += ["share " + _group_line(g) for g in snapshot.get("share_groups", [])]
     return "\n".join(lines) + "\n"
 
 

@@ -30,16 +30,16 @@ def publisher():
 
 def start(source=None, interval=0.5, group=None, guarantee=None, wait_s=30.0, directory=None):
     """Starts publishing this process's figures (and sharing its GPU when `group` is given);
-    returns the Publisher, or None when the record cannot be created (a warning says why)."""
+    returns the Publisher, or None when the record cannot be created (a warning says why).
+    `source` defaults to the installed allocator (monitor/sources.py)."""
     from torchmem.monitor import share
+    from torchmem.monitor.sources import RuntimeSource
 
     with _lock:
         if _state["publisher"] is not None:
             return _state["publisher"]
-        if source is None:
-            from torchmem.monitor.sources import RuntimeSource
-
-            source = RuntimeSource()
+        runtime = source is None
+        source = RuntimeSource() if runtime else source
         agent = None
         if group:
             agent = share.ShareAgent(source, group, guarantee, directory=directory, wait_s=wait_s)
@@ -47,17 +47,11 @@ def start(source=None, interval=0.5, group=None, guarantee=None, wait_s=30.0, di
         if not pub.start():
             return None
         _state["publisher"] = pub
-    if agent is not None and isinstance(source, _runtime_source_type()):
+    if agent is not None and runtime:  # Note [Owners wait, borrowers yield] in monitor/share.py
         from torchmem import hooks
 
         _state["hook"] = hooks.on_oom(agent.oom_hook(publish=pub.tick))
     return pub
-
-
-def _runtime_source_type():
-    from torchmem.monitor.sources import RuntimeSource
-
-    return RuntimeSource
 
 
 def stop():

@@ -301,7 +301,7 @@ def scan(directory=None, clean=True, on_error=None):
             record = read_record(path)
         except FileNotFoundError:
             continue
-        except RecordError as exc:
+        except (RecordError, OSError) as exc:  # foreign, corrupt, or another user's file
             (on_error or _report)(path, exc)
             continue
         if not is_alive(record):
