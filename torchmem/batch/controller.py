@@ -283,7 +283,7 @@ class BatchSizeController:
         retries = 0
         while True:
             micro = max(1, min(self._micro, total))
-            monitor.report_micro_batch(micro)  # top/metrics; a sharing borrower yields here
+            monitor.report_micro_batch(micro, total)  # top/metrics; a sharing borrower yields here
             outcome = self._attempt(step_fn, batch, total, micro, backward)
             if outcome["ok"]:
                 self._after_success(micro, outcome, total)

@@ -83,10 +83,12 @@ def start_from_config(cfg):
     return pub
 
 
-def report_micro_batch(size):
-    """Called by the BatchSizeController when it picks a micro-batch: `top` and the metrics show
-    it, and a sharing process over its granted limit gives memory back now (a step boundary)."""
-    _set_micro_batch(size)
+def report_micro_batch(size, batch=None):
+    """Called by the BatchSizeController when it picks a micro-batch for a batch of `batch`
+    samples: `top` and the metrics show it, the sharing arbiter sees whether more memory would
+    be used (size < batch), and a sharing process over its granted limit gives memory back now
+    (a step boundary)."""
+    _set_micro_batch(size, batch)
     pub = _state["publisher"]
     if pub is not None and pub.agent is not None:
         pub.agent.give_back_now()

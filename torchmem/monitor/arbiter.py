@@ -13,8 +13,9 @@ Note [The rule]
   keeps the rest of its share on call: its limit is its guarantee, so it can
   always grow back into it (borrowers then yield).
 - A member with no allocation waiting that is at or above its guarantee
-  (within `near`), or that ran out of memory at its limit lately (`pressed`:
-  a large request can fail far below the limit), is a borrower: its limit is its guarantee plus a share, weighted by
+  (within `near`), or that is `pressed` (it ran out of memory at its limit
+  lately, or its batch controller splits batches it would run whole with more
+  memory: its peak can sit well below the limit), is a borrower: its limit is its guarantee plus a share, weighted by
   guarantee, of what is left when every member's used share is counted:
   capacity - sum(owners' min(demand, g)) - sum(borrowers' g). Borrowed bytes
   are rounded down to the granule.
@@ -47,7 +48,9 @@ class Member:
     reserved: int = 0
     live_peak: int = 0
     need: int = 0  # an allocation waiting for this much in all (live + request); 0 = none
-    pressed: bool = False  # it ran out of memory at its limit recently
+    # it ran out of memory at its limit lately, or its controller splits batches it
+    # could run whole with more memory: it would use a loan
+    pressed: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

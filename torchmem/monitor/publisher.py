@@ -27,15 +27,18 @@ from torchmem.monitor.sources import process_command
 __all__ = ["Publisher", "report_micro_batch", "current_micro_batch"]
 
 _log = logging.getLogger("torchmem.monitor")
-_micro_batch = {"value": -1}
+_micro_batch = {"value": -1, "batch": None}
 # peak_live_bytes is the peak over this window (a sharing member's demand) and
 # recent_ooms the OOMs within it (a member pressed against its limit)
 WINDOW_S = 2.0
 
 
-def report_micro_batch(size):
-    """The batch controller's micro-batch, shown by `top` and exported (-1 = none)."""
+def report_micro_batch(size, batch=None):
+    """The batch controller's micro-batch (shown by `top`, exported; -1 = none) and the batch it
+    splits: a micro-batch below the batch means more memory would be used (the sharing arbiter
+    counts such a process as wanting to borrow)."""
     _micro_batch["value"] = int(size)
+    _micro_batch["batch"] = None if batch is None else int(batch)
 
 
 def current_micro_batch():
@@ -69,9 +72,11 @@ class Publisher:
     def _snapshot(self):
         rows = self.source.rows()
         micro = current_micro_batch()
+        batch = _micro_batch["batch"]
         now = time.monotonic()
         for row in rows:
             row.micro_batch = micro
+            row.constrained = int(batch is not None and 0 < micro < batch)
             # The pool's peak restarts whenever someone resets it (the controller does each
             # step); the window keeps the peaks of the last WINDOW_S seconds.
             peaks = self._peaks[row.index]

@@ -38,8 +38,8 @@ NAME_BYTES = 32
 _HEADER = struct.Struct("<8sIIqqQQI32s48sQQ")
 _SEQ_OFFSET = 8 + 4 + 4 + 8 + 8  # magic, version, ndev, pid, start
 _SEQ = struct.Struct("<Q")
-# index, uuid, then 17 unsigned figures, the micro-batch (signed) and fragmentation
-_SLOT = struct.Struct("<i16s17Qqd")
+# index, uuid, then 18 unsigned figures, the micro-batch (signed) and fragmentation
+_SLOT = struct.Struct("<i16s18Qqd")
 RECORD_BYTES = _HEADER.size + MAX_DEVICES * _SLOT.size
 
 # The unsigned per-device figures, in slot order (bytes unless named otherwise).
@@ -47,6 +47,7 @@ DEVICE_FIELDS = (
     "live_bytes", "reserved_bytes", "cached_bytes", "largest_free_bytes", "limit_bytes",
     "peak_live_bytes", "peak_reserved_bytes", "ooms", "reclaims", "driver_calls", "alloc_retries",
     "guarantee_bytes", "need_bytes", "device_total_bytes", "device_free_bytes", "granted_bytes", "recent_ooms",
+    "constrained",
 )
 
 
@@ -77,6 +78,7 @@ class DeviceFigures:
     device_free_bytes: int = 0
     granted_bytes: int = 0     # sharing: the limit the arbiter granted (0 = none yet)
     recent_ooms: int = 0       # OOMs over the publisher's window (a member pressed against its limit)
+    constrained: int = 0       # 1 while its controller splits batches it could run whole with more memory
     micro_batch: int = -1
     fragmentation: float = 0.0  # 1 - largest free block / cached bytes (0..1)
 

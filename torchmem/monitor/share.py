@@ -120,13 +120,14 @@ class ShareAgent:
 
     def _arbitrate_device(self, row, others):
         members = [arbiter.Member(self.pid, row.guarantee_bytes, row.reserved_bytes, row.peak_live_bytes,
-                                  row.need_bytes, row.recent_ooms > 0)]
+                                  row.need_bytes, row.recent_ooms > 0 or bool(row.constrained))]
         reserved_elsewhere = 0
         for rec in others:
             for dev in rec.devices:
                 if dev.uuid == row.uuid and dev.guarantee_bytes:
                     members.append(arbiter.Member(rec.pid, dev.guarantee_bytes, dev.reserved_bytes,
-                                                  dev.peak_live_bytes, dev.need_bytes, dev.recent_ooms > 0))
+                                                  dev.peak_live_bytes, dev.need_bytes,
+                                                  dev.recent_ooms > 0 or bool(dev.constrained)))
                     reserved_elsewhere += dev.reserved_bytes
         headroom = int(self.headroom * row.device_total_bytes)  # contexts, workspaces outside the pools
         free = self.source.device_free(row.index)
