@@ -46,7 +46,11 @@ def test_idle_cache_is_trimmed_only_while_someone_borrows():
     quiet = Member(pid=2, guarantee=40 * G, reserved=10 * G, live_peak=10 * G)
     assert decide([owner, quiet], capacity=100 * G).trim == ()
     borrower = Member(pid=2, guarantee=40 * G, reserved=40 * G, live_peak=40 * G)
-    assert decide([owner, borrower], capacity=100 * G).trim == (1,)
+    d = decide([owner, borrower], capacity=100 * G)
+    assert d.trim == (1,)
+    assert d.limits[2] == (100 - 30) * G  # the owner's cache is not lent while it still holds it
+    trimmed = Member(pid=1, guarantee=40 * G, reserved=2 * G, live_peak=2 * G)
+    assert decide([trimmed, borrower], capacity=100 * G).limits[2] == (100 - 2) * G
 
 
 def test_guarantees_above_the_device_are_scaled_against_the_total_not_the_moment():
@@ -73,7 +77,7 @@ def test_invariants(raw, capacity_g):
     assert all(d.limits[m.pid] >= share[m.pid] for m in members)
     owners = [m for m in members if m.pid not in d.borrowers]
     assert all(d.limits[m.pid] == share[m.pid] for m in owners)
-    used = sum(min(max(m.live_peak, m.need), share[m.pid]) for m in owners)
+    used = sum(min(max(m.live_peak, m.need, m.reserved), share[m.pid]) for m in owners)
     borrowed = sum(d.limits[p] - share[p] for p in d.borrowers)
     assert borrowed <= max(0, capacity - used - sum(share[p] for p in d.borrowers))
     assert all(m.need == 0 for m in members if m.pid in d.borrowers)

@@ -9,15 +9,16 @@ unit test; monitor/share.py is the I/O around it.
 
 Note [The rule]
 - demand = max(recent peak of live bytes, bytes an allocation waits for).
-- A member whose demand is below its guarantee uses min(demand, guarantee) and
-  keeps the rest of its share on call: its limit is its guarantee, so it can
+- A member whose demand is below its guarantee is an owner: it uses
+  min(max(demand, reserved), guarantee) (what it holds counts until it trims
+  its cache) and keeps the rest of its share on call: its limit is its guarantee, so it can
   always grow back into it (borrowers then yield).
 - A member with no allocation waiting that is at or above its guarantee
   (within `near`), or that is `pressed` (it ran out of memory at its limit
   lately, or its batch controller splits batches it would run whole with more
   memory: its peak can sit well below the limit), is a borrower: its limit is its guarantee plus a share, weighted by
   guarantee, of what is left when every member's used share is counted:
-  capacity - sum(owners' min(demand, g)) - sum(borrowers' g). Borrowed bytes
+  capacity - sum(owners' use) - sum(borrowers' g). Borrowed bytes
   are rounded down to the granule.
 - So the limits of borrowers plus what owners use never exceed the capacity:
   when an owner's demand rises the borrowers' limits fall at once.
@@ -87,7 +88,9 @@ def decide(members, capacity, total=None, granule=2 << 20, near=0.05, trim_slack
     borrowers = [m for m in members
                  if m.need == 0 and (m.pressed or demand[m.pid] >= guarantee[m.pid] * (1.0 - near))]
     borrower_ids = {m.pid for m in borrowers}
-    used = sum(min(demand[m.pid], guarantee[m.pid]) for m in members if m.pid not in borrower_ids)
+    # an owner's cache counts as used until it trims: lending memory a process still holds
+    # would send the borrower into a full device
+    used = sum(min(max(demand[m.pid], m.reserved), guarantee[m.pid]) for m in members if m.pid not in borrower_ids)
     used += sum(guarantee[m.pid] for m in borrowers)
     spare = max(0, capacity - used)
     limits = {m.pid: guarantee[m.pid] for m in members}
