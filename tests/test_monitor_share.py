@@ -28,7 +28,9 @@ CHUNK = 50 * MiB
 
 
 def _start(tenant, directory):
-    from torchmem.monitor.publisher import Publisher
+    from torchmem.monitor.publisher import Publisher, report_micro_batch
+
+    report_micro_batch(-1)  # a forked tenant must not inherit a controller's size from the test process
 
     agent = share.ShareAgent(tenant, "team", GUARANTEE, directory=directory, wait_s=10.0, headroom=0.0)
     pub = Publisher(tenant, interval=0.05, directory=directory, group="team", agent=agent)
