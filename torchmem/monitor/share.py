@@ -38,7 +38,7 @@ from torchmem.monitor import arbiter, record as _record
 __all__ = ["ShareAgent", "parse_group", "group_files"]
 
 _log = logging.getLogger("torchmem.monitor")
-_SLACK = 2 << 20  # one granule: a request's rounding
+_GRANULE = 2 << 20  # a request maps whole granules (2 MiB on the GPUs torchmem runs on)
 _GROUP_RE = re.compile(r"^[A-Za-z0-9_.-]{1,31}$")
 
 
@@ -183,7 +183,7 @@ class ShareAgent:
         if not rows:
             return False
         guarantee = self.guarantee_bytes(rows[0])
-        room = requested + _SLACK  # granule rounding of the request
+        room = -(-requested // _GRANULE) * _GRANULE  # the request as the pool maps it (whole granules)
         need = live + room
         if need > guarantee:
             return False  # borrowed memory is not guaranteed: this OOM is the process's own
