@@ -11,7 +11,7 @@ other two are "light" (--light-batch per step). Every process trains a GPT
 splits each batch into the largest micro-batches that fit its budget. Modes:
   elastic          torchmem installed with share=scenario,guarantee=1/3 each: a
                    heavy process borrows what the light ones leave, owners
-                   take it back (controller probe: torchmem.monitor.sharing_probe)
+                   take it back (the controller's budget is the arbiter's grant)
   static           PyTorch's allocator, set_per_process_memory_fraction(1/3)
   static_torchmem  torchmem with limit=1/3 (the same split under torchmem's pool)
 Reported per mode (JSON to --out, a table on stdout):
@@ -80,8 +80,7 @@ def worker(args):
     torch.manual_seed(rank)
     model = GPT(cfg).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    probe = monitor.sharing_probe() if mode == "elastic" else None
-    ctl = torchmem.BatchSizeController(args.heavy_batch, model=model, optimizer=opt, probe=probe)
+    ctl = torchmem.BatchSizeController(args.heavy_batch, model=model, optimizer=opt)
     gen = torch.Generator().manual_seed(rank)
 
     def loss_fn(ids):

@@ -250,3 +250,22 @@ def test_controller_shrinks_the_borrower_and_no_one_crashes(setup):
         steps_until(lambda: ctl.micro_batch <= 40, 5)  # (500 - 100) / 10: back within its own share
     finally:
         pub.stop()
+
+
+def test_a_sharing_process_budget_is_the_arbiters_grant(tmp_path, monkeypatch):
+    """TorchmemProbe: while this process shares its GPU, the controller's budget is the granted
+    limit, not the device's free memory (a borrower may hold it); no CUDA call is needed."""
+    from torchmem import monitor
+    from torchmem.batch import probe
+
+    device = FakeDevice(CTX, CAPACITY, 1)
+    tenant = FakeTenant(device, 0)
+    monkeypatch.setattr(probe.TorchmemProbe, "_stats", lambda self: {"torchmem.limit_bytes": 700 * MiB})
+    monkeypatch.setattr(probe.torch.cuda, "mem_get_info", lambda device=None: (0, CAPACITY))
+    assert probe.TorchmemProbe(0).budget_bytes() == 0  # not sharing: capped by what is free now
+    pub = monitor.start(source=tenant, group="team", guarantee=GUARANTEE, directory=str(tmp_path))
+    try:
+        assert pub.agent is not None
+        assert probe.TorchmemProbe(0).budget_bytes() == 700 * MiB
+    finally:
+        monitor.stop()

@@ -17,7 +17,7 @@ from torchmem.monitor.publisher import Publisher, current_micro_batch
 from torchmem.monitor.publisher import report_micro_batch as _set_micro_batch
 
 __all__ = ["start", "stop", "publisher", "start_from_config", "report_micro_batch", "serve_metrics",
-           "figures", "sharing_probe"]
+           "figures"]
 
 _lock = threading.Lock()
 _state = {"publisher": None, "hook": None}
@@ -131,20 +131,3 @@ def figures(device=None):
 
     records = _own_records()
     return metrics.flat_figures(records[0] if records else None, device)
-
-
-def sharing_probe(device=None):
-    """A batch-controller probe for a sharing process: its budget is the limit the arbiter grants
-    (which the owners get back on demand), not the memory free on the device right now, which
-    borrowers may hold. Pass it as BatchSizeController(..., probe=torchmem.monitor.sharing_probe())."""
-    from torchmem.batch.probe import TorchmemProbe
-
-    class SharingProbe(TorchmemProbe):
-        name = "torchmem-sharing"
-
-        def budget_bytes(self):
-            stats = self._stats()
-            limit = int(stats.get("torchmem.limit_bytes", 0) or 0)
-            return limit or super().budget_bytes()
-
-    return SharingProbe(device)
