@@ -122,6 +122,8 @@ def default_dir():
 def process_start_ticks(pid):
     """The kernel's start time of `pid` in clock ticks, or None when the process does not exist.
     0 where /proc is missing (then only the pid is checked)."""
+    if not os.path.isdir("/proc"):
+        return 0 if _pid_exists(pid) else None
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             text = f.read()
@@ -149,7 +151,7 @@ def is_alive(record):
     ticks = process_start_ticks(record.pid)
     if ticks is None:
         return False
-    if ticks == 0 and not os.path.isdir("/proc"):
+    if ticks == 0 or record.start_ticks == 0:  # no start time to compare (no /proc): the pid decides
         return True
     return ticks == record.start_ticks
 
