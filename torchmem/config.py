@@ -107,6 +107,13 @@ def _number(low, high=None, integer=False):
     return parse
 
 
+def _share_group(key, value):
+    """A sharing group's name (torchmem/monitor/share.py checks it), or None."""
+    from torchmem.monitor.share import parse_group
+
+    return parse_group(key, value)
+
+
 @dataclasses.dataclass(frozen=True)
 class Option:
     name: str
@@ -160,7 +167,7 @@ OPTIONS = (
            "Seconds between two publications (0.1 at most while sharing)."),
     Option("metrics_port", 0, _number(0, 65535, integer=True),
            "Serve Prometheus metrics on 127.0.0.1:PORT (0 = off); a port in use is a warning."),
-    Option("share", None, lambda key, value: _share_group(key, value),
+    Option("share", None, _share_group,
            "Share this GPU elastically with the processes of this group name (needs `guarantee`)."),
     Option("guarantee", None, parse_limit,
            "With `share`: the share of the device this process can always get back (bytes or a "
@@ -168,12 +175,6 @@ OPTIONS = (
     Option("share_wait", 30.0, _number(0.1, 3600.0),
            "With `share`: seconds an allocation within the guarantee waits for borrowers to yield."),
 )
-
-
-def _share_group(key, value):
-    from torchmem.monitor.share import parse_group
-
-    return parse_group(key, value)
 _BY_NAME = {option.name: option for option in OPTIONS}
 
 
