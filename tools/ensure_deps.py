@@ -30,6 +30,10 @@ NEEDED = {
         "lightning": "lightning",
         "transformers": "transformers",
         "accelerate": "accelerate",
+        # `python -m torchmem top`, the Prometheus metrics and NVML's device totals (torchmem/monitor/)
+        "rich": "rich",
+        "prometheus_client": "prometheus-client",
+        "pynvml": "nvidia-ml-py",
     },
 }
 

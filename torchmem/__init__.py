@@ -51,6 +51,8 @@ _LAZY = {
     "host": None,
     "offload_activations": "torchmem.offload",
     "OffloadActivations": "torchmem.offload",
+    # watching and sharing
+    "serve_metrics": "torchmem.monitor",
 }
 
 __all__ = ["__version__"] + sorted(_LAZY)

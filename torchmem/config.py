@@ -112,6 +112,13 @@ def _number(low, high=None, integer=False):
     return parse
 
 
+def _share_group(key, value):
+    """A sharing group's name (torchmem/monitor/share.py checks it), or None."""
+    from torchmem.monitor.share import parse_group
+
+    return parse_group(key, value)
+
+
 @dataclasses.dataclass(frozen=True)
 class Option:
     name: str
@@ -162,6 +169,21 @@ OPTIONS = (
     Option("warn_unsupported", True, parse_bool,
            "Warn at install about torch features no pluggable allocator supports "
            "(CUDA IPC). cudnn.benchmark works: torchmem answers its cacheInfo query."),
+    # Watching and sharing (torchmem/monitor/, docs/monitoring.md, docs/sharing.md).
+    Option("monitor", True, parse_bool,
+           "Publish this process's figures to a shared-memory record for `python -m torchmem top` "
+           "and the metrics (a background thread, never on the allocation path)."),
+    Option("monitor_interval", 0.5, _number(0.01, 60.0),
+           "Seconds between two publications (0.1 at most while sharing)."),
+    Option("metrics_port", 0, _number(0, 65535, integer=True),
+           "Serve Prometheus metrics on 127.0.0.1:PORT (0 = off); a port in use is a warning."),
+    Option("share", None, _share_group,
+           "Share this GPU elastically with the processes of this group name (needs `guarantee`)."),
+    Option("guarantee", None, parse_limit,
+           "With `share`: the share of the device this process can always get back (bytes or a "
+           "fraction); it may borrow what others leave unused."),
+    Option("share_wait", 30.0, _number(0.1, 3600.0),
+           "With `share`: seconds an allocation within the guarantee waits for borrowers to yield."),
 )
 _BY_NAME = {option.name: option for option in OPTIONS}
 
@@ -212,6 +234,13 @@ class Config:
             raise ValueError(
                 f"torchmem config 'limit': {self.limit} bytes is below one 2 MiB granule; give at least '2MiB'"
             )
+        if self.share and (self.guarantee is None or self.limit is not None):
+            raise ValueError(
+                "torchmem config 'share': give a 'guarantee' (e.g. share=team,guarantee=30GiB) and no 'limit' "
+                "(the sharing arbiter sets the limit)"
+            )
+        if self.guarantee is not None and not self.share:
+            raise ValueError("torchmem config 'guarantee': only means something with 'share=GROUP'")
         if isinstance(self.limit, int) and self.reserve > self.limit:
             raise ValueError(f"torchmem config 'reserve' ({self.reserve}) exceeds 'limit' ({self.limit})")
 

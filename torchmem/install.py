@@ -56,7 +56,8 @@ def _runtime_options(cfg):
     (the limit is resolved per device in C++), plus limit and oom_hook_retries."""
     options = cfg.core_dict(0)
     del options["limit_bytes"]
-    options["limit"] = cfg.limit
+    # A sharing process starts at its guarantee until the arbiter's first round (docs/sharing.md).
+    options["limit"] = cfg.guarantee if cfg.share else cfg.limit
     options["oom_hook_retries"] = int(cfg.oom_hook_retries)
     return options
 
@@ -138,6 +139,10 @@ def install(**options):
     _hooks._attach_runtime()
     if cfg.patch_torch:
         _patch.patch_torch()
+    if cfg.monitor or cfg.share or cfg.metrics_port:
+        from torchmem import monitor
+
+        monitor.start_from_config(cfg)  # records, sharing, metrics (docs/monitoring.md)
     return cfg
 
 

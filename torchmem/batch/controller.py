@@ -66,6 +66,7 @@ from collections.abc import Mapping
 
 import torch
 
+from torchmem import monitor
 from torchmem.batch import distributed
 from torchmem.batch.model import LinearMemoryModel
 from torchmem.batch.offload_rung import OffloadRung
@@ -302,6 +303,7 @@ class BatchSizeController:
         retries = 0
         while True:
             micro = max(1, min(self._micro, total))
+            monitor.report_micro_batch(micro, total)  # top/metrics; a sharing borrower yields here
             outcome = self._attempt(step_fn, batch, total, micro, backward)
             if outcome["ok"]:
                 self._after_success(micro, outcome, total)

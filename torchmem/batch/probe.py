@@ -124,6 +124,8 @@ class TorchmemProbe(MemoryProbe):
     def budget_bytes(self):
         stats = self._stats()
         limit = int(stats.get("torchmem.limit_bytes", 0) or 0)
+        if limit and _sharing():  # the arbiter's grant: borrowers give it back on demand (docs/sharing.md)
+            return limit
         free, total = torch.cuda.mem_get_info(self.device)
         reachable = free + int(stats.get("reserved_bytes.all.current", 0))
         return min(limit, reachable) if limit else reachable
@@ -179,6 +181,14 @@ class SyntheticMemory(MemoryProbe):
 
     def budget_bytes(self):
         return self.budget
+
+
+def _sharing():
+    """True when this process shares its GPU through torchmem's arbiter (share=GROUP)."""
+    from torchmem import monitor
+
+    pub = monitor.publisher()
+    return pub is not None and pub.agent is not None
 
 
 def default_probe(device=None):

@@ -16,6 +16,7 @@ COMMANDS = {
     "plot": "torchmem.cli.plot",
     "convert": "torchmem.cli.convert",
     "info": "torchmem.cli.info",
+    "top": "torchmem.cli.top",
 }
 
 

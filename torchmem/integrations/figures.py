@@ -1,9 +1,11 @@
 """Per-step memory figures for training-loop callbacks (Lightning, HF Trainer).
 
 One function both callbacks use, so they log the same names: peak requested
-and reserved bytes since the last reset, their ratio (fragmentation), and the
-controller's micro-batch when one is attached. Figures come from torchmem's
-stats when its allocator is installed, else from torch.cuda.memory_stats
+and reserved bytes since the last reset, their ratio (fragmentation), the
+controller's micro-batch when one is attached, and under torchmem's allocator
+the figures `top` and the Prometheus metrics show (torchmem.monitor.figures:
+live, cached, largest free block, limit, OOMs, reclaims, driver calls...).
+Figures come from torchmem's stats when its allocator is installed, else from torch.cuda.memory_stats
 (the native allocator has the same keys), else nothing (CPU).
 """
 
@@ -21,6 +23,12 @@ def _stats(device):
     return torch.cuda.memory_stats(device)
 
 
+def _device_index(device):
+    if device is None:
+        return torch.cuda.current_device()
+    return torch.device(device).index if not isinstance(device, int) else device
+
+
 def reset_peaks(device=None):
     """Restarts every peak figure (call at the start of a step)."""
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
@@ -34,8 +42,9 @@ def reset_peaks(device=None):
 
 def memory_figures(device=None, controller=None, prefix="torchmem/"):
     """{prefix+name: number}: peak_requested_gib, peak_reserved_gib,
-    reserved_over_requested, and with a controller micro_batch,
-    accumulation_steps, ooms. Empty without CUDA."""
+    reserved_over_requested, under torchmem the monitor's figures (live_bytes,
+    reserved_bytes, cached_bytes, ..., ooms_total), and with a controller
+    micro_batch, accumulation_steps, ooms. Empty without CUDA."""
     figures = {}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         stats = _stats(device)
@@ -44,6 +53,9 @@ def memory_figures(device=None, controller=None, prefix="torchmem/"):
         figures["peak_requested_gib"] = requested / 2**30
         figures["peak_reserved_gib"] = reserved / 2**30
         figures["reserved_over_requested"] = reserved / requested if requested else 0.0
+        if _installed():  # live, cached, largest free block, budget, OOMs... (the metrics' names)
+            from torchmem import monitor
+            figures.update(monitor.figures(_device_index(device)))
     if controller is not None:
         figures["micro_batch"] = controller.micro_batch
         figures["accumulation_steps"] = controller.accumulation_steps

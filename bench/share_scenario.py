@@ -1,0 +1,179 @@
+"""Three training processes on one GPU whose memory demand shifts over time, under elastic
+sharing (torchmem share=GROUP) vs static fractions, in one call.
+
+    python bench/share_scenario.py --out share_scenario.json
+    python bench/share_scenario.py --modes elastic,static --phase-s 20 --width 1024
+
+The script: the run is cut into phases of --phase-s seconds; in phase k process
+k % 3 is "heavy" (it trains on --heavy-batch sequences per step) and the
+other two are "light" (--light-batch per step). Every process trains a GPT
+(examples/tiny_gpt.py, bf16 autocast, AdamW) with a BatchSizeController, which
+splits each batch into the largest micro-batches that fit its budget. Modes:
+  elastic          torchmem installed with share=scenario,guarantee=1/3 each: a
+                   heavy process borrows what the light ones leave, owners
+                   take it back (the controller's budget is the arbiter's grant)
+  static           PyTorch's allocator, set_per_process_memory_fraction(1/3)
+  static_torchmem  torchmem with limit=1/3 (the same split under torchmem's pool)
+Reported per mode (JSON to --out, a table on stdout):
+  crashes          processes that died (an OOM nobody recovered from)
+  samples_per_s    total throughput: samples trained by all three / wall time
+  ooms_recovered   OOMs the controllers recovered from (a retry of one batch)
+  return_wait_s    elastic only: how long owners' allocations waited for
+                   borrowers to give memory back (max, median, count)
+  micro_heavy      median micro-batch of the heavy process in each phase
+Each process prints one JSON line; the parent starts all three at one wall
+time so the phases line up.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODES = ("elastic", "static", "static_torchmem")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated: " + ", ".join(MODES))
+    p.add_argument("--phase-s", type=float, default=20.0, help="seconds per phase (3 phases, one heavy each)")
+    p.add_argument("--heavy-batch", type=int, default=256, help="sequences per step of the heavy process")
+    p.add_argument("--light-batch", type=int, default=8, help="sequences per step of a light process")
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--mode", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--start-at", type=float, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    bad = [m for m in args.modes.split(",") if m not in MODES]
+    if bad:
+        p.error(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
+    return args
+
+
+def worker(args):
+    """One training process: prints one JSON line with what it did."""
+    import torch
+
+    rank, mode = args.worker, args.mode
+    share = 1.0 / 3.0
+    if mode == "elastic":
+        import torchmem
+        torchmem.install(share="scenario", guarantee=share * 0.98)
+    elif mode == "static_torchmem":
+        import torchmem
+        torchmem.install(limit=share * 0.98)
+    else:
+        torch.cuda.set_per_process_memory_fraction(share * 0.98)
+    import torchmem
+    from torchmem import monitor
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    from tiny_gpt import GPT, GPTConfig, synthetic_tokens
+
+    cfg = GPTConfig(vocab=8192, seq=args.seq, width=args.width, layers=args.layers, heads=max(1, args.width // 64))
+    torch.manual_seed(rank)
+    model = GPT(cfg).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    ctl = torchmem.BatchSizeController(args.heavy_batch, model=model, optimizer=opt)
+    gen = torch.Generator().manual_seed(rank)
+
+    def loss_fn(ids):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return model.loss(ids)
+
+    while time.time() < args.start_at:
+        time.sleep(0.01)
+    end = args.start_at + 3 * args.phase_s
+    samples, steps, micro_by_phase, crashed = 0, 0, {0: [], 1: [], 2: []}, None
+    try:
+        while (now := time.time()) < end:
+            phase = int((now - args.start_at) // args.phase_s)
+            heavy = phase % 3 == rank
+            batch = synthetic_tokens(args.heavy_batch if heavy else args.light_batch, cfg, gen, "cuda")
+            ctl.run(loss_fn, batch)
+            ctl.step()  # optimizer.step() and zero_grad
+            samples += batch.shape[0]
+            steps += 1
+            if heavy:
+                micro_by_phase[phase].append(ctl.micro_batch)
+    except Exception as exc:  # a crash: what the scenario counts
+        crashed = f"{type(exc).__name__}: {str(exc)[:300]}"
+    torch.cuda.synchronize()
+    wall = max(time.time(), end) - args.start_at
+    waits = []
+    pub = monitor.publisher() if mode == "elastic" else None
+    if pub is not None and pub.agent is not None:
+        waits = [seconds for seconds, _ in pub.agent.waits]
+    print(json.dumps({"rank": rank, "mode": mode, "samples": samples, "steps": steps, "wall_s": wall,
+                      "ooms_recovered": ctl.ooms, "crashed": crashed, "waits_s": waits,
+                      "micro_heavy": {str(k): (statistics.median(v) if v else None) for k, v in micro_by_phase.items()}}),
+          flush=True)
+    return 0
+
+
+def run_mode(args, mode):
+    start_at = time.time() + 60.0  # time for three processes to import torch and build their models
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("TORCHMEM_CONF", None)
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", str(rank), "--mode", mode,
+                               "--start-at", str(start_at), "--phase-s", str(args.phase_s),
+                               "--heavy-batch", str(args.heavy_batch), "--light-batch", str(args.light_batch),
+                               "--width", str(args.width), "--layers", str(args.layers), "--seq", str(args.seq)],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in range(3)]
+    results = []
+    for rank, proc in enumerate(procs):
+        out, err = proc.communicate()
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            last_error = err.strip().splitlines()[-1] if err.strip() else ""
+            results.append({"rank": rank, "mode": mode, "samples": 0, "crashed": f"exit {proc.returncode}: {last_error}",
+                            "waits_s": [], "ooms_recovered": 0, "wall_s": 3 * args.phase_s, "micro_heavy": {}})
+        else:
+            results.append(json.loads(lines[-1]))
+    wall = max(r["wall_s"] for r in results)
+    waits = [w for r in results for w in r["waits_s"]]
+    return {
+        "mode": mode,
+        "crashes": sum(1 for r in results if r["crashed"]),
+        "samples_per_s": sum(r["samples"] for r in results) / wall,
+        "ooms_recovered": sum(r["ooms_recovered"] for r in results),
+        "return_wait_s": {"max": max(waits), "median": statistics.median(waits), "count": len(waits)} if waits else None,
+        "micro_heavy": {str(r["rank"]): r["micro_heavy"].get(str(r["rank"])) for r in results},
+        "processes": results,
+    }
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker is not None:
+        return worker(args)
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("bench/share_scenario.py needs a CUDA GPU")
+    report = {"device": torch.cuda.get_device_name(0), "phase_s": args.phase_s, "heavy_batch": args.heavy_batch,
+              "light_batch": args.light_batch, "model": {"width": args.width, "layers": args.layers, "seq": args.seq},
+              "modes": []}
+    for mode in args.modes.split(","):
+        result = run_mode(args, mode)
+        report["modes"].append(result)
+        wait = result["return_wait_s"]
+        wait_text = "-" if wait is None else f"max {wait['max']:.3f} s, median {wait['median']:.3f} s"
+        print(f"{mode:16} crashes={result['crashes']} samples/s={result['samples_per_s']:.1f} "
+              f"ooms_recovered={result['ooms_recovered']} heavy micro={result['micro_heavy']} "
+              f"return wait: {wait_text}", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""The background thread that publishes this process's figures (and runs its sharing agent).
+
+One daemon thread per process reads the source's counters every `interval`
+seconds (0.5 by default, 0.1 while sharing: memory must reach an owner within a
+second), writes the record (monitor/record.py) and, when the process shares its
+GPU, runs one arbitration round (monitor/share.py). Nothing here is on the
+allocation path: the allocator never waits for this thread.
+
+Note [Failures do not stop training]
+A full shared-memory filesystem, a directory we may not write, a stats call
+that raises: each is reported once (a warning naming the problem and the fix)
+and the job goes on. A failure to create or write the record stops publishing;
+any other error skips that tick.
+"""
+
+import atexit
+import collections
+import logging
+import os
+import threading
+import time
+import warnings
+
+from torchmem.monitor import record as _record
+from torchmem.monitor.sources import process_command
+
+__all__ = ["Publisher", "report_micro_batch", "current_micro_batch"]
+
+_log = logging.getLogger("torchmem.monitor")
+_micro_batch = {"value": -1, "batch": None}
+# peak_live_bytes is the peak over this window (a sharing member's demand) and
+# recent_ooms the OOMs within it (a member pressed against its limit)
+WINDOW_S = 2.0
+
+
+def report_micro_batch(size, batch=None):
+    """The batch controller's micro-batch (shown by `top`, exported; -1 = none) and the batch it
+    splits: a micro-batch below the batch means more memory would be used (the sharing arbiter
+    counts such a process as wanting to borrow)."""
+    _micro_batch["value"] = int(size)
+    _micro_batch["batch"] = None if batch is None else int(batch)
+
+
+def current_micro_batch():
+    return _micro_batch["value"]
+
+
+class Publisher:
+    def __init__(self, source, interval=0.5, directory=None, group="", agent=None, command=None):
+        if not interval > 0:
+            raise ValueError(f"torchmem monitor: interval must be > 0 seconds, got {interval!r}")
+        self.source = source
+        self.agent = agent
+        self.interval = min(interval, 0.1) if agent is not None else interval
+        self.group = group or ""
+        self.command = command or process_command()
+        self.writer = _record.RecordWriter(directory)
+        self.latest = None
+        self.errors = 0
+        self._tick_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = None
+        self._warned = set()
+        self._peaks = collections.defaultdict(collections.deque)  # device -> (time, live peak, OOM count)
+
+    def _warn_once(self, key, message):
+        if key not in self._warned:
+            self._warned.add(key)
+            _log.warning(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+    def _snapshot(self):
+        rows = self.source.rows()
+        micro = current_micro_batch()
+        batch = _micro_batch["batch"]
+        now = time.monotonic()
+        for row in rows:
+            row.micro_batch = micro
+            row.constrained = int(batch is not None and 0 < micro < batch)
+            # The pool's peak restarts whenever someone resets it (the controller does each
+            # step); the window keeps the peaks of the last WINDOW_S seconds.
+            peaks = self._peaks[row.index]
+            peaks.append((now, max(row.live_bytes, row.peak_live_bytes), row.ooms))
+            while peaks[0][0] < now - WINDOW_S:
+                peaks.popleft()
+            row.peak_live_bytes = max(p[1] for p in peaks)
+            row.recent_ooms = row.ooms - peaks[0][2]
+        if self.agent is not None:
+            self.agent.annotate(rows)
+        host_reserved, host_active = self.source.host()
+        return _record.Record(pid=self.writer.pid, start_ticks=self.writer.start_ticks,
+                              updated_ns=time.time_ns(), interval_ms=int(self.interval * 1000),
+                              group=self.group, command=self.command, host_reserved_bytes=host_reserved,
+                              host_active_bytes=host_active, devices=rows)
+
+    def start(self):
+        """Creates the record and starts the thread; False (with a warning) when the record cannot
+        be created (Note [Failures do not stop training])."""
+        _record.clean_dead(self.writer.directory)
+        try:
+            self.writer.open(self._snapshot())
+        except OSError as exc:
+            self._warn_once("open", str(exc.strerror or exc))
+            return False
+        self.tick()
+        self._thread = threading.Thread(target=self._run, name="torchmem-monitor", daemon=True)
+        self._thread.start()
+        atexit.register(self.stop)
+        return True
+
+    def tick(self):
+        """One round: read, share, write. Safe to call from any thread (the OOM hook does)."""
+        with self._tick_lock:
+            if self.writer._fd is None:
+                return
+            record = self._snapshot()
+            if self.agent is not None:
+                self.agent.arbitrate(record.devices)
+            try:
+                self.writer.write(record)
+            except OSError as exc:
+                self._warn_once("write", f"torchmem monitor: cannot write {self.writer.path} ({exc.strerror}); "
+                                         f"publishing stops, training goes on")
+                self.writer.close(remove=False)
+                return
+            self.latest = record
+
+    def _run(self):
+        while not self._stop.wait(self.interval):
+            try:
+                self.tick()
+            except Exception as exc:  # Note [Failures do not stop training]
+                self.errors += 1
+                self._warn_once(type(exc).__name__, f"torchmem monitor: a publishing round failed: {exc!r} "
+                                                    f"(reported once; later rounds go on)")
+
+    def stop(self):
+        """Stops the thread and removes the record (only in the process that created it)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        if os.getpid() == self.writer.pid:
+            with self._tick_lock:
+                self.writer.close(remove=True)
