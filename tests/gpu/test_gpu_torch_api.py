@@ -229,7 +229,11 @@ def test_mempool_with_a_users_allocator_reaches_it_and_frees_after_delete(tmp_pa
     print(json.dumps({{"used": allocs_after_use >= 1, "frees_while_live": frees_while_live, "ok": ok,
                        "all_freed": frees.value == allocs.value}}))
     """)
-    assert native == ours == {"used": True, "frees_while_live": 0, "ok": True, "all_freed": True}
+    # torchmem never gives the user's allocator a block back while a tensor still
+    # uses it; the rest as native.
+    assert ours["frees_while_live"] == 0, ours
+    for key in ("used", "ok", "all_freed"):
+        assert native[key] == ours[key] is True, (native, ours)
 
 
 def test_oom_messages_use_torchs_wording():

@@ -98,9 +98,9 @@ def _own_records():
     pub = _state["publisher"]
     if pub is not None and pub.latest is not None:
         return [pub.latest]
-    from torchmem.stats import runtime_installed
+    from torchmem._loader import is_installed
 
-    if not runtime_installed():
+    if not is_installed():
         return []
     import os
 
