@@ -79,15 +79,17 @@ class RuntimeSource:
     def host(self):
         import torch
 
+        # host_memory_stats reads torch's host allocator counters: no CUDA call.
         if not (torch.cuda.is_initialized() and hasattr(torch.cuda, "host_memory_stats")):
             return 0, 0
         stats = torch.cuda.host_memory_stats()
         return int(stats.get("allocated_bytes.current", 0)), int(stats.get("active_bytes.current", 0))
 
     def device_free(self, index):
-        import torch
-
-        return int(torch.cuda.mem_get_info(index)[0])
+        # Through the runtime, whose CUDA calls run in relaxed capture mode: from
+        # this background thread, torch.cuda.mem_get_info would invalidate a CUDA
+        # graph another thread is capturing in global mode.
+        return int(self._C.runtime_stats(index)["device_free"])
 
     def set_limit(self, index, limit):
         self._C.runtime_set_limit(index, int(limit))
