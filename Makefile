@@ -39,7 +39,7 @@ test-gpu: setup-test
 bench-micro:
 	@mkdir -p build/bench
 	$(CXX) -std=c++17 -O3 -DNDEBUG -DTORCHMEM_DEBUG=0 -pthread -Icsrc csrc/core/pool.cpp \
-	  $(filter-out csrc/core/detail/random_ops.cpp,$(wildcard csrc/core/detail/*.cpp)) \
+	  $(wildcard csrc/core/detail/*.cpp) \
 	  csrc/backend/sim_backend.cpp bench/pool_microbench.cpp -o build/bench/pool_microbench
 	./build/bench/pool_microbench
 

@@ -12,9 +12,7 @@ Anchors on the H200 (torch 2.11): native 2.7 us, expandable 3.2, cudaMallocAsync
 
 import argparse
 import json
-import math
 import os
-import random
 import statistics
 import sys
 import time
@@ -29,8 +27,11 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds; the median is reported")
     parser.add_argument("--live", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pattern", default="random",
+                        help="size pattern (torchmem/patterns.py): random, periodic, bimodal, kv_cache")
     parser.add_argument("--out", help="JSON-lines file to append the result to")
     args = parser.parse_args(argv)
+    from torchmem.patterns import sizes_and_slots
 
     if args.allocator in ALLOC_CONF:
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ALLOC_CONF[args.allocator]
@@ -41,10 +42,7 @@ def main(argv=None):
 
         torchmem.install(patch_torch=False, warn_unsupported=False)
 
-    rng = random.Random(args.seed)
-    low, high = math.log(512), math.log(16 << 20)
-    sizes = [int(math.exp(rng.uniform(low, high))) for _ in range(args.iters)]
-    slots = [rng.randrange(args.live) for _ in range(args.iters)]
+    sizes, slots = sizes_and_slots(args.pattern, args.iters, args.live, args.seed)
     empty, device, dtype = torch.empty, torch.device("cuda"), torch.uint8
 
     live = [empty(sizes[i], dtype=dtype, device=device) for i in range(args.live)]
@@ -83,7 +81,8 @@ def main(argv=None):
     else:
         peak_alloc, peak_reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
     result = {
-        "workload": "microbench", "allocator": args.allocator, "torch": torch.__version__,
+        "workload": "microbench", "pattern": args.pattern, "seed": args.seed, "allocator": args.allocator,
+        "torch": torch.__version__,
         "device": torch.cuda.get_device_name(), "iters": args.iters, "repeats": args.repeats,
         "mean_s_per_alloc": statistics.median(rounds), "rounds_s_per_alloc": rounds,
         "spread_s": max(rounds) - min(rounds),
@@ -94,7 +93,7 @@ def main(argv=None):
     if args.out:
         with open(args.out, "a") as f:
             f.write(json.dumps(result) + "\n")
-    print(json.dumps({k: result[k] for k in ("allocator", "mean_s_per_alloc", "spread_s", "ratio",
+    print(json.dumps({k: result[k] for k in ("pattern", "allocator", "mean_s_per_alloc", "spread_s", "ratio",
                                              "driver_calls_per_alloc")}))
     return 0
 

@@ -77,6 +77,9 @@ def _worker(rank, out_dir):
         results = {mode: _train(rank, mode) for mode in MODES}
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(results, f)
+        # No rank tears its gloo group down while the other still talks to it: a
+        # peer closing mid-collective aborts gloo's worker threads (std::terminate).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

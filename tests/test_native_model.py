@@ -1,4 +1,4 @@
-"""The model of PyTorch's native caching allocator (csrc/core/native_model.h).
+"""The model of PyTorch's native caching allocator (csrc/replay/native_model.h).
 
 Each rule of Note [Native policy] / Note [Native OOM steps] is checked on a small
 scenario, and the model is held to the recorded native peak of both shared traces.

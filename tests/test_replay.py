@@ -1,4 +1,4 @@
-"""The replay driver (csrc/core/replay.cpp) and torchmem.replay: the project's goals
+"""The replay driver (csrc/replay/replay.cpp) and torchmem.replay: the project's goals
 on both shared traces, and the driver's rules on small hand-made traces."""
 
 import numpy as np

@@ -125,6 +125,11 @@ class Option:
     default: object
     parse: object
     doc: str
+    # The core PoolConfig field this option feeds (csrc/core/pool.h,
+    # TORCHMEM_POOL_CONFIG), or "" for options of the Python layer and the shim.
+    # tests/test_config.py checks these cover every field, so a new pool option
+    # is one X-macro line in C++ and one Option here.
+    core: str = ""
 
 
 OPTIONS = (
@@ -136,31 +141,40 @@ OPTIONS = (
            "Memory budget: bytes ('20GiB'), a fraction of device memory (0.8 or '80%'), or None "
            "for the whole device. `torch.cuda.set_per_process_memory_fraction` changes it later."),
     Option("reserve", 0, parse_bytes,
-           "Bytes mapped at install and kept even by empty_cache (pre-reservation)."),
+           "Bytes mapped at install and kept even by empty_cache (pre-reservation).",
+           core="reserve_bytes"),
     Option("small_threshold", 1 << 20, parse_bytes,
-           "Requests of at most this size go to the small heap (2 MiB pages of their own)."),
+           "Requests of at most this size go to the small heap (2 MiB pages of their own).",
+           core="small_threshold"),
     Option("small_page", 2 << 20, parse_bytes,
-           "Page size of the small heap; a multiple of the backend's granule."),
+           "Page size of the small heap; a multiple of the backend's granule.",
+           core="small_page_bytes"),
     Option("reclaim_slack", 0.0, _number(0.0, 10.0),
            "Create new granules instead of stitching cached ones while held < (1 + slack) x in use. "
            "0 stitches whenever a granule is needed and one is reclaimable (least memory); "
-           "larger values trade memory for fewer driver calls."),
+           "larger values trade memory for fewer driver calls.",
+           core="reclaim_slack"),
     Option("stitch_above", 0.8, _number(0.0, 1.0),
            "The pool stitches granules (moves cached memory where a new block needs it) only once "
            "it holds this fraction of its budget (limit, or the device); below, it grows like "
            "expandable_segments and a stable workload makes no driver calls. 0 = always stitch "
-           "(least memory, most driver calls)."),
+           "(least memory, most driver calls).",
+           core="stitch_above"),
     Option("alias_reclaim", True, parse_bool,
            "Stitch granules freed on the requesting stream before the GPU finished with them, by "
            "mapping their memory at a second address and unmapping the old one later (keeps "
-           "memory low while the GPU lags behind the host). False: wait for the GPU's fence."),
+           "memory low while the GPU lags behind the host). False: wait for the GPU's fence.",
+           core="alias_reclaim"),
     Option("virtual_bytes", 0, parse_bytes,
-           "Virtual address space reserved per heap; 0 = twice the device's memory."),
+           "Virtual address space reserved per heap; 0 = twice the device's memory.",
+           core="virtual_bytes"),
     Option("trace_capacity", 0, _number(0, integer=True),
            "Keep the last N allocator events for snapshots' device_traces (0 = off; "
-           "record_history() turns it on)."),
+           "record_history() turns it on).",
+           core="trace_capacity"),
     Option("debug_checks", False, parse_bool,
-           "Check every pool invariant after every operation (slow; for debugging)."),
+           "Check every pool invariant after every operation (slow; for debugging).",
+           core="debug_checks"),
     Option("oom_hook_retries", 3, _number(0, 100, integer=True),
            "How many times OOM hooks (torchmem.on_oom) may free memory and retry one allocation."),
     Option("patch_torch", True, parse_bool,
@@ -274,18 +288,8 @@ class Config:
         limit = self.limit_bytes(total_bytes)
         if limit and self.reserve > limit:
             raise ValueError(f"torchmem config 'reserve' ({self.reserve}) exceeds the limit ({limit} bytes)")
-        return {
-            "limit_bytes": limit,
-            "reserve_bytes": self.reserve,
-            "small_threshold": self.small_threshold,
-            "small_page_bytes": self.small_page,
-            "reclaim_slack": float(self.reclaim_slack),
-            "stitch_above": float(self.stitch_above),
-            "alias_reclaim": bool(self.alias_reclaim),
-            "virtual_bytes": self.virtual_bytes,
-            "debug_checks": self.debug_checks,
-            "trace_capacity": int(self.trace_capacity),
-        }
+        fields = {option.core: getattr(self, option.name) for option in OPTIONS if option.core}
+        return {"limit_bytes": limit, **fields}
 
     def __eq__(self, other):
         return isinstance(other, Config) and self.as_dict() == other.as_dict()

@@ -5,7 +5,7 @@ This is how torchmem's fragmentation figures are measured without a GPU: the
 trace's allocs and frees run, in order, through the exact pool code that runs on
 the GPU (over a simulated device) or through ``native_model.h``, a model of
 PyTorch's caching allocator that reproduces the recorded segment sequence of the
-bundled traces. The work happens in C++ (``csrc/core/replay.cpp``); this module
+bundled traces. The work happens in C++ (``csrc/replay/replay.cpp``); this module
 loads traces, turns torchmem options into the pool's config and returns plain
 dataclasses.
 

@@ -16,7 +16,7 @@
 #include "backend/sim_backend.h"
 #include "bindings/bindings.h"
 #include "bindings/convert.h"
-#include "core/detail/random_ops.h"
+#include "replay/random_ops.h"
 #include "core/pool.h"
 
 namespace py = pybind11;
@@ -218,7 +218,7 @@ void bind_core(py::module_& m) {
   m.def(
       "_random_ops",
       [](std::uint64_t seed, std::size_t ops, py::object options) {
-        detail::RandomOpsOptions o;
+        replay::RandomOpsOptions o;
         if (!options.is_none()) {
           for (const auto& item : options.cast<py::dict>()) {
             const std::string key = py::str(item.first);
@@ -237,11 +237,11 @@ void bind_core(py::module_& m) {
             else throw py::value_error("_random_ops: unknown option '" + key + "'");
           }
         }
-        detail::RandomOpsSummary s;
+        replay::RandomOpsSummary s;
         std::string problem;
         {
           py::gil_scoped_release release;
-          problem = detail::run_random_ops(seed, ops, o, &s);
+          problem = replay::run_random_ops(seed, ops, o, &s);
         }
         if (!problem.empty()) throw std::runtime_error(problem);
         py::dict d;

@@ -29,8 +29,8 @@
 
 #include "bindings/bindings.h"
 #include "bindings/convert.h"
-#include "core/native_model.h"
-#include "core/replay.h"
+#include "replay/native_model.h"
+#include "replay/replay.h"
 
 namespace py = pybind11;
 
@@ -242,7 +242,7 @@ void bind_replay(py::module_& m) {
         py::arg("progress") = py::none(), py::arg("native_config") = py::none(), py::arg("costs") = py::none(),
         py::arg("snapshot") = false, py::arg("timeline") = false, py::arg("event_delay") = 0,
         "Replays a trace's allocs and frees under a policy ('torchmem' or 'native'); returns a dict of "
-        "peaks, OOMs and backend calls (see csrc/core/replay.h)");
+        "peaks, OOMs and backend calls (see csrc/replay/replay.h)");
   m.def("min_cap", &min_cap_py, py::arg("events"), py::arg("policy") = "torchmem",
         py::arg("pool_config") = py::none(), py::arg("capacity") = kReplayCapacity,
         py::arg("precision") = 2 * kMiB, py::arg("progress") = py::none(), py::arg("native_config") = py::none(),

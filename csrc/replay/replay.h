@@ -37,7 +37,7 @@
 
 #include "backend/sim_backend.h"
 #include "core/backend.h"
-#include "core/native_model.h"
+#include "replay/native_model.h"
 #include "core/pool.h"
 
 namespace torchmem {

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string>
 
-namespace torchmem::detail {
+namespace torchmem::replay {
 
 struct RandomOpsOptions {
   bool vmm = true;
@@ -40,4 +40,4 @@ struct RandomOpsSummary {
 std::string run_random_ops(std::uint64_t seed, std::size_t ops, const RandomOpsOptions& options,
                            RandomOpsSummary* summary);
 
-}  // namespace torchmem::detail
+}  // namespace torchmem::replay

@@ -6,7 +6,7 @@
 // the device: for torchmem the simulated backend's created granules (mapped
 // or spare: both count against a budget), for the native model its live
 // segments.
-#include "core/replay.h"
+#include "replay/replay.h"
 
 #include <algorithm>
 #include <stdexcept>

@@ -5,7 +5,7 @@
 // size through block_size(), and the pool's byte and count stats must equal
 // the model's sums. Caller errors (zero size, unknown and double frees, bad
 // private pool ids) must throw PoolError and leave the stats unchanged.
-#include "core/detail/random_ops.h"
+#include "replay/random_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -17,7 +17,7 @@
 #include "backend/sim_backend.h"
 #include "core/pool.h"
 
-namespace torchmem::detail {
+namespace torchmem::replay {
 
 namespace {
 
@@ -276,4 +276,4 @@ std::string run_random_ops(std::uint64_t seed, std::size_t ops, const RandomOpsO
   return runner.run(ops, summary);
 }
 
-}  // namespace torchmem::detail
+}  // namespace torchmem::replay

@@ -7,7 +7,7 @@
 // of one segment form a doubly linked list in address order for split and
 // merge. Everything else (stats, events, graphs, IPC) is left out or reduced
 // to counters.
-#include "core/native_model.h"
+#include "replay/native_model.h"
 
 #include <algorithm>
 #include <map>
