@@ -271,6 +271,9 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
     // Step 4: wait for deferred frees and fences, then try again.
     bool waited = !deferred.empty() || slots.size() > 1;
     if (waited) {
+      // Note [Cross-stream reuse]: what other streams freed becomes reusable
+      // behind a barrier (refused during a capture: the fences still help).
+      device_barrier();
       poll_deferred(true);
       sync_all_fences();
       ++stats_.num_sync_all_streams;

@@ -34,12 +34,25 @@
 // A granule whose last block was freed moments ago may still be read by
 // queued kernels. When a block is freed, the pool notes its stream and a
 // sequence number. Reusing its memory for a block on the stream that freed it
-// needs nothing (stream order); on another stream the free's fence (a backend
-// event recorded on that stream after the free) must have completed. The
-// pool records fences lazily, when it looks for reclaimable granules, and
-// never waits for one except on the OOM ladder. With alias_reclaim, a granule
+// needs nothing (stream order); on another stream it needs a device barrier
+// (Note [Cross-stream reuse]). Stitching a granule freed on the requesting
+// stream needs the free's fence (a backend event recorded on that stream
+// after the free) to have completed. The pool records fences lazily, when it
+// looks for reclaimable granules, and never waits for one except on the OOM
+// ladder. With alias_reclaim, a granule
 // freed on the requesting stream alone may be stitched before its fence
 // completes (Note [Alias reclaim] in detail/aliases.cpp).
+//
+// Note [Cross-stream reuse]
+// Memory freed on stream S (a tensor's allocation stream: PyTorch frees there)
+// is reused by a request on S at once, as PyTorch's allocator does: stream
+// order puts the new kernels after S's old ones. A request on another stream
+// takes it only behind a device barrier (Note [Device barrier]): S's fence
+// does not cover a stream that read the tensor without record_stream, and
+// PyTorch's allocator never hands such memory to another stream either (its
+// blocks belong to their stream; only cudaFree, which synchronizes the
+// device, moves memory between streams). The OOM ladder takes the barrier
+// (step 4), so another stream's cached memory is still used before an OOM.
 //
 // Note [Device barrier]
 // Reuse follows the free's stream; unmapping must follow every stream. A
@@ -65,7 +78,8 @@
 //   1. a cached block that fits;
 //   2. completed deferred frees, then 1 again;
 //   3. carve new space, getting granules as in Note [Policy];
-//   4. wait for pending deferred frees and fences, then 1 and 3 again;
+//   4. a device barrier (Note [Cross-stream reuse]), wait for pending deferred
+//      frees and fences, then 1 and 3 again;
 //   5. release every cached granule/segment (num_alloc_retries += 1; behind
 //      a device barrier, Note [Device barrier]), retry 3;
 //   6. give up: num_ooms += 1, record an "oom" trace entry, return 0.

@@ -19,9 +19,9 @@ constexpr int kMaxStreamSkips = 16;
 }  // namespace
 
 bool Pool::Impl::reusable(const Block& b, StreamId stream) {
-  if (b.free_seq == 0 || b.free_stream == stream) return true;
-  if (b.free_stream == detail::kMixedStreams) return all_fences_done(b.free_seq);
-  return fence_done(slot_for(b.free_stream), b.free_seq, /*may_record=*/true);
+  // Note [Cross-stream reuse] (pool.h): the freeing stream may reuse at once;
+  // any other stream only behind a device barrier.
+  return b.free_seq == 0 || b.free_stream == stream || behind_barrier(b.free_seq);
 }
 
 Block* Pool::Impl::find_fit(Heap& heap, std::size_t size, StreamId stream) {

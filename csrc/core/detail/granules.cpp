@@ -131,14 +131,6 @@ bool Pool::Impl::fence_done(std::uint32_t slot, std::uint64_t q, bool may_record
   return s.completed_seq >= q;
 }
 
-bool Pool::Impl::all_fences_done(std::uint64_t q) {
-  for (std::uint32_t i = 1; i < slots.size(); ++i) {
-    const std::uint64_t need = std::min(q, slots[i].last_free_seq);
-    if (!fence_done(i, need, true)) return false;
-  }
-  return true;
-}
-
 void Pool::Impl::sync_all_fences() {
   for (std::uint32_t i = 1; i < slots.size(); ++i) {
     StreamSlot& s = slots[i];
@@ -204,7 +196,7 @@ void Pool::Impl::unpin(Heap& heap, Addr addr, std::size_t size, StreamId stream,
 
 // ---- acquiring granules ------------------------------------------------------
 
-std::vector<GranuleRef> Pool::Impl::pop_reclaimable(std::size_t count) {
+std::vector<GranuleRef> Pool::Impl::pop_reclaimable(std::size_t count, std::uint32_t requester) {
   std::vector<GranuleRef> out;
   while (out.size() < count) {
     std::uint32_t best = 0;
@@ -214,7 +206,12 @@ std::vector<GranuleRef> Pool::Impl::pop_reclaimable(std::size_t count) {
       if (slots[i].listed == 0) continue;
       const Granule& head = granule(slots[i].head);
       if (found && head.seq >= best_seq) continue;
-      if (!fence_done(i, head.seq, /*may_record=*/true)) continue;
+      // Note [Cross-stream reuse]: the requester's own stream needs its fence
+      // (or alias reclaim); never-used memory (slot 0) nothing; any other
+      // stream's a device barrier after the free.
+      const bool ready = i == 0 || behind_barrier(head.seq) ||
+                         (i == requester && fence_done(i, head.seq, /*may_record=*/true));
+      if (!ready) continue;
       best = i;
       best_seq = head.seq;
       found = true;
@@ -284,7 +281,7 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
   };
   // Note [When to stitch]
   create_while_below(create_ceiling(request));
-  if (short_by() > 0) victims = pop_reclaimable(short_by());
+  if (short_by() > 0) victims = pop_reclaimable(short_by(), slot_for(stream));
   if (short_by() > 0 && config.alias_reclaim) aliases = pop_aliasable(slot_for(stream), short_by());
   create_while_below(double(limit));
   if (short_by() > 0) {
@@ -346,21 +343,12 @@ void Pool::Impl::retire_places(std::vector<GranuleRef>& refs, std::vector<Granul
 
 std::size_t Pool::Impl::release_reclaimable(std::size_t keep_bytes) {
   if (held <= keep_bytes) return 0;
-  std::vector<GranuleRef> victims = pop_reclaimable((held - keep_bytes) / gran);
-  if (victims.empty()) return 0;
   // Their handles go back to the device: every place they were mapped at must
-  // be unmapped, so the whole device must have caught up first.
-  bool covered = std::all_of(victims.begin(), victims.end(),
-                             [&](GranuleRef r) { return behind_barrier(granule(r).seq); });
-  if (!covered) covered = device_barrier();
-  if (!covered) {
-    std::vector<GranuleRef> later;
-    std::vector<GranuleRef> now;
-    for (GranuleRef r : victims) (behind_barrier(granule(r).seq) ? now : later).push_back(r);
-    unpop_granules(later);
-    victims.swap(now);
-    if (victims.empty()) return 0;
-  }
+  // be unmapped, so the whole device must have caught up first. Refused (a
+  // graph capture), only granules behind the last barrier go.
+  if (barrier_seq < seq) device_barrier();
+  std::vector<GranuleRef> victims = pop_reclaimable((held - keep_bytes) / gran, kNoRequester);
+  if (victims.empty()) return 0;
   std::vector<GranuleHandle> handles;
   unmap_granules(victims, &handles);
   release_handles(handles);

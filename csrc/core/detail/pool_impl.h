@@ -115,9 +115,11 @@ struct Pool::Impl {
   double create_ceiling(std::size_t request) const;
   bool acquire(detail::Heap& heap, Addr addr, std::size_t size, std::size_t missing,
                std::size_t request, StreamId stream);
-  // Up to `count` reclaimable granules whose fences completed, least recently
-  // emptied first.
-  std::vector<detail::GranuleRef> pop_reclaimable(std::size_t count);
+  // Up to `count` reclaimable granules that a request on stream slot
+  // `requester` may take (Note [Cross-stream reuse]), least recently emptied
+  // first; kNoRequester: only those behind the device barrier.
+  static constexpr std::uint32_t kNoRequester = ~std::uint32_t{0};
+  std::vector<detail::GranuleRef> pop_reclaimable(std::size_t count, std::uint32_t requester);
   // Takes granules popped by pop_reclaimable / pop_aliasable off the backend
   // mapping of their place (Note [Pending unmaps]): a place behind the device
   // barrier is unmapped now, the others become pending unmap. Appends their
@@ -128,7 +130,6 @@ struct Pool::Impl {
   void list_remove(detail::GranuleRef ref);
   std::uint32_t slot_for(StreamId stream);
   bool fence_done(std::uint32_t slot, std::uint64_t seq, bool may_record);
-  bool all_fences_done(std::uint64_t seq);
   void sync_all_fences();
   std::size_t release_reclaimable(std::size_t keep_bytes);  // unmap + release, oldest first
   void premap_reserve();
