@@ -6,6 +6,8 @@
 // no man's land and is caught by the checks below.
 #include "backend/sim_backend.h"
 
+#include "core/format.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -19,12 +21,6 @@ namespace {
 
 constexpr Addr kVirtualStart = Addr{0x100000000000};
 constexpr Addr kSegmentStart = Addr{0x700000000000};
-
-std::string hex(Addr a) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(a));
-  return buf;
-}
 
 [[noreturn]] void misuse(const char* call, const std::string& what) {
   throw std::logic_error(std::string("SimBackend::") + call + ": " + what);

@@ -32,7 +32,7 @@ std::string Pool::Impl::check_invariants() const {
   std::size_t live_count = 0, pending_count = 0, free_count[2] = {0, 0};
   std::size_t alloc_bytes[2] = {0, 0}, active_bytes[2] = {0, 0}, requested_bytes[2] = {0, 0};
   std::size_t active_blocks[2] = {0, 0};
-  std::size_t held_seen = 0, listed_seen = 0;
+  std::size_t held_seen = 0;
   std::unordered_set<GranuleHandle> handles, stale_handles;
   std::size_t stale_places = 0;
   std::unordered_set<const Block*> pending;
@@ -141,9 +141,7 @@ std::string Pool::Impl::check_invariants() const {
       if (++n > slots[s].listed) break;
     }
     if (n != slots[s].listed) { err << "reclaimable list of stream slot " << s << " has " << n << " granules, tally says " << slots[s].listed; return err.str(); }
-    listed_seen += n;
   }
-  (void)listed_seen;
   if (stale_places != stale_at.size()) { err << stale_at.size() << " places indexed as pending unmap, " << stale_places << " found"; return err.str(); }
   for (GranuleHandle sh : stale_handles) {
     if (!handles.count(sh)) { err << "granule handle " << sh << " is pending unmap but mapped at no live place"; return err.str(); }

@@ -24,24 +24,10 @@
 #include "core/detail/heap.h"
 #include "core/detail/streams.h"
 #include "core/detail/trace_ring.h"
+#include "core/format.h"
 #include "core/pool.h"
 
 namespace torchmem {
-
-// An address as 0x... for error messages (snprintf: see Note [No iostreams
-// here] in csrc/shim/runtime.cpp).
-inline std::string hex(Addr a) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(a));
-  return buf;
-}
-
-// A byte count with its MiB figure, for error messages.
-inline std::string mib(std::size_t bytes) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%zu bytes (%.2f MiB)", bytes, bytes / double(kMiB));
-  return buf;
-}
 
 // Validates `c` against `backend` (capacity: the device's total bytes); throws
 // PoolError naming the field. Defined in config_check.cpp.
