@@ -346,6 +346,10 @@ std::size_t Pool::Impl::release_reclaimable(std::size_t keep_bytes) {
   // Their handles go back to the device: every place they were mapped at must
   // be unmapped, so the whole device must have caught up first. Refused (a
   // graph capture), only granules behind the last barrier go.
+  // Nothing cached, nothing to wait for (PyTorch's empty_cache syncs only
+  // when it frees something, too).
+  const bool any_listed = std::any_of(slots.begin(), slots.end(), [](const detail::StreamSlot& s) { return s.listed > 0; });
+  if (!any_listed) return 0;
   if (barrier_seq < seq) device_barrier();
   std::vector<GranuleRef> victims = pop_reclaimable((held - keep_bytes) / gran, kNoRequester);
   if (victims.empty()) return 0;
