@@ -57,6 +57,9 @@ class ReplayResult:
     unmatched_frees: int = 0   # frees of addresses the trace never allocated
     lost_frees: int = 0        # allocs over a live address (the trace lost a free)
     limit: int = 0             # the budget replayed under (0 = device capacity)
+    # The second half of the walk only, after warm-up (Note [Steady state], csrc/replay/replay.h)
+    steady_backend_us: float = 0.0
+    steady_driver_calls: int = 0
     seconds: float = 0.0       # wall time of the replay (and min-cap search)
     recorded_peak_reserved: int = None  # the recording allocator's own peak, if the trace has segment events
     min_cap: int = None        # with min_cap=True
@@ -158,6 +161,8 @@ def _result_from(raw, label, policy, trace, limit):
         unmatched_frees=raw["unmatched_frees"],
         lost_frees=raw["lost_frees"],
         limit=int(limit or 0),
+        steady_backend_us=raw["steady_backend_us"],
+        steady_driver_calls=raw["steady_driver_calls"],
         recorded_peak_reserved=trace.recorded_peak_reserved(),
     )
 

@@ -122,6 +122,8 @@ py::dict result_to_dict(const ReplayResult& r, ReplayPolicy policy) {
   d["reclaims"] = r.reclaims;
   d["backend_calls"] = backend_counters_to_dict(r.backend_calls);
   d["modeled_backend_us"] = r.modeled_backend_us;
+  d["steady_backend_us"] = r.steady_backend_us;
+  d["steady_driver_calls"] = r.steady_driver_calls;
   return d;
 }
 

@@ -57,6 +57,8 @@ struct NativeTarget {
   Addr allocate(std::size_t size, StreamId stream) { return model.allocate(size, stream); }
   void free(Addr addr) { model.deallocate(addr); }
   std::size_t held() const { return model.stats().reserved_bytes; }
+  double modeled_us() const { return model.stats().modeled_us; }
+  std::uint64_t driver_calls() const { return model.stats().num_device_alloc + model.stats().num_device_free; }
 };
 
 struct PoolTarget {
@@ -65,6 +67,12 @@ struct PoolTarget {
   Addr allocate(std::size_t size, StreamId stream) { return pool.allocate(size, stream); }
   void free(Addr addr) { pool.deallocate(addr); }
   std::size_t held() const { return backend.device_used(); }
+  double modeled_us() const { return backend.modeled_us(); }
+  std::uint64_t driver_calls() const {
+    const BackendCounters& c = backend.counters();
+    return c.create_calls + c.release_calls + c.map_calls + c.unmap_calls + c.segment_alloc_calls +
+           c.segment_free_calls + c.device_sync_calls;
+  }
 };
 
 struct LiveBlock {
@@ -98,7 +106,15 @@ void replay_events(Target target, const TraceEvent* events, std::size_t count, c
     result.frees += 1;
   };
 
+  // Note [Steady state]: the second half of the walk, after warm-up.
+  const std::size_t half = end / 2;
+  double half_us = 0.0;
+  std::uint64_t half_calls = 0;
   for (std::size_t i = 0; i < end; ++i) {
+    if (i == half) {
+      half_us = target.modeled_us();
+      half_calls = target.driver_calls();
+    }
     const TraceEvent& e = events[i];
     if (e.action == 0) {
       auto found = live.find(e.addr);
@@ -138,6 +154,8 @@ void replay_events(Target target, const TraceEvent* events, std::size_t count, c
   }
   result.events = end;
   result.final_reserved = target.held();
+  result.steady_backend_us = target.modeled_us() - half_us;
+  result.steady_driver_calls = target.driver_calls() - half_calls;
   if (options.progress) options.progress(end, end);
 }
 

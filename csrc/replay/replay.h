@@ -93,6 +93,11 @@ struct ReplayResult {
   std::uint64_t reclaims = 0;       // torchmem: granules stitched from cached free space
   BackendCounters backend_calls;    // native: segment_alloc/free calls only
   double modeled_backend_us = 0.0;
+  // Note [Steady state] The same over the second half of the walk only (after
+  // warm-up): what a long run keeps paying. Driver calls: create, release,
+  // map, unmap, device barriers (torchmem); cudaMalloc/cudaFree (native).
+  double steady_backend_us = 0.0;
+  std::uint64_t steady_driver_calls = 0;
 };
 
 // Owns one target, so a caller can look at it after run() (e.g. a snapshot

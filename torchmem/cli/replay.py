@@ -127,8 +127,11 @@ def format_table(trace, results, requested=None, steps=None, step_ms=None):
     row("stitched granules", [f"{r.reclaims:,}" if r.policy == "torchmem" else "-" for r in results])
     if steps and step_ms:
         row("modeled backend time", [_per_step(r.modeled_backend_us, steps, step_ms) for r in results])
+        row("  after warm-up (2nd half)", [_per_step(r.steady_backend_us, steps / 2, step_ms) for r in results])
     else:
         row("modeled backend time", [f"{r.modeled_backend_us / 1000:,.1f} ms in all" for r in results])
+        row("  after warm-up (2nd half)", [f"{r.steady_backend_us / 1000:,.1f} ms" for r in results])
+    row("driver calls after warm-up", [f"{r.steady_driver_calls:,}" for r in results])
     row("replay wall time", [f"{r.seconds:.2f} s" for r in results])
 
     header = [""] + columns
