@@ -155,6 +155,12 @@ bool Pool::Impl::resolve_stale(GranuleRef ref, bool wait) {
 void Pool::Impl::process_pending_unmaps(bool wait) {
   if (pending_unmaps.empty()) return;
   if (wait && pending_unmaps.back().seq > barrier_seq) device_barrier();
+  // Every entry was made after the barrier in force then (retire_places
+  // unmaps at once what is behind it), so with no barrier since the last
+  // pass nothing can go: skip the walk (the slow path calls this often, and
+  // the list grows between barriers).
+  if (barrier_seq == pending_checked_at) return;
+  pending_checked_at = barrier_seq;
   // Entries behind the barrier go now, in runs of consecutive granules (one
   // backend call per run); the rest stays in order.
   std::vector<GranuleRef> done;

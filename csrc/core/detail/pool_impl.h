@@ -205,6 +205,7 @@ struct Pool::Impl {
   // Frees with a sequence up to this one happened before the last device
   // barrier began: no stream still touches what they freed.
   std::uint64_t barrier_seq = 0;
+  std::uint64_t pending_checked_at = ~std::uint64_t{0};  // barrier_seq at the last pending-unmap pass
 
   std::size_t held = 0;         // bytes held from the backend
   std::size_t active_total = 0; // bytes of live + pending blocks, all heaps
