@@ -10,7 +10,9 @@ its share of the batch (so the accumulated gradient is the full-batch
 gradient), calls backward, and on OOM cleans up and runs the SAME batch again
 split smaller. Between steps it fits peak memory against the micro-batch
 (batch/model.py) and jumps to the largest quantized size under the budget.
-docs/batch_size.md is the user's guide; this banner records the design.
+docs/batch_size.md is the user's guide; this banner records the design. The
+sizing arithmetic is SizingPolicy (batch/policy.py: pure, no torch); this file
+runs the micro-steps, recovers from OOMs and agrees across ranks.
 
 Note [Moving the micro-batch]
 - Down: on OOM at size m the controller records m as a ceiling and retries at
@@ -68,8 +70,8 @@ import torch
 
 from torchmem import monitor
 from torchmem.batch import distributed
-from torchmem.batch.model import LinearMemoryModel
 from torchmem.batch.offload_rung import OffloadRung
+from torchmem.batch.policy import SizingPolicy
 from torchmem.batch.probe import MemoryProbe, default_probe
 from torchmem.batch.split import batch_size_of, split_batch, split_sizes
 from torchmem.retry import cleanup_after_oom, is_oom_error
@@ -82,11 +84,6 @@ _LR_RULES = {
     "linear": lambda ratio: ratio,
     "sqrt": math.sqrt,
 }
-_BUDGET_RISE = 1.02  # a budget this much above the one at the last OOM counts as "rose"
-# Without figures, each probe that OOMs multiplies the clean steps before the next one
-# by this, up to _PROBE_BACKOFF ** _PROBE_BACKOFF_MAX (Note [Probing without figures]).
-_PROBE_BACKOFF = 4
-_PROBE_BACKOFF_MAX = 3
 
 
 class OptimizerStepOOMError(RuntimeError):
@@ -196,16 +193,16 @@ class BatchSizeController:
         self.model = model
         self.optimizer = optimizer
         self.scaler = scaler
-        self.quantum = quantum
-        self.grow_after = grow_after
         self.min_micro = min_micro
         self.max_retries = max_retries
         self.reduction = reduction
         self.split_lists = split_lists
         self.verbose = verbose
         self.probe = probe if probe is not None else default_probe(device)
-        self.margin = float(margin if margin is not None else self.probe.default_margin)
-        self.memory_model = LinearMemoryModel(window)
+        # The sizing arithmetic (batch/policy.py); this class runs the micro-steps.
+        self.policy = SizingPolicy(quantum=quantum, min_micro=min_micro, grow_after=grow_after, window=window,
+                                   margin=float(margin if margin is not None else self.probe.default_margin),
+                                   record=self._record)
         self.grad_sync = self._resolve_grad_sync(grad_sync)
         self.offload_rung = OffloadRung(offload, grow_after=grow_after)
 
@@ -217,20 +214,13 @@ class BatchSizeController:
         self.max_global = max_global or 8 * global_batch
         self.lr_factor = 1.0
 
-        self._micro = self._quantize(micro_batch or self.local_batch, cap=self._cap())
-        self._proposal = self._micro
-        self._ceiling = None          # smallest size that OOMed since memory last changed
-        self._ceiling_budget = None   # the budget when it did
-        self._baseline = None         # bytes in use when the last attempt began
-        self._probe_size = None       # a size tried by _probe_up, until it runs or OOMs,
-        self._probe_from = None       # and the size that held before it
-        self._failed_probes = 0       # probes that OOMed since one last held
-        self.clean_steps = 0
         self.steps = 0
         self.ooms = 0
         self.last_peak = None
         self.last_micro_steps = 0
         self.events = collections.deque(maxlen=1000)
+        self._micro = self.policy.quantize(micro_batch or self.local_batch, cap=self._cap())
+        self._proposal = self._micro
         self._in_optimizer_step = False
         if optimizer is not None and hasattr(optimizer, "register_step_pre_hook"):
             optimizer.register_step_pre_hook(self._enter_optimizer_step)
@@ -248,23 +238,26 @@ class BatchSizeController:
         return self._micro
 
     @property
+    def margin(self):
+        """The share of the budget kept free (the probe's default unless given)."""
+        return self.policy.margin
+
+    @property
+    def memory_model(self):
+        return self.policy.memory_model
+
+    @property
+    def clean_steps(self):
+        """Steps since the last OOM or upward probe."""
+        return self.policy.clean_steps
+
+    @property
     def accumulation_steps(self):
         """Micro-steps per optimizer step at the current sizes."""
         return math.ceil(self.local_batch / self._micro)
 
     def _cap(self):
         return max(1, self.max_global // self.world) if self.adapt_global else self.local_batch
-
-    def _quantize(self, size, cap):
-        """The largest allowed size <= `size` (Note [Moving the micro-batch])."""
-        size = int(size)
-        if size >= cap:
-            return cap
-        if size >= self.quantum:
-            size = size // self.quantum * self.quantum
-        else:
-            size = 1 << (max(1, size).bit_length() - 1)
-        return max(size, min(self.min_micro, cap))
 
     def _resolve_grad_sync(self, grad_sync):
         if self.world == 1:
@@ -318,7 +311,7 @@ class BatchSizeController:
         self.probe.reset()
         baseline = self.probe.current_bytes()
         if baseline is not None:
-            self._baseline = baseline
+            self.policy.baseline = baseline
         loss_sum = None
         failure = None
         failed_in_optimizer = False
@@ -367,7 +360,7 @@ class BatchSizeController:
                 f"any OOM. Error: {failure}"
             )
         oom_here = failure is not None
-        proposal = self._shrink_target(micro) if oom_here else self._proposal
+        proposal = self.policy.shrink_target(micro, self._budget(), self._cap()) if oom_here else self._proposal
         if agreed is None:
             agreed = distributed.agree(proposal, oom_here, self.process_group)
         else:
@@ -391,26 +384,6 @@ class BatchSizeController:
         return no_sync()
 
     # ----------------------------------------------------------- decisions
-    def _target(self, budget):
-        """Bytes a step may add above its baseline: budget x (1 - margin) - baseline."""
-        if budget is None:
-            return None
-        return budget * (1.0 - self.margin) - (self._baseline or 0)
-
-    def _shrink_target(self, micro):
-        """The size to retry at after an OOM at `micro` (always < micro)."""
-        budget = self._budget()
-        best = self.memory_model.largest_under(self._target(budget))
-        if self._probe_size is not None and self._probe_from < self._probe_size <= micro:
-            size = self._probe_from  # a probe up failed: back to the size that held
-        elif best is not None and best < micro:
-            size = best
-        elif self.memory_model.ready:
-            size = micro * 3 // 4
-        else:
-            size = micro // 2
-        return self._quantize(min(size, micro - 1), cap=self._cap()) if micro > 1 else 0
-
     def _budget(self):
         try:
             return self.probe.budget_bytes()
@@ -420,15 +393,10 @@ class BatchSizeController:
     def _after_oom(self, micro, outcome, total, retries):
         if outcome["oom_here"]:
             self.ooms += 1
-            self._ceiling = micro if self._ceiling is None else min(self._ceiling, micro)
-            self._ceiling_budget = self._budget()
-            if self._probe_size is not None and micro >= self._probe_size:
-                self._failed_probes += 1
-        self._probe_size = None
-        self.clean_steps = 0
+        self.policy.note_oom(micro, self._budget() if outcome["oom_here"] else None, outcome["oom_here"])
         next_micro = outcome["next"]
         if next_micro >= micro:
-            next_micro = self._quantize(micro - 1, cap=self._cap()) if micro > 1 else 0
+            next_micro = self.policy.quantize(micro - 1, cap=self._cap()) if micro > 1 else 0
         if next_micro < max(1, self.min_micro) and retries <= self.max_retries:
             why = self.offload_rung.engage()  # the last rung (batch/offload_rung.py)
             if why is not None:
@@ -450,100 +418,30 @@ class BatchSizeController:
     def _after_success(self, micro, outcome, total):
         if self.offload_rung.active:  # micro stays; the model learns nothing (offload hides the peak)
             self.steps += 1
-            self.clean_steps += 1
+            self.policy.clean_steps += 1
             self.last_peak, self.last_micro_steps = outcome["peak"], outcome["micro_steps"]
             peak = None if outcome["peak"] is None else outcome["peak"] - (outcome["baseline"] or 0)
-            note = self.offload_rung.after_success(peak, self._target(self._budget()))
+            note = self.offload_rung.after_success(peak, self.policy.target(self._budget()))
             if note is not None:
                 self._record("offload", micro, micro, note)
             return
         self.steps += 1
-        self.clean_steps += 1
         self.last_peak = outcome["peak"]
         self.last_micro_steps = outcome["micro_steps"]
-        if self._probe_size is not None and micro >= self._probe_size:
-            self._failed_probes = 0  # the probe held: memory is no tighter than it was
-            self._probe_size = None
-        if outcome["peak"] is not None:
-            self.memory_model.observe(micro, outcome["peak"] - (outcome["baseline"] or 0))
-        proposal = self._grow_or_keep(self._micro, outcome["peak"])
+        peak = outcome["peak"]
+        self.policy.note_success(micro, None if peak is None else peak - (outcome["baseline"] or 0))
+        proposal = self.policy.grow_or_keep(self._micro, peak, self._budget(), self._cap())
         if self.world == 1:
             chosen = proposal
         else:
             chosen = outcome["next"]  # the MIN of every rank's proposal of the previous step
         if chosen != self._micro:
             self._record("grow" if chosen > self._micro else "shrink", self._micro, chosen,
-                         "agreed over ranks" if self.world > 1 else self._last_reason)
+                         "agreed over ranks" if self.world > 1 else self.policy.last_reason)
         self._micro = chosen
         self._proposal = proposal
         if self.adapt_global:
             self._follow_global(chosen)
-
-    def _grow_or_keep(self, micro, peak):
-        cap = self._cap()
-        budget = self._budget()
-        if (self._ceiling is not None and budget is not None and self._ceiling_budget is not None
-                and budget > self._ceiling_budget * _BUDGET_RISE):
-            self._record("ceiling", self._ceiling, None, f"budget rose to {budget} bytes")
-            self._ceiling = None
-        target = self._target(budget)
-        best = self.memory_model.largest_under(target)
-        if best is not None:
-            candidate = self._quantize(best, cap)
-            if self._ceiling is not None and candidate >= self._ceiling:
-                predicted = self.memory_model.predict(self._ceiling)
-                if self.clean_steps >= self.grow_after and predicted is not None and predicted <= target:
-                    self._record("ceiling", self._ceiling, None,
-                                 f"{self.clean_steps} clean steps and the model says it fits now")
-                    self._ceiling = None
-                else:
-                    candidate = min(candidate, self._quantize(self._ceiling - 1, cap))
-            if candidate > micro:
-                self._last_reason = (f"model: peak ~ {self._baseline or 0} + {self.memory_model.fixed:.0f} + "
-                                     f"{self.memory_model.slope:.0f} x micro")
-                return candidate
-            calibration = self._calibration_size(micro, cap)
-            if calibration is not None:
-                self._last_reason = ("calibration: one size measured, the cold-start bound allows no growth; "
-                                     "a smaller step measures the memory line")
-                return calibration
-            if candidate < micro and peak is not None and budget is not None and peak > budget * (1 - self.margin):
-                self._last_reason = f"peak {peak} above budget x (1 - margin) = {budget * (1 - self.margin):.0f}"
-                return max(1, candidate)
-            return micro
-        return self._probe_up(micro, cap)
-
-    def _probe_up(self, micro, cap):
-        """Without memory figures: a size above `micro` to try after enough clean steps, else
-        `micro` (Note [Probing without figures])."""
-        wait = self.grow_after * _PROBE_BACKOFF ** min(self._failed_probes, _PROBE_BACKOFF_MAX)
-        if self.clean_steps < wait or micro >= cap:
-            return micro
-        upper = self._ceiling if self._ceiling is not None else min(cap, 2 * micro)
-        candidate = self._quantize((micro + upper) // 2, cap)
-        if candidate <= micro:  # no grid size between: try the upper end itself
-            candidate = self._quantize(upper, cap)
-        if candidate <= micro:
-            return micro
-        if self._ceiling is not None and candidate >= self._ceiling:
-            self._record("ceiling", self._ceiling, None, f"{self.clean_steps} clean steps: trying it again")
-            self._ceiling = None
-        self.clean_steps = 0
-        self._probe_size, self._probe_from = candidate, micro
-        self._last_reason = f"probing up after {wait} clean steps"
-        return candidate
-
-    _last_reason = ""
-
-    def _calibration_size(self, micro, cap):
-        """Half of `micro` when a calibration step is due (Note [Calibration step]), else None."""
-        if self.memory_model.measured or micro >= cap:
-            return None
-        next_up = self._quantize(micro + self.quantum if micro >= self.quantum else 2 * micro, cap)
-        if next_up <= micro or (self._ceiling is not None and next_up >= self._ceiling):
-            return None
-        smaller = self._quantize(micro // 2, cap)
-        return smaller if max(1, self.min_micro) <= smaller < micro else None
 
     def _follow_global(self, micro):
         new_global = min(self.max_global, max(self.min_global, micro * self.world))
@@ -653,12 +551,10 @@ class BatchSizeController:
 
     def state_dict(self):
         """Everything needed to resume with the same sizes and memory model."""
-        return {"version": 1, "micro": self._micro, "proposal": self._proposal, "ceiling": self._ceiling,
-                "ceiling_budget": self._ceiling_budget, "baseline": self._baseline,
-                "clean_steps": self.clean_steps, "failed_probes": self._failed_probes,
+        return {"version": 1, "micro": self._micro, "proposal": self._proposal, **self.policy.state_dict(),
                 "steps": self.steps, "ooms": self.ooms,
                 "global_batch": self.global_batch, "base_global_batch": self.base_global_batch,
-                "lr_factor": self.lr_factor, "memory_model": self.memory_model.state_dict()}
+                "lr_factor": self.lr_factor}
 
     def load_state_dict(self, state):
         """Restores state_dict() (the optimizer's lrs are already in its own state dict)."""
@@ -666,17 +562,12 @@ class BatchSizeController:
             raise ValueError(f"BatchSizeController.load_state_dict: unknown state version {state.get('version')!r}")
         self._micro = int(state["micro"])
         self._proposal = int(state["proposal"])
-        self._ceiling = state["ceiling"]
-        self._ceiling_budget = state["ceiling_budget"]
-        self._baseline = state.get("baseline")
-        self.clean_steps = int(state["clean_steps"])
-        self._failed_probes = int(state.get("failed_probes", 0))
+        self.policy.load_state_dict(state)
         self.steps = int(state["steps"])
         self.ooms = int(state["ooms"])
         self.global_batch = int(state["global_batch"])
         self.base_global_batch = int(state["base_global_batch"])
         self.lr_factor = float(state["lr_factor"])
-        self.memory_model.load_state_dict(state["memory_model"])
 
     def __repr__(self):
         return (f"BatchSizeController(global_batch={self.global_batch}, micro_batch={self._micro}, "
