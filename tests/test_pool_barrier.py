@@ -125,3 +125,22 @@ def test_with_room_to_spare_the_pool_creates_instead_of_stitching():
     assert s["num_reclaims"] == 0 and s["backend"]["unmap_calls"] == 0
     assert sim.device_used() == 12 * MiB
     pool.check_invariants()
+
+
+def test_a_granule_freed_by_two_streams_goes_to_either_only_behind_a_barrier():
+    # Note [Cross-stream reuse]: a (DEFAULT) and b (SIDE) share granule 0; b's
+    # free puts it on SIDE's list, but DEFAULT may still be working on a, which
+    # SIDE's fence does not cover: a request on SIDE takes the granule only
+    # behind a barrier (the OOM ladder's step 4).
+    sim, pool = make(8 * MiB)
+    a = pool.allocate(1536 << 10, stream=DEFAULT)   # granule 0
+    b = pool.allocate(1536 << 10, stream=SIDE)      # granules 0-1
+    keep = pool.allocate(2 * MiB, stream=SIDE)      # granules 1-2: 6 MiB held
+    pool.free(a)
+    pool.free(b)
+    # 4 MiB fits only past keep: one new granule under the budget, one from granule 0.
+    assert pool.allocate(4 * MiB, stream=SIDE)
+    s = pool.stats()
+    assert s["num_reclaims"] == 1 and s["backend"]["device_sync_calls"] == 1
+    assert keep
+    pool.check_invariants()

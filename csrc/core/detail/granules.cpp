@@ -206,11 +206,13 @@ std::vector<GranuleRef> Pool::Impl::pop_reclaimable(std::size_t count, std::uint
       if (slots[i].listed == 0) continue;
       const Granule& head = granule(slots[i].head);
       if (found && head.seq >= best_seq) continue;
-      // Note [Cross-stream reuse]: the requester's own stream needs its fence
-      // (or alias reclaim); never-used memory (slot 0) nothing; any other
-      // stream's a device barrier after the free.
+      // Note [Cross-stream reuse]: never-used memory (slot 0) is free to take;
+      // memory only the requester's stream freed (owner) once its fence
+      // completed (alias reclaim takes it earlier); anything another stream
+      // freed, on this granule too, only behind a device barrier.
       const bool ready = i == 0 || behind_barrier(head.seq) ||
-                         (i == requester && fence_done(i, head.seq, /*may_record=*/true));
+                         (i == requester && head.owner == requester &&
+                          fence_done(i, head.seq, /*may_record=*/true));
       if (!ready) continue;
       best = i;
       best_seq = head.seq;
