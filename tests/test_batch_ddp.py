@@ -65,13 +65,14 @@ def _train(rank, mode):
             "sizes_tried": memory.sizes_tried}
 
 
-def _worker(rank, out_dir):
-    # Rendezvous through a file, not a TCP port: a port picked free and then released can be
-    # taken by another process on a shared machine before rank 0 binds it. (Both ranks once
-    # aborted in gloo in a fresh clone's first `make test` on a busy shared machine; the
-    # cause was not confirmed, and this removes the one race the test had.)
-    dist.init_process_group("gloo", init_method="file://" + os.path.join(out_dir, "rendezvous"), rank=rank,
-                            world_size=WORLD, timeout=datetime.timedelta(seconds=30))
+def _worker(rank, out_dir, port):
+    # Rendezvous through a TCPStore the parent serves on a port it already holds
+    # (port 0: the kernel picks it), so no port is picked free and released for
+    # another process to take, and no FileStore is shared (a rank once aborted
+    # in gloo with "terminate called without an active exception" under both).
+    store = dist.TCPStore("127.0.0.1", port, WORLD, is_master=False, timeout=datetime.timedelta(seconds=30))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD,
+                            timeout=datetime.timedelta(seconds=30))
     try:
         torch.set_num_threads(1)
         results = {mode: _train(rank, mode) for mode in MODES}
@@ -88,7 +89,9 @@ def _worker(rank, out_dir):
 def ranks(tmp_path_factory):
     """Both ranks' results for every mode, from one pair of processes."""
     out_dir = tmp_path_factory.mktemp("ddp")
-    context = mp.start_processes(_worker, args=(str(out_dir),), nprocs=WORLD, join=False,
+    store = dist.TCPStore("127.0.0.1", 0, WORLD, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=60))
+    context = mp.start_processes(_worker, args=(str(out_dir), store.port), nprocs=WORLD, join=False,
                                  start_method="spawn")
     deadline = time.monotonic() + TIMEOUT_S
     while not context.join(timeout=1):
@@ -96,6 +99,7 @@ def ranks(tmp_path_factory):
             for process in context.processes:
                 process.kill()
             pytest.fail(f"ranks did not finish within {TIMEOUT_S} s (hang)")
+    del store  # the ranks are done with it
     return [json.load(open(out_dir / f"rank{r}.json")) for r in range(WORLD)]
 
 
