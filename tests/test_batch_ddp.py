@@ -6,6 +6,7 @@ import datetime
 import json
 import os
 import time
+import warnings
 
 import pytest
 import torch
@@ -85,10 +86,8 @@ def _worker(rank, out_dir, port):
         dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    """Both ranks' results for every mode, from one pair of processes."""
-    out_dir = tmp_path_factory.mktemp("ddp")
+def _run_ranks(out_dir):
+    """Runs both ranks; their results, or raises what killed one."""
     store = dist.TCPStore("127.0.0.1", 0, WORLD, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=60))
     context = mp.start_processes(_worker, args=(str(out_dir), store.port), nprocs=WORLD, join=False,
@@ -101,6 +100,22 @@ def ranks(tmp_path_factory):
             pytest.fail(f"ranks did not finish within {TIMEOUT_S} s (hang)")
     del store  # the ranks are done with it
     return [json.load(open(out_dir / f"rank{r}.json")) for r in range(WORLD)]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """Both ranks' results for every mode, from one pair of processes. A rank that
+    dies by a signal (gloo's threads aborted with "terminate called without an
+    active exception" twice in about fifteen full runs on the 2-core machine, never in
+    the controller's code) gets one fresh pair of processes, with a warning; a
+    second death, an exception or a hang fails."""
+    try:
+        return _run_ranks(tmp_path_factory.mktemp("ddp"))
+    except mp.ProcessExitedException as exc:
+        if exc.signal_name is None:
+            raise
+        warnings.warn(f"test_batch_ddp: a rank died ({exc}); running the pair once more", RuntimeWarning)
+        return _run_ranks(tmp_path_factory.mktemp("ddp_again"))
 
 
 @pytest.mark.parametrize("mode", MODES)
