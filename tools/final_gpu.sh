@@ -30,6 +30,9 @@
 #   peer           PyTorch's test_cuda.py, native vs torchmem (.peer/, carried)
 #   host           bench/host_bench.py and bench/offload_bench.py (pinned pool, offload)
 #   ddp            bench/ddp_batch.py on both GPUs (torchrun, NCCL)
+#   cusparse       one peer test (PEER_ONE) alone, 3x default, 3x stitch_above=0, once under memcheck
+#   share          bench/share_scenario.py (elastic vs static, SHARE_PHASE_S per phase)
+#   compile        bench/compile_reduce_overhead.py (reduce-overhead, native vs torchmem)
 # DEADLINE_S (default 570) bounds the whole call: DDP runs only if 90 s are left.
 set -uo pipefail
 START=$(date +%s)
@@ -165,6 +168,33 @@ job_host() {
   echo "offload_bench rc=$? :: $(grep -E 'step .* ms' "$OUT/offload.log" | tr -s ' ' | tr '\n' ';')"
 }
 
+job_cusparse() {  # the peer test that hit cudaErrorIllegalInstruction once: alone, repeated, under memcheck
+  [ -d .peer ] || { echo "no .peer folder carried"; return 0; }
+  local t=".peer/test_cuda.py::TestCuda::${PEER_ONE:-test_cusparse_multiple_threads_same_device}" i conf
+  [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .peer/wheels/*.whl > /dev/null 2>&1
+  for conf in "" "stitch_above=0"; do for i in 1 2 3; do
+    TORCHMEM_CONF=$conf PYTHONPATH=/tmp/site:$PWD/.peer/tm_site TORCHMEM_PEER=1 timeout "$(bounded 90)" \
+      python3 -m pytest "$t" -c .peer/pytest.ini --rootdir .peer -q -p no:cacheprovider >> "$OUT/cusparse.log" 2>&1
+    echo "cusparse conf=${conf:-default} run $i rc=$? :: $(grep -m1 -iE 'illegal|error:' "$OUT/cusparse.log" | cut -c1-160)"
+  done; done
+  PYTHONPATH=/tmp/site:$PWD/.peer/tm_site TORCHMEM_PEER=1 timeout "$(bounded 200)" compute-sanitizer --tool memcheck \
+    --target-processes all --error-exitcode 9 python3 -m pytest "$t" -c .peer/pytest.ini --rootdir .peer -q \
+    -p no:cacheprovider > "$OUT/cusparse_memcheck.log" 2>&1
+  echo "cusparse memcheck rc=$? :: $(grep -E 'ERROR SUMMARY' "$OUT/cusparse_memcheck.log" | sort | uniq -c | tr '\n' ' ')"
+}
+
+job_share() {
+  timeout "$(bounded 260)" python3 bench/share_scenario.py --phase-s "${SHARE_PHASE_S:-12}" --out "$OUT/share.json" \
+    > "$OUT/share.log" 2>&1
+  echo "share rc=$?"; tail -8 "$OUT/share.log"
+}
+
+job_compile() {
+  timeout "$(bounded 300)" python3 bench/compile_reduce_overhead.py --rounds "${COMPILE_ROUNDS:-2}" --out "$OUT/compile.json" \
+    > "$OUT/compile.log" 2>&1
+  echo "compile rc=$?"; tail -8 "$OUT/compile.log"
+}
+
 lane() {  # lane GPU JOBS...
   export CUDA_VISIBLE_DEVICES=$1; shift
   local job
@@ -178,12 +208,12 @@ lane() {  # lane GPU JOBS...
 
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
 if [ "$GPUS" -ge 2 ]; then
-  lane 0 ${LANE_A:-tests} > "$OUT/lane_a.txt" 2>&1 &
-  lane 1 ${LANE_B:-bench churn micro memcheck_core batch} > "$OUT/lane_b.txt" 2>&1 &
+  lane 0 ${LANE_A-tests} > "$OUT/lane_a.txt" 2>&1 &
+  lane 1 ${LANE_B-bench churn micro memcheck_core batch} > "$OUT/lane_b.txt" 2>&1 &
   wait
 else  # one GPU: the lanes run one after the other, so timings never overlap
-  lane 0 ${LANE_A:-tests} > "$OUT/lane_a.txt" 2>&1
-  lane 0 ${LANE_B:-bench churn micro memcheck_core batch} > "$OUT/lane_b.txt" 2>&1
+  lane 0 ${LANE_A-tests} > "$OUT/lane_a.txt" 2>&1
+  lane 0 ${LANE_B-bench churn micro memcheck_core batch} > "$OUT/lane_b.txt" 2>&1
 fi
 cat "$OUT/lane_a.txt" "$OUT/lane_b.txt"
 if [ "${DDP:-1}" = "1" ] && [ "$(left)" -gt 90 ] && [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
