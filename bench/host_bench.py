@@ -9,7 +9,10 @@ for BENCHMARKS.md (issue 13's goals, all measured in the same call):
    pages, vs torch.empty(..., pin_memory=True) after torch's host cache was
    emptied (goal: <= 0.35 s);
 3. a cached request: allocate + free of a block already in the cache, and
-   pinning a CPU tensor into a cached block, vs torch (goal: <= torch's).
+   pinning a CPU tensor into a cached block, vs torch (goal: <= torch's):
+   through torchmem.host's Python API, and through torch's own calls
+   (torch.empty(pin_memory=True), tensor.pin_memory()) once the pool is
+   torch's host allocator (measured in a child process: the swap is for life).
 
     python bench/host_bench.py [--sizes-mib 64 256 1024] [--repeats 10] [--out host.json]
 """
@@ -18,6 +21,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -100,29 +104,62 @@ def fresh_pinning(torch, host, size, repeats):
     return out
 
 
+def time_cases(cases, iters):
+    """Microseconds per call of each case, after 10 calls that fill the cache."""
+    out = {}
+    for name, make in cases.items():
+        for _ in range(10):
+            make()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            make()
+        out[f"{name}_us"] = (time.perf_counter() - t0) / iters * 1e6
+    return out
+
+
+def torch_cases(torch, size):
+    cpu = torch.ones(size, dtype=torch.uint8)
+    return {"torch_empty": lambda: torch.empty(size, dtype=torch.uint8, pin_memory=True),
+            "torch_pin": lambda: cpu.pin_memory()}
+
+
+def routed_child(sizes, iters):
+    """In a fresh process: torchmem's pool as torch's host allocator, then torch's own calls."""
+    import torch
+    from torchmem import host
+
+    host.install_torch_host_allocator()
+    torch.empty(1, device="cuda")
+    rows = [time_cases(torch_cases(torch, size), iters) for size in sizes]
+    assert host.default_pool().stats()["cache_hits"] > 0, "torch's pinned calls did not reach torchmem's pool"
+    print(json.dumps(rows))
+    return 0
+
+
 def cached_latency(torch, host, sizes, iters):
     pool = host.HostPool(backend="cuda")
     rows = []
     for size in sizes:
         cpu = torch.ones(size, dtype=torch.uint8)
-        cases = {
-            "torchmem_empty": lambda: pool.empty(size, torch.uint8),
-            "torch_empty": lambda: torch.empty(size, dtype=torch.uint8, pin_memory=True),
-            "torchmem_pin": lambda: pool.pin(cpu),
-            "torch_pin": lambda: cpu.pin_memory(),
-        }
         row = {"bytes": size}
-        for name, make in cases.items():
-            for _ in range(10):
-                make()  # fill the cache
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                make()
-            row[f"{name}_us"] = (time.perf_counter() - t0) / iters * 1e6
+        row.update(time_cases({"torchmem_empty": lambda: pool.empty(size, torch.uint8),
+                               "torchmem_pin": lambda: pool.pin(cpu)}, iters))
+        row.update(time_cases(torch_cases(torch, size), iters))
         rows.append(row)
-        print(f"cached request {size // 1024:6d} KiB (us): empty torchmem {row['torchmem_empty_us']:.1f} torch "
-              f"{row['torch_empty_us']:.1f} | pin() torchmem {row['torchmem_pin_us']:.1f} torch "
-              f"{row['torch_pin_us']:.1f}", flush=True)
+    child = subprocess.run([sys.executable, __file__, "--routed-child", "--latency-iters", str(iters),
+                            "--latency-kib", *[str(size // 1024) for size in sizes]],
+                           capture_output=True, text=True, timeout=300)
+    if child.returncode != 0:
+        print(f"routed child failed: {child.stderr[-2000:]}", file=sys.stderr)
+        routed = [{} for _ in sizes]
+    else:
+        routed = json.loads(child.stdout.strip().splitlines()[-1])
+    for row, via in zip(rows, routed):
+        row.update({k.replace("torch_", "routed_", 1): v for k, v in via.items()})
+        print(f"cached request {row['bytes'] // 1024:6d} KiB (us): empty torchmem {row['torchmem_empty_us']:.1f} "
+              f"torch {row['torch_empty_us']:.1f} routed {row.get('routed_empty_us', float('nan')):.1f} | "
+              f"pin() torchmem {row['torchmem_pin_us']:.1f} torch {row['torch_pin_us']:.1f} "
+              f"routed {row.get('routed_pin_us', float('nan')):.1f}", flush=True)
     return rows
 
 
@@ -135,7 +172,10 @@ def main(argv=None):
     parser.add_argument("--latency-kib", type=int, nargs="+", default=[64, 1024, 16384])
     parser.add_argument("--latency-iters", type=int, default=200)
     parser.add_argument("--out", help="write the figures as JSON here")
+    parser.add_argument("--routed-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.routed_child:
+        return routed_child([k * 1024 for k in args.latency_kib], args.latency_iters)
 
     import torch
     from torchmem import host

@@ -21,8 +21,8 @@ Reported per mode (JSON to --out, a table on stdout):
   return_wait_s    elastic only: how long owners' allocations waited for
                    borrowers to give memory back (max, median, count)
   micro_heavy      median micro-batch of the heavy process in each phase
-Each process prints one JSON line; the parent starts all three at one wall
-time so the phases line up.
+Each process prints "ready" once its model is built, then waits for the start
+time the parent sends to all three, so the phases line up; then one JSON line.
 """
 
 import argparse
@@ -49,7 +49,6 @@ def parse_args(argv=None):
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--mode", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--start-at", type=float, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     bad = [m for m in args.modes.split(",") if m not in MODES]
     if bad:
@@ -87,7 +86,11 @@ def worker(args):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             return model.loss(ids)
 
-    while time.time() < args.start_at:
+    # Ready: tell the parent, then wait for the start time it writes once all three are ready.
+    print("ready", flush=True)
+    start_at = float(sys.stdin.readline())
+    args.start_at = start_at
+    while time.time() < start_at:
         time.sleep(0.01)
     end = args.start_at + 3 * args.phase_s
     samples, steps, micro_by_phase, crashed = 0, 0, {0: [], 1: [], 2: []}, None
@@ -118,15 +121,27 @@ def worker(args):
 
 
 def run_mode(args, mode):
-    start_at = time.time() + 60.0  # time for three processes to import torch and build their models
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("TORCHMEM_CONF", None)
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", str(rank), "--mode", mode,
-                               "--start-at", str(start_at), "--phase-s", str(args.phase_s),
+                               "--phase-s", str(args.phase_s),
                                "--heavy-batch", str(args.heavy_batch), "--light-batch", str(args.light_batch),
                                "--width", str(args.width), "--layers", str(args.layers), "--seq", str(args.seq)],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
              for rank in range(3)]
+    # One start time for all three, once each has imported torch and built its model (a
+    # process that died before "ready" is reported below like any crash).
+    for proc in procs:
+        while (line := proc.stdout.readline()) and line.strip() != "ready":
+            pass
+    start_at = time.time() + 1.0
+    for proc in procs:
+        try:
+            proc.stdin.write(f"{start_at}\n")
+            proc.stdin.flush()
+        except OSError:
+            pass
     results = []
     for rank, proc in enumerate(procs):
         out, err = proc.communicate()

@@ -65,6 +65,26 @@ def test_blocks_reused_only_after_their_events(tmp_path):
     pool.check()
 
 
+def test_once_copies_are_reported_only_reported_streams_hold_a_block(tmp_path):
+    # torch's host allocator contract: copies report their stream; an unreported block is free at once
+    pool = sim_pool(tmp_path)
+    pool._pool.set_copies_reported(True)
+    a = pool.empty(4096, torch.uint8, stream=1)
+    ptr = a.data_ptr()
+    del a
+    assert pool._pool.open_events() == 0
+    b = pool.empty(4096, torch.uint8, stream=1)
+    assert b.data_ptr() == ptr  # no copy was reported: reused with no event
+    pool.record_stream(b, 2)  # a non_blocking copy on stream 2
+    del b
+    assert pool._pool.open_events() == 1
+    other = pool.empty(4096, torch.uint8, stream=1)
+    assert other.data_ptr() != ptr  # the copy may still run
+    pool._pool.complete_events(2)
+    assert pool.empty(4096, torch.uint8, stream=1).data_ptr() == ptr
+    pool.check()
+
+
 def test_record_stream_waits_for_every_stream(tmp_path):
     pool = sim_pool(tmp_path)
     a = pool.empty(4096, torch.uint8, stream=1)

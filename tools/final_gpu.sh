@@ -8,7 +8,7 @@
 #   LANE_A="tests" LANE_B="batch churn probe traces demo memcheck_core" bash tools/final_gpu.sh
 #
 # Jobs (each with its own timeout; see the functions below):
-#   tests          every GPU test (pytest -m gpu)
+#   tests          every GPU test (pytest -m gpu), one pytest per file (TEST_FILES, TEST_K narrow it)
 #   bench          gpt2/llama_ckpt (torchmem, native) and kv_generate/vision
 #                  (native, expandable, torchmem): one seed
 #   churn          the torch.empty churn microbenchmark, four allocators
@@ -49,10 +49,15 @@ left() { echo $(( DEADLINE - $(date +%s) )); }
 # bounded SECONDS: never past the deadline
 bounded() { local want=$1; local l; l=$(left); [ "$l" -lt "$want" ] && want=$l; [ "$want" -lt 5 ] && want=5; echo "$want"; }
 
-job_tests() {
-  timeout "$(bounded ${T_TESTS:-380})" python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --durations=15 \
-    --timeout=200 tests > "$OUT/tests.log" 2>&1
-  echo "tests rc=$? :: $(tail -1 "$OUT/tests.log")"
+job_tests() {  # one pytest per file, so each file's failures are written out even if a later one hangs
+  local f rc
+  for f in ${TEST_FILES:-tests/gpu/test_*.py}; do
+    [ "$(left)" -lt 20 ] && { echo "tests: no time left for $f"; continue; }
+    timeout "$(bounded ${T_TESTS:-200})" python3 -m pytest -v -rfE --tb=short -m gpu -p no:cacheprovider \
+      --durations=5 --timeout=180 "$f" ${TEST_K:+-k "$TEST_K"} >> "$OUT/tests.log" 2>&1
+    rc=$?
+    echo "tests $(basename "$f") rc=$rc :: $(tail -1 "$OUT/tests.log" | cut -c1-150)"
+  done
 }
 
 job_bench() {

@@ -133,6 +133,8 @@ void bind_host(py::module_& m) {
         pool_of(h).record_stream(reinterpret_cast<void*>(ptr), static_cast<StreamId>(stream));
       })
       .def("process_events", [](const Holder& h) { return pool_of(h).process_events(); })
+      .def("set_copies_reported", [](const Holder& h, bool reported) { pool_of(h).set_copies_reported(reported); },
+           py::arg("reported"))
       .def("release_cached", [](const Holder& h) {
         py::gil_scoped_release released;
         return pool_of(h).release_cached();

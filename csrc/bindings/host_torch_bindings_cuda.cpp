@@ -113,6 +113,8 @@ void install(const HostPoolHolder& holder) {
     throw py::value_error("torchmem.host: only a CUDA pool (backend='cuda') can be torch's host allocator");
   }
   g_installed = holder;
+  // torch's copy kernels report every copy to the installed allocator from now on.
+  holder->pool->set_copies_reported(true);
   static auto* allocator = new TorchmemHostAllocator();  // torch keeps the pointer: never destroyed
   at::setHostAllocator(at::kCUDA, allocator);
 }

@@ -71,7 +71,11 @@ void* HostPool::allocate(std::size_t bytes, StreamId stream) {
   if (block == nullptr && release_idle_chunks() > 0) block = carve(size);
   if (block == nullptr) throw_oom(bytes, size, refusal_);
   block->requested = bytes;
-  block->streams.assign(1, stream);
+  if (copies_reported_) {
+    block->streams.clear();
+  } else {
+    block->streams.assign(1, stream);
+  }
   live_[block->ptr] = block;
   stats_.allocations_current += 1;
   stats_.allocations_allocated += 1;
@@ -178,9 +182,18 @@ void HostPool::free(void* ptr) {
   stats_.allocated_bytes_current -= block->size;
   stats_.requested_bytes_current -= block->requested;
   block->requested = 0;
+  stats_.pending_bytes += block->size;
+  if (events.empty()) {  // no stream used it (copies reported): reusable now
+    make_free(block);
+    return;
+  }
   block->events = std::move(events);
   parked_.push_back(block);
-  stats_.pending_bytes += block->size;
+}
+
+void HostPool::set_copies_reported(bool reported) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  copies_reported_ = reported;
 }
 
 void HostPool::record_stream(void* ptr, StreamId stream) {

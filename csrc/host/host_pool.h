@@ -28,6 +28,12 @@
 // (polled at each allocate; waited for before the pool gives up with an
 // out-of-memory error). Unlike device memory, reuse on the "same stream" is not
 // safe: the host writes to the block directly, unordered with the stream.
+// Once the pool is torch's host allocator, torch reports every non_blocking
+// copy from or to its blocks (record_event, the contract of torch's own pinned
+// cache), so the pool stops guessing: allocation no longer counts the current
+// stream, and a block no copy was reported on is reusable at its free, with no
+// event (set_copies_reported; this is what makes a cached request as cheap as
+// torch's).
 //
 // Note [Host out of memory]
 // A request the limit or the system cannot serve first returns chunks with no
@@ -124,6 +130,10 @@ class HostPool {
   void free(void* ptr);
   // The block at `ptr` is used on `stream` too.
   void record_stream(void* ptr, StreamId stream);
+  // True once every copy using the pool's blocks is reported through
+  // record_stream (Note [Host stream-safe reuse]): blocks allocated from then
+  // on start with no stream.
+  void set_copies_reported(bool reported);
 
   // Polls parked frees; returns how many became reusable.
   std::size_t process_events();
@@ -179,6 +189,7 @@ class HostPool {
   std::unordered_map<const void*, Block*> live_;
   HostPoolStats stats_;
   std::string refusal_;  // why the last new_chunk() returned nullptr
+  bool copies_reported_ = false;
 };
 
 }  // namespace torchmem::host
