@@ -177,7 +177,7 @@ job_cusparse() {  # the peer test that hit cudaErrorIllegalInstruction once: alo
   [ -d .peer ] || { echo "no .peer folder carried"; return 0; }
   local t=".peer/test_cuda.py::TestCuda::${PEER_ONE:-test_cusparse_multiple_threads_same_device}" i conf
   [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .peer/wheels/*.whl > /dev/null 2>&1
-  for conf in "" "stitch_above=0"; do for i in 1 2 3; do
+  for conf in "" "stitch_above=0"; do for i in $(seq 1 "${CUSPARSE_RUNS:-3}"); do
     TORCHMEM_CONF=$conf PYTHONPATH=/tmp/site:$PWD/.peer/tm_site TORCHMEM_PEER=1 timeout "$(bounded 90)" \
       python3 -m pytest "$t" -c .peer/pytest.ini --rootdir .peer -q -p no:cacheprovider >> "$OUT/cusparse.log" 2>&1
     echo "cusparse conf=${conf:-default} run $i rc=$? :: $(grep -m1 -iE 'illegal|error:' "$OUT/cusparse.log" | cut -c1-160)"
