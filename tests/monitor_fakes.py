@@ -32,7 +32,7 @@ class FakeDevice:
 
 
 class FakeTenant:
-    """Source for the publisher (rows/host/device_free/set_limit/empty_cache) plus allocate/free."""
+    """Source for the publisher (rows/host/device_free/set_limit/empty_cache/release_to) plus allocate/free."""
 
     def __init__(self, device, slot):
         self.device, self.slot = device, slot
@@ -64,6 +64,14 @@ class FakeTenant:
         with self._lock, self.device.reserved.get_lock():
             released = self.reserved - self.live
             self.reserved = self.live
+            self.device.reserved[self.slot] = self.reserved
+            return released
+
+    def release_to(self, index, keep_bytes):
+        with self._lock, self.device.reserved.get_lock():
+            target = max(self.live, min(self.reserved, keep_bytes))
+            released = self.reserved - target
+            self.reserved = target
             self.device.reserved[self.slot] = self.reserved
             return released
 

@@ -206,6 +206,21 @@ def test_release_cached_returns_everything_unused():
     pool.check_invariants()
 
 
+def test_release_cached_to_returns_only_the_excess():
+    sim, pool = make()
+    live = pool.allocate(4 * MiB)
+    pool.free(pool.allocate(40 * MiB))
+    held = cur(pool.stats(), "reserved_bytes")
+    assert pool.release_cached_to(held) == 0  # nothing above the mark: no release at all
+    assert pool.stats()["num_cache_releases"] == 0
+    freed = pool.release_cached_to(20 * MiB)
+    assert freed == held - 20 * MiB and sim.device_used() == 20 * MiB  # the rest of the cache stays
+    assert pool.release_cached_to(0) == 16 * MiB  # never below the live block's granules
+    assert cur(pool.stats(), "reserved_bytes") == 4 * MiB
+    pool.free(live)
+    pool.check_invariants()
+
+
 def test_largest_free_block_counts_mapped_space_only():
     _, pool = make()
     a = pool.allocate(6 * MiB)

@@ -174,6 +174,9 @@ void bind_core(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def("release_private_pool", &Pool::release_private_pool, py::arg("id"),
            py::call_guard<py::gil_scoped_release>())
+      .def("release_cached_to", &Pool::release_cached_to, py::arg("keep_bytes"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Return cached memory only down to keep_bytes held; the bytes returned")
       .def("release_cached", &Pool::release_cached, py::call_guard<py::gil_scoped_release>(),
            "empty_cache: returns the bytes given back to the backend")
       .def("set_limit", &Pool::set_limit, py::arg("bytes"), py::call_guard<py::gil_scoped_release>())

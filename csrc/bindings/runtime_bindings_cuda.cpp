@@ -242,6 +242,11 @@ void bind_runtime(py::module_& m) {
   m.def("runtime_empty_cache", &shim::empty_cache, py::call_guard<py::gil_scoped_release>(),
         "Return every pool's cached memory to the device; the bytes returned");
   m.def(
+      "runtime_release_cached_to",
+      [](int device, std::size_t keep_bytes) { return shim::device_pool(device).release_cached_to(keep_bytes); },
+      py::arg("device"), py::arg("keep_bytes"), py::call_guard<py::gil_scoped_release>(),
+      "Return the device pool's cached memory down to keep_bytes held; the bytes returned");
+  m.def(
       "runtime_set_limit", [](int device, std::size_t bytes) { shim::device_pool(device).set_limit(bytes); },
       py::arg("device"), py::arg("bytes"), "Set the budget in bytes (0 = the whole device)");
   m.def(

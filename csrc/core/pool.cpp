@@ -374,13 +374,13 @@ void Pool::Impl::release_private_pool(PoolId pool) {
   sync_memory_stats();
 }
 
-std::size_t Pool::Impl::release_cached() {
+std::size_t Pool::Impl::release_cached(std::size_t keep_bytes) {
   poll_deferred(true);
   sync_all_fences();
   process_pending_unmaps(/*wait=*/true);
   const std::size_t before = held;
   if (vmm) {
-    release_reclaimable(reserve_held);
+    release_reclaimable(std::max(reserve_held, keep_bytes));
   } else {
     release_empty_segments(false);
   }
@@ -518,6 +518,15 @@ std::size_t Pool::release_cached() {
   ++impl_->stats_.num_cache_releases;
   std::size_t freed = impl_->release_cached();
   impl_->after_op("release_cached");
+  return freed;
+}
+
+std::size_t Pool::release_cached_to(std::size_t keep_bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (impl_->held <= keep_bytes) return 0;  // nothing above the mark: no barrier, no stats
+  ++impl_->stats_.num_cache_releases;
+  std::size_t freed = impl_->release_cached(keep_bytes);
+  impl_->after_op("release_cached_to");
   return freed;
 }
 

@@ -266,6 +266,12 @@ class Pool {
   // empty_cache: return cached memory (beyond reserve_bytes) to the backend,
   // after waiting for pending frees. Returns the bytes returned.
   std::size_t release_cached();
+  // Returns only enough cached memory to bring what the pool holds down to
+  // keep_bytes (never below reserve_bytes), oldest cache first: a sharing
+  // member above a lowered limit gives back the excess and keeps its working
+  // cache. The cuda_malloc backend cannot split a segment's worth and returns
+  // every empty segment, like release_cached().
+  std::size_t release_cached_to(std::size_t keep_bytes);
   // Changes the budget; 0 = device capacity. Does not free live memory.
   void set_limit(std::size_t bytes);
   std::size_t limit() const;

@@ -32,8 +32,7 @@ def _spawn(code, env):
 
 
 def _finish(proc):
-    proc.stdin.close()
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=120)  # closes stdin: the holder's read() returns
     assert proc.returncode == 0, err
     return out
 

@@ -46,11 +46,14 @@ def test_cublas_threads_freeing_default_stream_tensors_under_a_tight_budget():
         torchmem.install(limit="256MiB", stitch_above=0.0)
         size, threads, iters = 1024, 4, 60
         weight = torch.ones((size, size), device="cuda")
+        # One stream per thread for all trials: cuBLAS keeps a workspace per (handle, stream)
+        # for the life of the process, so fresh streams each trial would need 12 of them.
+        streams = [torch.cuda.Stream() for _ in range(threads)]
         for trial in range(3):
             results = {t: torch.ones((size, size), device="cuda") for t in range(threads)}
             barrier = threading.Barrier(threads)
             def work(t):
-                stream = torch.cuda.Stream()
+                stream = streams[t]
                 torch.cuda.synchronize()
                 barrier.wait()
                 with torch.cuda.stream(stream):

@@ -227,6 +227,7 @@ def test_mempool_with_a_users_allocator_reaches_it_and_frees_after_delete(tmp_pa
     gc.collect()
     torch.cuda.empty_cache()
     print(json.dumps({{"used": allocs_after_use >= 1, "frees_while_live": frees_while_live, "ok": ok,
+                       "allocs_after_use": allocs_after_use,
                        "all_freed": frees.value == allocs.value}}))
     """)
     # torchmem never gives the user's allocator a block back while a tensor still

@@ -23,9 +23,11 @@ Note [The rule]
 - So the limits of borrowers plus what owners use never exceed the capacity:
   when an owner's demand rises the borrowers' limits fall at once.
 - While some member borrows, an owner whose reserved bytes exceed its demand
-  by more than `trim_slack` (4 granules by default) is asked to trim (empty
-  its cache): cached memory that only sits there is what borrowers grow into.
-  A borrower above its own limit empties its cache on its own (share.py).
+  by more than `trim_slack` (4 granules by default) is asked to trim its cache
+  down to demand + trim_slack (`trim_to`): cached memory that only sits there
+  is what borrowers grow into, while the cache a step reuses stays (emptying
+  it all would make every step map its memory afresh). A borrower above its
+  own limit gives back only the excess, on its own (share.py).
 - `capacity` is what the members can hold now (device free + their reserved
   bytes: memory of other processes, or of a process that just died and whose
   memory the driver has not freed yet, is not there to lend); guarantees are
@@ -61,10 +63,11 @@ class Decision:
     trim: tuple         # pids asked to give cached memory back
     capacity: int
     scaled: bool        # guarantees were scaled down to fit the capacity
+    trim_to: dict = dataclasses.field(default_factory=dict)  # pid -> bytes a trimmed member keeps
 
     def as_dict(self):
         return {"limits": {str(k): v for k, v in self.limits.items()}, "borrowers": list(self.borrowers),
-                "trim": list(self.trim), "capacity": self.capacity, "scaled": self.scaled}
+                "trim": list(self.trim), "trim_to": {str(k): v for k, v in self.trim_to.items()}, "capacity": self.capacity, "scaled": self.scaled}
 
 
 def _round_down(value, granule):
@@ -97,8 +100,9 @@ def decide(members, capacity, total=None, granule=2 << 20, near=0.05, trim_slack
     weight = sum(guarantee[m.pid] for m in borrowers)
     for m in borrowers:
         limits[m.pid] = guarantee[m.pid] + _round_down(spare * guarantee[m.pid] // weight, granule)
-    trim = ()
+    trim_to = {}
     if borrowers:
         slack = granule * 4 if trim_slack is None else trim_slack
-        trim = tuple(m.pid for m in members if m.pid not in borrower_ids and m.reserved > demand[m.pid] + slack)
-    return Decision(limits, tuple(m.pid for m in borrowers), trim, capacity, scaled)
+        trim_to = {m.pid: demand[m.pid] + slack for m in members
+                   if m.pid not in borrower_ids and m.reserved > demand[m.pid] + slack}
+    return Decision(limits, tuple(m.pid for m in borrowers), tuple(trim_to), capacity, scaled, trim_to)

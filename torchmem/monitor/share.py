@@ -6,7 +6,8 @@ the group's lock (an flock'ed file next to the records), reads the members'
 records, runs `arbiter.decide`, writes the decision to the group's JSON file
 (write-then-rename, for `top` and for people) and applies its own line: the
 pool's limit (torchmem's set-limit path) and, when it holds more than that
-limit or was asked to trim, empty_cache. Its BatchSizeController sees the
+limit or was asked to trim, gives back cached memory down to the limit or the
+trim mark (release_to: never the whole cache, which a step would map again). Its BatchSizeController sees the
 lower budget and shrinks the micro-batch at its next step. No server: any
 member can decide, the lock makes one decide at a time.
 
@@ -161,8 +162,9 @@ class ShareAgent:
             st.granted = limit
             row.granted_bytes = limit
             row.limit_bytes = limit
-        if row.reserved_bytes > limit or self.pid in decision.trim:
-            self.source.empty_cache()
+        keep = min(limit, decision.trim_to.get(self.pid, limit))
+        if row.reserved_bytes > keep:
+            self.source.release_to(row.index, keep)
 
     def give_back_now(self):
         """Called at a step boundary (the controller reports its size): memory above the limit
@@ -171,8 +173,7 @@ class ShareAgent:
             if st.granted:
                 rows = [r for r in self.source.rows() if r.index == index]
                 if rows and rows[0].reserved_bytes > st.granted:
-                    self.source.empty_cache()
-                    return
+                    self.source.release_to(index, st.granted)
 
     def wait_for_room(self, index, requested, live, publish=None):
         """Note [Owners wait, borrowers yield]: True when the device has room for `requested` bytes

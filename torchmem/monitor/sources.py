@@ -3,7 +3,8 @@ simulated pool.
 
 A source has four methods: `rows()` (a list of DeviceFigures, one per device
 with a pool), `host()` (pinned host bytes: reserved, active), `set_limit(index,
-bytes)` and `empty_cache()`; the last two are the sharing agent's levers.
+bytes)`, `empty_cache()` and `release_to(index, keep_bytes)`; the last three are
+the sharing agent's levers.
 `RuntimeSource` reads torchmem._C's runtime stats, the same counters
 torchmem.memory_stats() reports, never the allocation path: one stats call per
 device per tick takes the pool's mutex for a copy of its counters. Tests give
@@ -97,6 +98,9 @@ class RuntimeSource:
     def empty_cache(self):
         return int(self._C.runtime_empty_cache())
 
+    def release_to(self, index, keep_bytes):
+        return int(self._C.runtime_release_cached_to(index, int(keep_bytes)))
+
 
 class PoolSource:
     """One simulated torchmem._C.Pool as device `index` (tests, demos without a GPU).
@@ -123,3 +127,6 @@ class PoolSource:
 
     def empty_cache(self):
         return int(self.pool.release_cached())
+
+    def release_to(self, index, keep_bytes):
+        return int(self.pool.release_cached_to(int(keep_bytes)))

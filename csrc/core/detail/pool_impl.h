@@ -51,7 +51,7 @@ struct Pool::Impl {
   void record_stream(Addr addr, StreamId stream);
   void create_private_pool(PoolId pool);
   void release_private_pool(PoolId pool);
-  std::size_t release_cached();  // also the OOM ladder's step 5
+  std::size_t release_cached(std::size_t keep_bytes = 0);  // also the OOM ladder's step 5
   PoolStats stats();  // refreshes the derived gauges first
   std::size_t budget() const;    // limit in bytes (device capacity if 0)
   void after_op(const char* what);  // debug checks
