@@ -179,12 +179,19 @@ DUMMY_ALLOCATOR = r"""
 extern "C" {
 int alloc_calls = 0;
 int free_calls = 0;
+/* the ranges freed so far (the first 64): a test checks that none held a live tensor */
+unsigned long long freed_begin[64];
+unsigned long long freed_end[64];
 void* dummy_alloc(size_t size, int device, void* stream) {
   void* ptr = NULL;
   alloc_calls += 1;
   return cudaMalloc(&ptr, size) == cudaSuccess ? ptr : NULL;
 }
 void dummy_free(void* ptr, size_t size, int device, void* stream) {
+  if (free_calls < 64) {
+    freed_begin[free_calls] = (unsigned long long)ptr;
+    freed_end[free_calls] = (unsigned long long)ptr + size;
+  }
   free_calls += 1;
   cudaFree(ptr);
 }
@@ -222,17 +229,23 @@ def test_mempool_with_a_users_allocator_reaches_it_and_frees_after_delete(tmp_pa
     del allocator
     gc.collect()
     frees_while_live = frees.value
+    begins = (ctypes.c_ulonglong * 64).in_dll(lib, "freed_begin")
+    ends = (ctypes.c_ulonglong * 64).in_dll(lib, "freed_end")
+    x_freed = any(begins[i] <= x.data_ptr() < ends[i] for i in range(min(frees_while_live, 64)))
     ok = bool((x[-1] == 1024 * 1024 * 2 - 1).item()) and outside.sum().item() == 10
     del x
     gc.collect()
     torch.cuda.empty_cache()
     print(json.dumps({{"used": allocs_after_use >= 1, "frees_while_live": frees_while_live, "ok": ok,
-                       "allocs_after_use": allocs_after_use,
+                       "allocs_after_use": allocs_after_use, "x_freed": x_freed,
                        "all_freed": frees.value == allocs.value}}))
     """)
-    # torchmem never gives the user's allocator a block back while a tensor still
-    # uses it; the rest as native.
-    assert ours["frees_while_live"] == 0, ours
+    # torchmem calls the user's allocator once per block (native: once per segment it
+    # carves), so any other block allocated in the pool's context is allocated and freed
+    # through it too (on the H200, 2026-12-01: 2 calls and 1 free while x lived). What
+    # must hold: the block under x is never given back while x lives (the dummy records
+    # every range it freed), and x still reads right after the pool and allocator are gone.
+    assert not ours["x_freed"] and ours["frees_while_live"] < ours["allocs_after_use"], ours
     for key in ("used", "ok", "all_freed"):
         assert native[key] == ours[key] is True, (native, ours)
 
