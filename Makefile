@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.14.1
 TORCH_PIP_ARGS ?=
 PIP := $(PYTHON) -m pip
 
-.PHONY: setup setup-test build demo test test-gpu bench-micro clean
+.PHONY: setup setup-test build demo test test-gpu bench-micro bench-host-micro clean
 
 setup:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
@@ -42,6 +42,12 @@ bench-micro:
 	  $(wildcard csrc/core/detail/*.cpp) \
 	  csrc/backend/sim_backend.cpp bench/pool_microbench.cpp -o build/bench/pool_microbench
 	./build/bench/pool_microbench
+
+bench-host-micro:
+	@mkdir -p build/bench
+	$(CXX) -std=c++17 -O3 -DNDEBUG -pthread -Icsrc csrc/host/host_pool.cpp csrc/host/host_system.cpp \
+	  csrc/host/sim_host_backend.cpp bench/host_microbench.cpp -o build/bench/host_microbench
+	./build/bench/host_microbench
 
 clean:
 	rm -rf build torchmem/_C*.so *.egg-info

@@ -135,6 +135,8 @@ job_ddp() {  # both GPUs, whatever lane runs it (the other lane's GPU is shared 
 job_micro() {
   make bench-micro CXX=g++ > "$OUT/microbench.log" 2>&1
   echo "microbench rc=$? :: $(grep -i 'ns' "$OUT/microbench.log" | tail -2 | tr '\n' ' ')"
+  make bench-host-micro CXX=g++ >> "$OUT/microbench.log" 2>&1
+  echo "host microbench rc=$? :: $(tail -1 "$OUT/microbench.log")"
 }
 
 job_scene() {

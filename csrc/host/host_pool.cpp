@@ -76,7 +76,7 @@ void* HostPool::allocate(std::size_t bytes, StreamId stream) {
   } else {
     block->streams.assign(1, stream);
   }
-  live_[block->ptr] = block;
+  block->live = true;
   stats_.allocations_current += 1;
   stats_.allocations_allocated += 1;
   stats_.allocations_peak = std::max(stats_.allocations_peak, stats_.allocations_current);
@@ -89,12 +89,15 @@ void* HostPool::allocate(std::size_t bytes, StreamId stream) {
 HostPool::Block* HostPool::take_cached(std::size_t size) {
   // Blocks are never split, so a much larger block would waste its rest
   // (Note [Host size classes]): accept up to twice the class.
-  auto it = free_.lower_bound(size);
-  if (it == free_.end() || it->first > 2 * size) {
-    return nullptr;
+  Block* block = nullptr;
+  for (auto it = free_.lower_bound(size); it != free_.end() && it->first <= 2 * size; ++it) {
+    if (!it->second.empty()) {
+      block = it->second.back();  // the most recently freed: warmest in the caches
+      it->second.pop_back();
+      break;
+    }
   }
-  Block* block = it->second;
-  free_.erase(it);
+  if (block == nullptr) return nullptr;
   stats_.cached_bytes -= block->size;
   stats_.cache_hits += 1;
   block->chunk->live += 1;
@@ -122,6 +125,7 @@ HostPool::Block* HostPool::carve(std::size_t size) {
   block->chunk = chunk;
   chunk->carved += block_size;
   chunk->live += 1;
+  by_ptr_.emplace(block->ptr, block.get());
   chunk->blocks.push_back(std::move(block));
   stats_.cache_misses += 1;
   return chunk->blocks.back().get();
@@ -162,12 +166,11 @@ HostPool::Chunk* HostPool::new_chunk(std::size_t bytes, bool dedicated) {
 
 void HostPool::free(void* ptr) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = live_.find(ptr);
-  if (it == live_.end()) {
+  Block* block = live_block(ptr);
+  if (block == nullptr) {
     throw HostPoolError("torchmem.host: free of a pointer that is not a live block of this pool "
                         "(freed twice, or allocated elsewhere)");
   }
-  Block* block = it->second;
   // Record every event before changing anything, so a failure leaves the block live.
   std::vector<EventHandle> events;
   try {
@@ -176,7 +179,7 @@ void HostPool::free(void* ptr) {
     for (EventHandle e : events) backend_.destroy_event(e);
     throw;
   }
-  live_.erase(it);
+  block->live = false;
   stats_.allocations_current -= 1;
   stats_.allocations_freed += 1;
   stats_.allocated_bytes_current -= block->size;
@@ -191,6 +194,11 @@ void HostPool::free(void* ptr) {
   parked_.push_back(block);
 }
 
+HostPool::Block* HostPool::live_block(const void* ptr) const {
+  auto it = by_ptr_.find(ptr);
+  return it != by_ptr_.end() && it->second->live ? it->second : nullptr;
+}
+
 void HostPool::set_copies_reported(bool reported) {
   std::lock_guard<std::mutex> lock(mutex_);
   copies_reported_ = reported;
@@ -198,9 +206,9 @@ void HostPool::set_copies_reported(bool reported) {
 
 void HostPool::record_stream(void* ptr, StreamId stream) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = live_.find(ptr);
-  if (it == live_.end()) throw HostPoolError("torchmem.host: record_stream on a pointer that is not a live block");
-  auto& streams = it->second->streams;
+  Block* block = live_block(ptr);
+  if (block == nullptr) throw HostPoolError("torchmem.host: record_stream on a pointer that is not a live block");
+  auto& streams = block->streams;
   if (std::find(streams.begin(), streams.end(), stream) == streams.end()) streams.push_back(stream);
 }
 
@@ -220,7 +228,7 @@ void HostPool::make_free(Block* block) {
   stats_.cached_bytes += block->size;
   block->streams.clear();
   block->chunk->live -= 1;
-  free_.emplace(block->size, block);
+  free_[block->size].push_back(block);
 }
 
 std::size_t HostPool::process_events() {
@@ -252,13 +260,9 @@ std::size_t HostPool::release_idle_chunks() {
   auto keep = std::remove_if(chunks_.begin(), chunks_.end(), [&](std::unique_ptr<Chunk>& chunk) {
     if (chunk->live != 0) return false;
     for (auto& block : chunk->blocks) {
-      auto range = free_.equal_range(block->size);
-      for (auto it = range.first; it != range.second; ++it) {
-        if (it->second == block.get()) {
-          free_.erase(it);
-          break;
-        }
-      }
+      auto& list = free_[block->size];
+      list.erase(std::find(list.begin(), list.end(), block.get()));
+      by_ptr_.erase(block->ptr);
       stats_.cached_bytes -= block->size;
     }
     auto start = std::chrono::steady_clock::now();
@@ -299,14 +303,14 @@ void HostPool::throw_oom(std::size_t bytes, std::size_t size, const std::string&
 
 bool HostPool::is_pinned(const void* ptr) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = live_.find(ptr);
-  return it != live_.end() && it->second->chunk->memory.pinned;
+  const Block* block = live_block(ptr);
+  return block != nullptr && block->chunk->memory.pinned;
 }
 
 std::size_t HostPool::block_size(const void* ptr) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = live_.find(ptr);
-  return it == live_.end() ? 0 : it->second->size;
+  const Block* block = live_block(ptr);
+  return block == nullptr ? 0 : block->size;
 }
 
 void HostPool::set_limit(std::size_t bytes) {
@@ -333,7 +337,7 @@ void HostPool::reset_peak_stats() {
 
 std::string HostPool::check_invariants() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  std::size_t held = 0, pinned = 0, live_bytes = 0, cached = 0, pending = 0, live_count = 0;
+  std::size_t held = 0, pinned = 0, live_bytes = 0, cached = 0, pending = 0, live_count = 0, indexed = 0;
   for (const auto& chunk : chunks_) {
     held += chunk->memory.bytes;
     if (chunk->memory.pinned) pinned += chunk->memory.bytes;
@@ -341,7 +345,10 @@ std::string HostPool::check_invariants() const {
     for (const auto& block : chunk->blocks) {
       if (block->ptr != static_cast<char*>(chunk->memory.ptr) + offset) return "blocks do not tile their chunk";
       offset += block->size;
-      bool is_live = live_.count(block->ptr) != 0;
+      bool is_live = block->live;
+      auto found = by_ptr_.find(block->ptr);
+      if (found == by_ptr_.end() || found->second != block.get()) return "a block is missing from the address index";
+      ++indexed;
       bool is_parked = std::find(parked_.begin(), parked_.end(), block.get()) != parked_.end();
       if (is_live && is_parked) return "a block is both live and parked";
       if (is_live) live_bytes += block->size, ++live_count;
@@ -354,10 +361,14 @@ std::string HostPool::check_invariants() const {
     if (busy != chunk->live) return "a chunk's live count differs from its live and parked blocks";
   }
   std::size_t free_sum = 0;
-  for (const auto& [size, block] : free_) {
-    if (size != block->size) return "a free-list key differs from its block's size";
-    free_sum += size;
+  for (const auto& [size, list] : free_) {
+    for (const Block* block : list) {
+      if (size != block->size) return "a free-list key differs from its block's size";
+      if (block->live) return "a live block is on the free list";
+      free_sum += size;
+    }
   }
+  if (indexed != by_ptr_.size()) return "the address index holds blocks of no chunk";
   if (free_sum != cached) return "the free list differs from the blocks neither live nor parked";
   if (held != stats_.held_bytes) return "held_bytes differs from the chunks' sizes";
   if (pinned != stats_.pinned_bytes) return "pinned_bytes differs from the pinned chunks";

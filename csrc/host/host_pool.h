@@ -157,6 +157,7 @@ class HostPool {
     char* ptr;
     std::size_t size;       // rounded (class) size
     std::size_t requested;  // 0 when not live
+    bool live = false;      // handed out and not freed
     Chunk* chunk;
     std::vector<StreamId> streams;
     std::vector<EventHandle> events;  // while parked
@@ -176,6 +177,7 @@ class HostPool {
   std::size_t poll_parked();
   void wait_parked();
   bool poll_block(Block* block);
+  Block* live_block(const void* ptr) const;  // nullptr unless a live block starts at ptr
   void make_free(Block* block);
   [[noreturn]] void throw_oom(std::size_t bytes, std::size_t size, const std::string& why);
 
@@ -184,9 +186,14 @@ class HostPool {
   mutable std::mutex mutex_;
   std::vector<std::unique_ptr<Chunk>> chunks_;
   Chunk* current_ = nullptr;  // the shared chunk carving continues in
-  std::multimap<std::size_t, Block*> free_;  // by size
+  // Free blocks by size class; the vectors keep their capacity, so a cached
+  // allocate + free moves pointers without allocating (Note [Host size classes]:
+  // a handful of classes per request, so the scan in take_cached is short).
+  std::map<std::size_t, std::vector<Block*>> free_;
   std::vector<Block*> parked_;
-  std::unordered_map<const void*, Block*> live_;
+  // Every block ever carved, live or not, by address: blocks are never split
+  // or merged, so an entry lives as long as its chunk (no insert per request).
+  std::unordered_map<const void*, Block*> by_ptr_;
   HostPoolStats stats_;
   std::string refusal_;  // why the last new_chunk() returned nullptr
   bool copies_reported_ = false;
