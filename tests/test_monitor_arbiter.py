@@ -48,7 +48,7 @@ def test_idle_cache_is_trimmed_only_while_someone_borrows():
     borrower = Member(pid=2, guarantee=40 * G, reserved=40 * G, live_peak=40 * G)
     d = decide([owner, borrower], capacity=100 * G)
     assert d.trim == (1,)
-    assert d.trim_to == {1: int(2 * G * 1.25) + 4 * (2 << 20)}  # its demand and room for a step's fragmentation
+    assert d.trim_to == {1: 2 * 2 * G + 4 * (2 << 20)}  # twice its demand: room for a step's fragmentation
     assert d.limits[2] == (100 - 30) * G  # the owner's cache is not lent while it still holds it
     trimmed = Member(pid=1, guarantee=40 * G, reserved=2 * G, live_peak=2 * G)
     assert decide([trimmed, borrower], capacity=100 * G).limits[2] == (100 - 2) * G

@@ -22,15 +22,16 @@ Note [The rule]
   are rounded down to the granule.
 - So the limits of borrowers plus what owners use never exceed the capacity:
   when an owner's demand rises the borrowers' limits fall at once.
-- While some member borrows, an owner whose reserved bytes exceed its demand
-  by more than `trim_ratio` (25%) plus `trim_slack` (4 granules) is asked to
-  trim its cache down to that mark (`trim_to`): cached memory that only sits
-  there (a former borrower's, after its heavy phase) is what borrowers grow
-  into, while the cache a step reuses stays. A step needs more than its peak
-  of live bytes (fragmentation: 1.002-1.15x on the bundled traces), so a mark
-  at the bare peak would have it map and give back memory every step; emptying
-  the whole cache did that to all of it (bench/share_scenario.py: 113 vs 287
-  samples/s for the static split, on the H200). A borrower above its
+- While some member borrows, an owner that holds more than twice its demand
+  (`trim_ratio` 1.0) plus `trim_slack` (4 granules) is asked to trim its cache
+  down to that mark (`trim_to`). Cached memory that only sits there (a former
+  borrower's, after its heavy phase) is what borrowers grow into. The cache a
+  step reuses stays: a step holds more than its peak of live bytes (1.002-1.15x
+  on the bundled traces, more for a pool far below its budget, which does not
+  pack), so a mark near the bare peak would have the owner map and give back
+  memory every step. Emptying the whole cache did that to all of it
+  (bench/share_scenario.py on the H200: 113 samples/s, against 287 for the
+  static split). A borrower above its
   own limit gives back only the excess, on its own (share.py).
 - `capacity` is what the members can hold now (device free + their reserved
   bytes: memory of other processes, or of a process that just died and whose
@@ -78,7 +79,7 @@ def _round_down(value, granule):
     return value - value % granule if granule > 1 else value
 
 
-def decide(members, capacity, total=None, granule=2 << 20, near=0.05, trim_slack=None, trim_ratio=0.25):
+def decide(members, capacity, total=None, granule=2 << 20, near=0.05, trim_slack=None, trim_ratio=1.0):
     """Limits for `members` (Members) sharing `capacity` bytes now, on a device whose usable size
     is `total` (default: capacity) (Note [The rule])."""
     total = capacity if total is None else total
