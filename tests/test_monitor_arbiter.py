@@ -54,6 +54,19 @@ def test_idle_cache_is_trimmed_only_while_someone_borrows():
     assert decide([trimmed, borrower], capacity=100 * G).limits[2] == (100 - 2) * G
 
 
+def test_an_owner_is_trimmed_once_not_every_tick():
+    # A step holds more than its live peak (fragmentation): trimming to the bare peak
+    # had a light process on the H200 map and give back memory every step.
+    borrower = Member(pid=2, guarantee=40 * G, reserved=60 * G, live_peak=60 * G)
+    light = Member(pid=1, guarantee=40 * G, reserved=int(1.5 * 5 * G), live_peak=5 * G)
+    assert decide([light, borrower], capacity=100 * G).trim == ()
+    former_borrower = Member(pid=1, guarantee=40 * G, reserved=38 * G, live_peak=5 * G)
+    d = decide([former_borrower, borrower], capacity=100 * G)
+    assert d.trim == (1,)
+    trimmed = Member(pid=1, guarantee=40 * G, reserved=d.trim_to[1], live_peak=5 * G)
+    assert decide([trimmed, borrower], capacity=100 * G).trim == ()  # at its mark: left alone
+
+
 def test_guarantees_above_the_device_are_scaled_against_the_total_not_the_moment():
     members = [Member(pid=i, guarantee=60 * G) for i in (1, 2)]
     d = decide(members, capacity=10 * G, total=100 * G)  # most of the device is held elsewhere right now
