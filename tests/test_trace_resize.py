@@ -65,6 +65,24 @@ def test_capacity_zero_stops_and_drops_and_clear_keeps_recording():
     assert pool.snapshot()["trace"] == []
 
 
+def test_a_free_and_a_release_carry_their_own_context():
+    pool = make_pool(trace_capacity=100)
+    a = pool.allocate(3 * MiB, context=11)
+    pool.free(a, free_context=22)
+    b = pool.allocate(MiB, context=33)
+    pool.free(b)  # no free context: the allocation's
+    assert pool.sequence() == 4
+    pool.release_cached(context=44)
+    by_action = {}
+    for e in pool.snapshot()["trace"]:
+        by_action.setdefault(e["action"], []).append(e["context"])
+    assert by_action["alloc"] == [11, 33]
+    assert by_action["free_requested"] == [22, 33]
+    assert by_action["segment_map"] == [11, 33]  # mapped by the allocations (the small one in its own heap)
+    assert set(by_action["segment_unmap"]) == {44}  # unmapped by the release
+    assert pool.check_invariants() is None
+
+
 class _FakeRuntime:
     """Records what record_history() asks of the installed runtime."""
 
@@ -72,6 +90,17 @@ class _FakeRuntime:
         self.capacity = None
         self.cleared = 0
         self.provider = "unset"
+        self.free_context = None
+        self.sequences = {0: 0}
+
+    def runtime_set_free_context(self, enabled):
+        self.free_context = enabled
+
+    def runtime_devices(self):
+        return list(self.sequences)
+
+    def runtime_sequence(self, device):
+        return self.sequences[device]
 
     def runtime_set_trace_capacity(self, entries):
         self.capacity = entries
@@ -110,7 +139,69 @@ def test_torch_modes_map_onto_ring_and_stacks(runtime):
     assert runtime.capacity == 7 and runtime.provider is None
     _torch_history(enabled=None)
     assert runtime.capacity == 0 and runtime.provider is None
-    assert snapshot.history_settings() == {"enabled": False, "stacks": None, "max_entries": 0}
+    assert snapshot.history_settings() == {"enabled": False, "stacks": None, "max_entries": 0, "context": "all",
+                                           "skip_actions": ()}
+
+
+def test_only_context_all_asks_for_free_stacks(runtime):
+    for context, wanted in (("all", True), ("alloc", False), ("state", False), (None, False)):
+        _torch_history(context=context)
+        assert runtime.free_context is wanted, context
+    _torch_history(enabled=None, context="all")
+    assert runtime.free_context is False
+
+
+def _core_trace():
+    # what runtime_snapshot returns: an alloc (stack 1), its free (stack 2), an unmap at empty_cache (stack 3)
+    return {"segments": [], "trace": [
+        {"action": "alloc", "addr": 4096, "size": 512, "stream": 0, "context": 1, "sequence": 1},
+        {"action": "free_requested", "addr": 4096, "size": 512, "stream": 0, "context": 2, "sequence": 2},
+        {"action": "free_completed", "addr": 4096, "size": 512, "stream": 0, "context": 2, "sequence": 2},
+        {"action": "segment_unmap", "addr": 0, "size": 2 << 20, "stream": 0, "context": 3, "sequence": 3}]}
+
+
+def _shaped(snapshot):
+    from torchmem.snapshot_format import to_torch_snapshot
+
+    frames = {i: [{"filename": "t.py", "line": i, "name": name}]
+              for i, name in ((1, "thealloc"), (2, "thefree"), (3, "empty_cache"))}
+    core = _core_trace()
+    return snapshot._shape_history(to_torch_snapshot(core, frames=frames), core, 0)["device_traces"][0]
+
+
+def test_context_picks_which_events_show_stacks(runtime):
+    snapshot = sys.modules["torchmem.snapshot"]
+    names = lambda events: [e["frames"][0]["name"] if e["frames"] else None for e in events]
+    _torch_history(context="all")
+    assert names(_shaped(snapshot)) == ["thealloc", "thefree", "thefree", "empty_cache"]
+    _torch_history(context="alloc")
+    assert names(_shaped(snapshot)) == ["thealloc", None, None, None]
+    _torch_history(context="state")
+    assert names(_shaped(snapshot)) == [None] * 4
+    _torch_history(enabled=None)
+
+
+def test_skip_actions_leave_events_out(runtime):
+    snapshot = sys.modules["torchmem.snapshot"]
+    _torch_history(skip_actions=["free_requested", "segment_free"])  # torch's name for an unmap
+    assert [e["action"] for e in _shaped(snapshot)] == ["alloc", "free_completed"]
+    with pytest.raises(ValueError, match="skip_actions"):
+        _torch_history(skip_actions="alloc")
+    _torch_history(enabled=None)
+
+
+def test_metadata_marks_the_events_after_it(runtime):
+    snapshot = sys.modules["torchmem.snapshot"]
+    _torch_history()
+    runtime.sequences[0] = 1  # set after the alloc (sequence 1), before the free
+    snapshot.set_memory_metadata("phase two")
+    assert snapshot.get_memory_metadata() == "phase two"
+    assert [e["user_metadata"] for e in _shaped(snapshot)] == ["", "phase two", "phase two", "phase two"]
+    with pytest.raises(TypeError, match="str"):
+        snapshot.set_memory_metadata(3)
+    snapshot.set_memory_metadata("")
+    snapshot._metadata["marks"].clear()
+    _torch_history(enabled=None)
 
 
 def test_torch_defaults_cap_the_ring_and_clear_history_clears(runtime):

@@ -118,6 +118,14 @@ def _record_memory_history(enabled="all", *args, **kwargs):
     _snapshot_module().torch_record_memory_history(enabled, *args, **kwargs)
 
 
+def _set_memory_metadata(metadata):
+    _snapshot_module().set_memory_metadata(metadata)
+
+
+def _get_memory_metadata():
+    return _snapshot_module().get_memory_metadata()
+
+
 # name -> our replacement; each answers from torchmem when _use_torchmem(), else calls torch's.
 _REPLACEMENTS = {
     "memory_stats": memory_stats,
@@ -133,6 +141,8 @@ _REPLACEMENTS = {
     "memory_snapshot": memory_snapshot,
     "_snapshot": _snapshot,
     "_record_memory_history": _record_memory_history,
+    "_set_memory_metadata": _set_memory_metadata,  # where torch has them (2.10 and later)
+    "_get_memory_metadata": _get_memory_metadata,
 }
 PATCHED_NAMES = tuple(_REPLACEMENTS)
 

@@ -28,6 +28,15 @@ torch's modes map onto two switches, the ring (trace events) and the context
 provider (stacks): enabled='all' turns on both, enabled='state' only the
 stacks of live blocks (no events), enabled=None neither; context=None records
 no stacks. torch's C++ frames (stacks='all') are not captured: Python only.
+torch's context picks which events show stacks, as in torch: 'state' none
+(live blocks only), 'alloc' allocations and the segments they map, 'all' frees
+and empty_cache as well (the allocator then asks the provider at each free:
+runtime_set_free_context). skip_actions drops those actions from the
+snapshot's events ('segment_alloc' / 'segment_free' name torchmem's
+'segment_map' / 'segment_unmap' too). _set_memory_metadata's string is kept
+with the pool's operation counter when it is set, and each event shows the
+string in force when it happened (per process, where torch keeps one per
+thread).
 
 Note [Callable module]
 `torchmem.snapshot` names both this module and its snapshot() function (the
@@ -59,7 +68,10 @@ _table_lock = threading.Lock()
 _stack_ids = {}    # tuple((code, line), ...) -> id
 _stack_frames = {}  # id -> [{"filename", "line", "name"}, ...]
 _stack_codes = {}  # id -> the code objects of the stack (Note [Stack table])
-_recording = {"enabled": False, "stacks": None, "max_entries": 0}
+_recording = {"enabled": False, "stacks": None, "max_entries": 0, "context": "alloc", "skip_actions": ()}
+_CONTEXTS = ("state", "alloc", "all")
+_metadata_lock = threading.Lock()
+_metadata = {"current": "", "marks": {}}  # marks: device -> [(pool sequence, metadata), ...]
 
 
 def capture_stack():
@@ -131,8 +143,9 @@ def snapshot(device=None, pool=None, include_traces=True):
         core = dict(core, trace=[])
     settings = {"torchmem_backend": str(raw.get("backend_name", "")), "limit_bytes": int(raw.get("limit_bytes", 0)),
                 "granularity": int(raw.get("granularity", 0))}
-    return to_torch_snapshot(core, device=device_id, frames=stack_frames, expandable=expandable,
-                             allocator_settings=settings)
+    result = to_torch_snapshot(core, device=device_id, frames=stack_frames, expandable=expandable,
+                               allocator_settings=settings)
+    return result if pool is not None else _shape_history(result, core, device_id)
 
 
 def dump_snapshot(path="dump_snapshot.pickle", device=None, pool=None, snapshot_dict=None):
@@ -144,13 +157,22 @@ def dump_snapshot(path="dump_snapshot.pickle", device=None, pool=None, snapshot_
     return path
 
 
-def record_history(enabled=True, stacks="python", max_entries=100_000, trace=True, clear_history=False):
+def record_history(enabled=True, stacks="python", max_entries=100_000, trace=True, clear_history=False,
+                   context="alloc", skip_actions=None):
     """Turns allocation history on or off for the installed allocator: the last `max_entries`
     events (alloc, free, segment map/unmap, oom) go to snapshot()["device_traces"]. With
     stacks="python", each allocation also records its Python stack (see docs/observability.md
     for the cost per allocation); stacks=None records events only. trace=False keeps stacks
     for live blocks without recording events (torch's enabled="state"); clear_history=True
-    drops the events recorded so far. Works at any time (Note [Live trace ring])."""
+    drops the events recorded so far. context ('state', 'alloc' or 'all') picks which events show
+    stacks and skip_actions which actions snapshots leave out, as torch's
+    _record_memory_history does. Works at any time (Note [Live trace ring])."""
+    if context not in _CONTEXTS:
+        raise ValueError(f"torchmem.record_history: context must be one of {_CONTEXTS}, got {context!r}")
+    if skip_actions is None:
+        skip_actions = ()
+    if isinstance(skip_actions, str) or not all(isinstance(a, str) for a in skip_actions):
+        raise ValueError(f"torchmem.record_history: skip_actions must be a list of action names, got {skip_actions!r}")
     if stacks not in ("python", None):
         raise ValueError(f"torchmem.record_history: stacks must be 'python' or None, got {stacks!r}")
     if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 1:
@@ -164,8 +186,11 @@ def record_history(enabled=True, stacks="python", max_entries=100_000, trace=Tru
     runtime.runtime_set_trace_capacity(entries)
     if clear_history:
         runtime.runtime_clear_trace()
-    runtime.runtime_set_context_provider(capture_stack if (enabled and stacks == "python") else None)
-    _recording.update(enabled=bool(enabled), stacks=stacks if enabled else None, max_entries=entries)
+    with_stacks = bool(enabled) and stacks == "python"
+    runtime.runtime_set_context_provider(capture_stack if with_stacks else None)
+    runtime.runtime_set_free_context(with_stacks and context == "all")
+    _recording.update(enabled=bool(enabled), stacks=stacks if enabled else None, max_entries=entries,
+                      context=context, skip_actions=tuple(skip_actions))
 
 
 def history_settings():
@@ -184,6 +209,7 @@ def torch_record_memory_history(enabled="all", context="all", stacks="all", max_
     installs it); Note [Live trace ring] says how its modes map. Bad values raise ValueError
     naming the accepted ones, as torch does. `device` is accepted and ignored: one history
     covers every device, as torchmem's trace is per process."""
+    skip_actions = kwargs.pop("skip_actions", None)
     del device, args, kwargs
     if isinstance(enabled, bool):  # the legacy boolean form: True = record events and stacks
         enabled = "all" if enabled else None
@@ -196,7 +222,58 @@ def torch_record_memory_history(enabled="all", context="all", stacks="all", max_
     if not isinstance(max_entries, int) or isinstance(max_entries, bool):
         raise ValueError(f"_record_memory_history: max_entries must be an int, got {max_entries!r}")
     record_history(enabled=enabled is not None, stacks="python" if context is not None else None,
-                   max_entries=max(1, max_entries), trace=enabled == "all", clear_history=bool(clear_history))
+                   max_entries=max(1, max_entries), trace=enabled == "all", clear_history=bool(clear_history),
+                   context=context or "alloc", skip_actions=skip_actions)
+
+
+def set_memory_metadata(metadata):
+    """torch.cuda.memory._set_memory_metadata: history events from now on carry `metadata`
+    as their user_metadata (Note [Live trace ring])."""
+    if not isinstance(metadata, str):
+        raise TypeError(f"_set_memory_metadata: metadata must be a str, got {type(metadata).__name__}")
+    runtime = _stats._runtime()
+    with _metadata_lock:
+        _metadata["current"] = metadata
+        for device in runtime.runtime_devices():
+            _metadata["marks"].setdefault(device, []).append((runtime.runtime_sequence(device), metadata))
+
+
+def get_memory_metadata():
+    """torch.cuda.memory._get_memory_metadata: the string _set_memory_metadata last set."""
+    return _metadata["current"]
+
+
+def _metadata_at(marks, sequence):
+    """The metadata in force for an event of `sequence`: the last mark set before it."""
+    found = ""
+    for mark, metadata in marks:
+        if sequence > mark:
+            found = metadata
+        else:
+            break
+    return found
+
+
+_SKIP_ALIASES = {"segment_alloc": "segment_map", "segment_free": "segment_unmap"}
+_FREE_ACTIONS = ("free_requested", "free_completed", "segment_unmap")
+
+
+def _shape_history(result, core, device_id):
+    """Applies the recording's context, skip_actions and metadata to a snapshot's events."""
+    with _metadata_lock:
+        marks = list(_metadata["marks"].get(device_id, ()))
+    if marks:
+        for converted, entry in zip(result["device_traces"][device_id], core.get("trace", [])):
+            converted["user_metadata"] = _metadata_at(marks, int(entry.get("sequence", 0)))
+    context = _recording["context"]
+    skip = set(_recording["skip_actions"])
+    skip |= {_SKIP_ALIASES[a] for a in skip if a in _SKIP_ALIASES}
+    events = [e for e in result["device_traces"][device_id] if e["action"] not in skip]
+    for event in events:
+        if context == "state" or (context == "alloc" and event["action"] in _FREE_ACTIONS):
+            event["frames"] = []
+    result["device_traces"][device_id] = events
+    return result
 
 
 class _CallableModule(types.ModuleType):

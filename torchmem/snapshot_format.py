@@ -94,6 +94,7 @@ def _convert_trace_entry(entry, frames):
         "stream": int(entry.get("stream", 0)),
         "time_us": int(entry.get("time_us", entry.get("sequence", 0))),  # Note [Snapshot constraints]
         "frames": _frames_for(entry.get("context", 0), frames),
+        "user_metadata": str(entry.get("user_metadata", "")),
     }
     if action == "oom":
         converted["device_free"] = int(entry.get("device_free", 0))

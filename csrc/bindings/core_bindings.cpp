@@ -167,7 +167,9 @@ void bind_core(py::module_& m) {
       .def("allocate", &Pool::allocate, py::arg("size"), py::arg("stream") = 0, py::arg("pool") = 0,
            py::arg("context") = 0, py::call_guard<py::gil_scoped_release>(),
            "Address of a block of at least size bytes, or 0 when out of memory")
-      .def("free", &Pool::deallocate, py::arg("addr"), py::call_guard<py::gil_scoped_release>())
+      .def("free", &Pool::deallocate, py::arg("addr"), py::arg("free_context") = 0,
+           py::call_guard<py::gil_scoped_release>())
+      .def("sequence", &Pool::sequence)
       .def("record_stream", &Pool::record_stream, py::arg("addr"), py::arg("stream"),
            py::call_guard<py::gil_scoped_release>())
       .def("create_private_pool", &Pool::create_private_pool, py::arg("id"),
@@ -177,8 +179,9 @@ void bind_core(py::module_& m) {
       .def("release_cached_to", &Pool::release_cached_to, py::arg("keep_bytes"),
            py::call_guard<py::gil_scoped_release>(),
            "Return cached memory only down to keep_bytes held; the bytes returned")
-      .def("release_cached", &Pool::release_cached, py::call_guard<py::gil_scoped_release>(),
-           "empty_cache: returns the bytes given back to the backend")
+      .def("release_cached", &Pool::release_cached_with_context, py::arg("context") = 0,
+           py::call_guard<py::gil_scoped_release>(),
+           "empty_cache: returns the bytes given back to the backend (segment-unmap history entries carry context)")
       .def("set_limit", &Pool::set_limit, py::arg("bytes"), py::call_guard<py::gil_scoped_release>())
       .def("limit", &Pool::limit)
       .def("set_trace_capacity", &Pool::set_trace_capacity, py::arg("entries"),

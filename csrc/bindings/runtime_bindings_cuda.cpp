@@ -261,6 +261,10 @@ void bind_runtime(py::module_& m) {
   m.def("runtime_set_memory_fraction", &shim::set_memory_fraction, py::arg("fraction"), py::arg("device"));
   m.def("runtime_set_oom_callback", &set_oom_callback, py::arg("callback"),
         "callable(device, requested_bytes) -> bool, run after a failed allocation; None removes it");
+  m.def("runtime_set_free_context", &shim::set_free_context, py::arg("enabled"),
+        "Frees and empty_cache record the provider's context too (torch's context='all')");
+  m.def("runtime_sequence", &shim::pool_sequence, py::arg("device"),
+        "The device pool's operation counter (0 before its first use)");
   m.def("runtime_set_context_provider", &set_context_provider, py::arg("provider"),
         "callable() -> int, run before each allocation; its value is stored as the trace context");
   m.def(

@@ -305,7 +305,7 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
   return b->addr;
 }
 
-void Pool::Impl::deallocate(Addr addr) {
+void Pool::Impl::deallocate(Addr addr, std::uint64_t free_context) {
   Block* b = live.erase(addr);
   if (!b) {
     throw PoolError("free: " + hex(addr) +
@@ -317,7 +317,7 @@ void Pool::Impl::deallocate(Addr addr) {
   const std::size_t size = b->size, requested = b->requested;
   const StreamId stream = b->stream;
   const PoolId pool = heap->pool;
-  const std::uint64_t context = b->context;
+  const std::uint64_t context = free_context != 0 ? free_context : b->context;
   --heap->live_blocks;
   trace(TraceAction::kFreeRequested, addr, requested, stream, pool, context);
   if (!b->uses.empty()) {
@@ -483,17 +483,40 @@ Pool::Pool(Backend& backend, const PoolConfig& config) : backend_(backend), conf
 
 Pool::~Pool() = default;
 
+namespace {
+
+// Sets Impl::op_context for one public operation (also when it throws).
+class OpContext {
+ public:
+  OpContext(std::uint64_t& slot, std::uint64_t context) : slot_(slot) { slot_ = context; }
+  ~OpContext() { slot_ = 0; }
+  OpContext(const OpContext&) = delete;
+  OpContext& operator=(const OpContext&) = delete;
+
+ private:
+  std::uint64_t& slot_;
+};
+
+}  // namespace
+
 Addr Pool::allocate(std::size_t size, StreamId stream, PoolId pool, std::uint64_t context) {
   std::lock_guard<std::mutex> lock(mutex_);
+  OpContext op(impl_->op_context, context);
   Addr a = impl_->allocate(size, stream, pool, context);
   impl_->after_op("allocate");
   return a;
 }
 
-void Pool::deallocate(Addr addr) {
+void Pool::deallocate(Addr addr, std::uint64_t free_context) {
   std::lock_guard<std::mutex> lock(mutex_);
-  impl_->deallocate(addr);
+  OpContext op(impl_->op_context, free_context);
+  impl_->deallocate(addr, free_context);
   impl_->after_op("free");
+}
+
+std::uint64_t Pool::sequence() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return impl_->seq;
 }
 
 void Pool::record_stream(Addr addr, StreamId stream) {
@@ -513,8 +536,11 @@ void Pool::release_private_pool(PoolId pool) {
   impl_->after_op("release_private_pool");
 }
 
-std::size_t Pool::release_cached() {
+std::size_t Pool::release_cached() { return release_cached_with_context(0); }
+
+std::size_t Pool::release_cached_with_context(std::uint64_t context) {
   std::lock_guard<std::mutex> lock(mutex_);
+  OpContext op(impl_->op_context, context);
   ++impl_->stats_.num_cache_releases;
   std::size_t freed = impl_->release_cached();
   impl_->after_op("release_cached");
@@ -593,6 +619,13 @@ std::size_t Pool::block_size(Addr addr) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const Block* b = impl_->live.find(addr);
   return b ? b->size : 0;
+}
+
+Pool::Usage Pool::usage() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::int64_t allocated = impl_->stats_.allocated_bytes[kStatAll].current;
+  return Usage{static_cast<std::size_t>(std::max<std::int64_t>(0, allocated)),
+               impl_->mapped_bytes[0] + impl_->mapped_bytes[1]};
 }
 
 std::string Pool::check_invariants() const {

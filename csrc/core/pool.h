@@ -247,7 +247,10 @@ class Pool {
   Addr allocate(std::size_t size, StreamId stream, PoolId pool = 0, std::uint64_t context = 0);
   // Frees a block returned by allocate(). Unknown or already freed addresses
   // throw PoolError and change nothing.
-  void deallocate(Addr addr);
+  // `free_context` (0 = none) is the caller's context for this free: history
+  // entries of the free and of any segment it unmaps carry it instead of the
+  // allocation's (torch's _record_memory_history(context="all")).
+  void deallocate(Addr addr, std::uint64_t free_context = 0);
   // Marks the block at `addr` as used on `stream` too (Note [Record stream]).
   void record_stream(Addr addr, StreamId stream);
 
@@ -266,6 +269,8 @@ class Pool {
   // empty_cache: return cached memory (beyond reserve_bytes) to the backend,
   // after waiting for pending frees. Returns the bytes returned.
   std::size_t release_cached();
+  // release_cached() whose segment-unmap history entries carry `context`.
+  std::size_t release_cached_with_context(std::uint64_t context);
   // Returns only enough cached memory to bring what the pool holds down to
   // keep_bytes (never below reserve_bytes), oldest cache first: a sharing
   // member above a lowered limit gives back the excess and keeps its working
@@ -275,6 +280,9 @@ class Pool {
   // Changes the budget; 0 = device capacity. Does not free live memory.
   void set_limit(std::size_t bytes);
   std::size_t limit() const;
+  // The pool's operation counter: history entries recorded from now on carry
+  // a larger `sequence` (a mark for annotations such as torch's user metadata).
+  std::uint64_t sequence() const;
 
   // Resizes the trace ring of a live pool, keeping its newest entries that
   // fit (0 = stop tracing and drop them); clear_trace() drops every entry.
@@ -287,6 +295,13 @@ class Pool {
   PoolSnapshot snapshot() const;
   // Size of the live block at `addr` (its rounded size), or 0 if none.
   std::size_t block_size(Addr addr) const;
+  // Bytes of live blocks and bytes reserved, the two totals torch's profiler
+  // takes with each memory event: cheaper than stats() (no free-block scan).
+  struct Usage {
+    std::size_t allocated;
+    std::size_t reserved;
+  };
+  Usage usage() const;
 
   // Returns "" when every invariant holds, else a description of the first
   // violation: blocks tile each range, no overlap, no two adjacent free blocks

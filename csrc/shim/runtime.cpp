@@ -24,6 +24,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <c10/core/Allocator.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -136,6 +137,11 @@ std::uint64_t current_context() {
     provider = r.context_provider;
   }
   return provider && *provider ? (*provider)() : 0;
+}
+
+// The context of a free or a release: only when history asks for free stacks.
+std::uint64_t free_context() {
+  return registry().free_context.load(std::memory_order_relaxed) ? current_context() : 0;
 }
 
 bool run_oom_callback(int device, std::size_t requested) {
@@ -286,7 +292,7 @@ MemInfo device_mem_info(int device) { return state_for(device).backend->mem_info
 std::size_t empty_cache() {
   std::size_t returned = 0;
   for (int d = 0; d < kMaxDevices; ++d) {
-    if (DeviceState* state = existing_state(d)) returned += state->pool->release_cached();
+    if (DeviceState* state = existing_state(d)) returned += state->pool->release_cached_with_context(free_context());
   }
   return returned;
 }
@@ -321,6 +327,13 @@ void add_oom_observer(OomObserver observer) {
   registry().oom_observers.push_back(std::move(observer));
 }
 
+void set_free_context(bool enabled) { registry().free_context.store(enabled); }
+
+std::uint64_t pool_sequence(int device) {
+  DeviceState* state = existing_state(device);
+  return state == nullptr ? 0 : state->pool->sequence();
+}
+
 void set_context_provider(ContextProvider provider) {
   Registry& r = registry();
   auto shared = provider ? std::make_shared<ContextProvider>(std::move(provider)) : nullptr;
@@ -335,6 +348,25 @@ void* allocate_or_null(std::size_t size, int device, CudaStream stream) {
   return try_allocate(state_for(device), size, stream);
 }
 
+namespace {
+
+// torch.profiler(profile_memory=True) hears of every block, as from PyTorch's
+// own allocator (which reports each malloc and free); a thread-local check when
+// no profiler is on. External allocators' blocks are theirs to report.
+void report_to_profiler(DeviceState& state, void* ptr, std::int64_t delta, int device) {
+  const Pool::Usage usage = state.pool->usage();
+  c10::reportMemoryUsageToProfiler(ptr, delta, usage.allocated, usage.reserved,
+                                   c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+}
+
+void report_allocation(DeviceState& state, void* ptr, int device) {
+  if (!c10::memoryProfilingEnabled() || is_external_block(ptr)) return;
+  report_to_profiler(state, ptr, static_cast<std::int64_t>(state.pool->block_size(reinterpret_cast<Addr>(ptr))),
+                     device);
+}
+
+}  // namespace
+
 void* allocate_or_throw(std::size_t size, int device, CudaStream stream) {
   // As the native allocator: absurd sizes are refused before anything is asked.
   constexpr std::size_t kOneExaByte = std::size_t{1} << 60;
@@ -344,14 +376,20 @@ void* allocate_or_throw(std::size_t size, int device, CudaStream stream) {
   }
   DeviceState& state = state_for(device);
   void* ptr = try_allocate(state, size, stream);
-  if (ptr != nullptr) return ptr;
+  if (ptr != nullptr) {
+    report_allocation(state, ptr, device);
+    return ptr;
+  }
   // Note [OOM error]: hooks run with no lock held, then we retry.
   int retries = registry().config.oom_hook_retries;
   for (int attempt = 0; attempt < retries && ptr == nullptr; ++attempt) {
     if (!run_oom_callback(device, size)) break;
     ptr = try_allocate(state, size, stream);
   }
-  if (ptr != nullptr) return ptr;
+  if (ptr != nullptr) {
+    report_allocation(state, ptr, device);
+    return ptr;
+  }
   const MemInfo mem = mem_info_or_total(state);
   notify_oom_observers(state, size, mem);
   throw c10::OutOfMemoryError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
@@ -366,14 +404,18 @@ void deallocate(void* ptr, int device) {
                              std::to_string(device) +
                              ", where torchmem has allocated nothing; it was not allocated by torchmem");
   }
+  const bool profiling = c10::memoryProfilingEnabled();
+  const std::size_t size = profiling ? state->pool->block_size(reinterpret_cast<Addr>(ptr)) : 0;
   try {
-    if (park_if_private(*state, reinterpret_cast<Addr>(ptr))) return;
-    state->pool->deallocate(reinterpret_cast<Addr>(ptr));
+    if (!park_if_private(*state, reinterpret_cast<Addr>(ptr))) {
+      state->pool->deallocate(reinterpret_cast<Addr>(ptr), free_context());
+    }
   } catch (const PoolError& error) {
     throw std::runtime_error("torchmem: free of address " + format_address(ptr) + " on device " +
                              std::to_string(device) +
                              " that is not a live torchmem block (unknown or already freed): " + error.what());
   }
+  if (profiling && size != 0) report_to_profiler(*state, ptr, -static_cast<std::int64_t>(size), device);
 }
 
 int owning_device(void* ptr) {

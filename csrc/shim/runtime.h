@@ -94,6 +94,11 @@ void add_oom_observer(OomObserver observer);
 // Called before each allocation; its value becomes the TraceEntry context.
 using ContextProvider = std::function<std::uint64_t()>;
 void set_context_provider(ContextProvider provider);
+// Whether frees and empty_cache take a context from the provider as well
+// (torch's context="all"); off by default: a free then costs no provider call.
+void set_free_context(bool enabled);
+// The device pool's operation counter (Pool::sequence), 0 if it has no pool yet.
+std::uint64_t pool_sequence(int device);
 
 // ---- what torch calls (also used by the hooks in install.cpp) -----------------
 // Throw c10::OutOfMemoryError (allocate_or_throw) or return nullptr (allocate_or_null).

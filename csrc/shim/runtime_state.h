@@ -95,6 +95,9 @@ struct Registry {
   std::vector<OomObserver> oom_observers;  // guarded by callback_mutex
   std::shared_ptr<ContextProvider> context_provider;
   std::atomic<bool> has_context_provider{false};
+  // torch's _record_memory_history(context="all"): frees and empty_cache ask the
+  // provider too, so their history entries carry their own stacks.
+  std::atomic<bool> free_context{false};
 
   // Note [External pool allocators]: live blocks of users' allocators, any device.
   std::mutex external_mutex;

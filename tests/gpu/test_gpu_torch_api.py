@@ -349,3 +349,55 @@ def test_graph_capture_stats_deltas_match_native():
     for numel, result in ours.items():
         assert result["deltas"]["active.large_pool"] == 1
         assert result["deltas"]["active_bytes.large_pool"] == int(numel) * 4
+
+
+def test_history_context_skip_actions_and_metadata_answer_like_native():
+    # PyTorch's test_memory_plots_free_stack, ..._free_segment_stack, ..._metadata and
+    # test_memory_snapshot_skip_actions, in one snippet.
+    native, ours = _both("""
+    seen = {}
+    def thealloc():
+        return torch.rand(3, 4, device="cuda")
+    def thefree(x):
+        del x
+    for context in ("alloc", "all", "state"):
+        torch.cuda.memory.empty_cache()
+        torch.cuda.memory._record_memory_history(context=context)
+        thefree(thealloc())
+        y = torch.rand(3, 4, device="cuda")
+        del y
+        torch.cuda.memory.empty_cache()
+        ss = json.dumps(torch.cuda.memory._snapshot())
+        seen[context] = ["thefree" in ss, "thealloc" in ss, "empty_cache" in ss]
+        torch.cuda.memory._record_memory_history(None)
+    has_metadata = hasattr(torch.cuda.memory, "_set_memory_metadata")
+    if has_metadata:
+        torch.cuda.memory._set_memory_metadata("metadata test")
+    torch.cuda.memory._record_memory_history(context="all", skip_actions=["free_requested"])
+    z = torch.rand(128, 128, device="cuda")
+    del z
+    events = torch.cuda.memory._snapshot()["device_traces"][0]
+    if has_metadata:
+        torch.cuda.memory._set_memory_metadata("")
+    torch.cuda.memory._record_memory_history(None)
+    actions = sorted({e["action"] for e in events})
+    metadata_ok = all(e.get("user_metadata") == "metadata test" for e in events) if has_metadata else True
+    print(json.dumps({"seen": seen, "skipped": "free_requested" not in actions and len(actions) > 0,
+                      "metadata_ok": metadata_ok}))
+    """)
+    assert ours == native, (native, ours)
+    assert ours["seen"]["all"][:2] == [True, True] and ours["seen"]["state"][:2] == [False, False]
+
+
+def test_profiler_sees_cuda_memory_like_native():
+    # PyTorch's test_memory_profiler_viz: torch.profiler(profile_memory=True) hears of every block.
+    native, ours = _both("""
+    from torch.cuda._memory_viz import _profile_to_snapshot
+    with torch.profiler.profile(with_stack=True, profile_memory=True, record_shapes=True) as prof:
+        x = torch.rand(128, 128, device="cuda")
+        x * x + x * x
+    plot = json.dumps(_profile_to_snapshot(prof))
+    device_bytes = sum(max(0, e.self_device_memory_usage) for e in prof.key_averages())
+    print(json.dumps({"category": "category" in plot, "any_device_memory": device_bytes > 0}))
+    """)
+    assert ours == native == {"category": True, "any_device_memory": True}, (native, ours)

@@ -94,7 +94,7 @@ GranuleHandle Pool::Impl::make_stale(GranuleRef ref) {
   stale_at.emplace(h, ref);
   pending_unmaps.push_back(PendingUnmap{ref, h, g.seq});
   // For the pool the granule is unmapped now; the backend call comes later.
-  trace(TraceAction::kSegmentUnmap, heap.base + std::size_t{ref.index} * gran, gran, 0, heap.pool, 0);
+  trace(TraceAction::kSegmentUnmap, heap.base + std::size_t{ref.index} * gran, gran, 0, heap.pool, op_context);
   return h;
 }
 

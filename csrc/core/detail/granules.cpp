@@ -244,7 +244,7 @@ void Pool::Impl::unmap_granules(std::vector<GranuleRef>& refs, std::vector<Granu
     heap.mapped -= j - i;
     memory_dirty = true;
     mapped_bytes[heap.small ? 0 : 1] -= (j - i) * gran;
-    trace(TraceAction::kSegmentUnmap, at, (j - i) * gran, 0, heap.pool, 0);
+    trace(TraceAction::kSegmentUnmap, at, (j - i) * gran, 0, heap.pool, op_context);
     i = j;
   }
 }
@@ -320,7 +320,7 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
       heap.granules[k].handle = handles[next++];
       heap.granules[k].owner = 0;
     }
-    trace(TraceAction::kSegmentMap, at, (j - i) * gran, 0, heap.pool, 0);
+    trace(TraceAction::kSegmentMap, at, (j - i) * gran, 0, heap.pool, op_context);
     i = j;
   }
   heap.mapped += missing;
@@ -404,7 +404,7 @@ void Pool::Impl::premap_reserve() {
   held += n * gran;
   reserve_held = n * gran;
   stats_.num_device_alloc += n;
-  trace(TraceAction::kSegmentMap, heap.base, n * gran, 0, 0, 0);
+  trace(TraceAction::kSegmentMap, heap.base, n * gran, 0, 0, op_context);
 }
 
 }  // namespace torchmem

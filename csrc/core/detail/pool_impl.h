@@ -47,7 +47,7 @@ struct Pool::Impl {
 
   // ---- pool.cpp ----------------------------------------------------------------
   Addr allocate(std::size_t size, StreamId stream, PoolId pool, std::uint64_t context);
-  void deallocate(Addr addr);
+  void deallocate(Addr addr, std::uint64_t free_context = 0);
   void record_stream(Addr addr, StreamId stream);
   void create_private_pool(PoolId pool);
   void release_private_pool(PoolId pool);
@@ -211,6 +211,9 @@ struct Pool::Impl {
   std::size_t active_total = 0; // bytes of live + pending blocks, all heaps
   std::size_t reserve_held = 0; // bytes release_cached() keeps
   std::uint64_t seq = 0;        // operation sequence
+  // The context of the public operation running now (allocate's, a free's, a
+  // release's): segment map/unmap history entries carry it.
+  std::uint64_t op_context = 0;
   // Per kind (0 small, 1 large) tallies behind the memory gauges.
   std::size_t mapped_bytes[2] = {0, 0};
   std::size_t segment_count[2] = {0, 0};

@@ -46,7 +46,7 @@ bool Pool::Impl::grow_segments(Heap& heap, std::size_t size) {
   ++segment_count[kind];
   mapped_bytes[kind] += bytes;
   ++stats_.num_device_alloc;
-  trace(TraceAction::kSegmentMap, addr, bytes, 0, heap.pool, 0);
+  trace(TraceAction::kSegmentMap, addr, bytes, 0, heap.pool, op_context);
   return true;
 }
 
@@ -63,7 +63,7 @@ void Pool::Impl::free_segment(Heap& heap, Segment* seg) {
   --segment_count[kind];
   mapped_bytes[kind] -= seg->size;
   ++stats_.num_device_free;
-  trace(TraceAction::kSegmentUnmap, seg->addr, seg->size, 0, heap.pool, 0);
+  trace(TraceAction::kSegmentUnmap, seg->addr, seg->size, 0, heap.pool, op_context);
   auto it = std::find_if(heap.segments.begin(), heap.segments.end(),
                          [seg](const std::unique_ptr<Segment>& s) { return s.get() == seg; });
   heap.segments.erase(it);
