@@ -25,7 +25,8 @@ import subprocess
 import sys
 import time
 
-MODES = ("native", "torchmem")
+# torchmem_reuse: park_private_frees=False (blocks freed in the graph pool are reused by it)
+MODES = ("native", "torchmem", "torchmem_reuse")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # torchmem from this checkout
 
 
@@ -49,10 +50,10 @@ def run_child(args):
     """One mode in this process; prints one JSON line."""
     import torch
 
-    if args.child == "torchmem":
+    if args.child.startswith("torchmem"):
         import torchmem
 
-        torchmem.install()
+        torchmem.install(park_private_frees=args.child == "torchmem")
     import torch._dynamo.utils as dynamo_utils
     import torch._inductor.cudagraph_trees as trees
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -122,7 +123,7 @@ def run_parent(args):
             result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
             result["round"] = r
             runs.append(result)
-            print(f"round {r} {mode:8s} train {result['train_step_s'] * 1e3:8.2f} ms  infer "
+            print(f"round {r} {mode:14s} train {result['train_step_s'] * 1e3:8.2f} ms  infer "
                   f"{result['infer_step_s'] * 1e3:8.2f} ms  peak reserved {result['peak_reserved'] / 2**30:6.2f} GiB  "
                   f"skips {result['cudagraph_skips']}  graphs {result['graphs_recorded']}", flush=True)
     summary = {}
@@ -130,11 +131,13 @@ def run_parent(args):
         mine = [x for x in runs if x["mode"] == mode]
         summary[mode] = {key: statistics.median(x[key] for x in mine)
                          for key in ("train_step_s", "infer_step_s", "peak_reserved")}
-    ratios = {key: summary["torchmem"][key] / summary["native"][key] for key in summary["native"]}
-    print(f"torchmem / native: train {ratios['train_step_s']:.3f}x  infer {ratios['infer_step_s']:.3f}x  "
-          f"peak reserved {ratios['peak_reserved']:.3f}x")
+    ratios = {}
+    for mode in MODES[1:]:
+        ratios[mode] = {key: summary[mode][key] / summary["native"][key] for key in summary["native"]}
+        print(f"{mode} / native: train {ratios[mode]['train_step_s']:.3f}x  infer "
+              f"{ratios[mode]['infer_step_s']:.3f}x  peak reserved {ratios[mode]['peak_reserved']:.3f}x")
     with open(args.out, "w") as f:
-        json.dump({"runs": runs, "median": summary, "ratio_torchmem_over_native": ratios}, f, indent=2)
+        json.dump({"runs": runs, "median": summary, "ratio_over_native": ratios}, f, indent=2)
     print(f"wrote {args.out}")
 
 

@@ -171,14 +171,33 @@ def test_private_pool_with_pending_places_is_dropped_after_they_finish():
     p = pool.allocate(8 * MiB, stream=1, pool=7)
     pool.allocate(8 * MiB, stream=1)
     pool.free(p)
+    assert pool.stats()["num_reclaims"] == 0   # frozen while in use (Note [Private pools])
+    pool.release_private_pool(7)
     assert pool.allocate(10 * MiB, stream=1)   # aliases pool 7's granules
     assert pool.stats()["num_reclaims"] == 4
-    pool.release_private_pool(7)
     pool.check_invariants()
     pool.release_cached()                      # finishes the pending unmaps, drops pool 7
     pool.check_invariants()
     with pytest.raises(ValueError):
         pool.allocate(MiB, pool=7)
+
+
+def test_an_in_use_private_pool_keeps_its_free_memory():
+    # A graph may replay into any address its pool handed out: while the pool is in use
+    # nothing takes its free granules, not even under a budget that then runs out.
+    sim, pool = make(limit=24 * MiB)
+    pool.create_private_pool(7)
+    pool.free(pool.allocate(16 * MiB, stream=1, pool=7))
+    pool.release_cached()
+    assert sim.device_used() == 16 * MiB  # empty_cache leaves it, as PyTorch's does for a pool in use
+    assert pool.allocate(16 * MiB, stream=1) == 0  # out of memory (the core answers 0)
+    assert pool.stats()["num_reclaims"] == 0
+    again = pool.allocate(16 * MiB, stream=1, pool=7)  # its own requests reuse it
+    pool.free(again)
+    pool.check_invariants()
+    pool.release_private_pool(7)
+    assert pool.allocate(16 * MiB, stream=1)  # released: its granules serve others
+    pool.check_invariants()
 
 
 def test_teardown_unmaps_pending_places():

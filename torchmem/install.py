@@ -59,6 +59,7 @@ def _runtime_options(cfg):
     # A sharing process starts at its guarantee until the arbiter's first round (docs/sharing.md).
     options["limit"] = cfg.guarantee if cfg.share else cfg.limit
     options["oom_hook_retries"] = int(cfg.oom_hook_retries)
+    options["park_private_frees"] = bool(cfg.park_private_frees)
     return options
 
 

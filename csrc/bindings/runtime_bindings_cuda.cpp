@@ -96,6 +96,11 @@ RuntimeConfig runtime_config_from(const py::dict& options, const std::string& ba
         throw py::value_error("torchmem config 'oom_hook_retries': expected an int >= 0");
       }
       config.oom_hook_retries = value.cast<int>();
+    } else if (key == "park_private_frees") {
+      if (!py::isinstance<py::bool_>(value)) {
+        throw py::value_error("torchmem config 'park_private_frees': expected True or False");
+      }
+      config.park_private_frees = value.cast<bool>();
     } else if (key == "limit_bytes") {
       throw py::value_error("torchmem runtime config: give 'limit' (None, fraction or bytes), not 'limit_bytes'");
     } else {

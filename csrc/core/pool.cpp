@@ -135,6 +135,7 @@ Heap* Pool::Impl::make_heap(PoolId pool, bool small) {
   heap->id = static_cast<std::uint32_t>(heaps.size());
   heap->pool = pool;
   heap->small = small;
+  heap->frozen = pool != 0;  // Note [Private pools]
   if (vmm) {
     heap->base = backend.reserve(virtual_span);
     if (!heap->base) {
@@ -368,8 +369,18 @@ void Pool::Impl::release_private_pool(PoolId pool) {
   }
   it->second.released = true;
   ++released_pools;
-  // cuda_malloc: its empty segments go back now; VMM: its cached granules are
-  // reclaimable like any others and go when stitched or released.
+  // Thawed (Note [Private pools]). cuda_malloc: its empty segments go back
+  // now; VMM: its cached granules become reclaimable like any others and go
+  // when stitched or released.
+  for (Heap* h : {it->second.small, it->second.large}) {
+    h->frozen = false;
+    for (std::size_t i = 0; i < h->granules.size(); ++i) {
+      const detail::Granule& g = h->granules[i];
+      if (g.handle && g.live == 0 && !g.on_list) {
+        list_push(g.slot, detail::GranuleRef{h->id, static_cast<std::uint32_t>(i)}, /*front=*/false);
+      }
+    }
+  }
   maybe_drop_released_pools();
   sync_memory_stats();
 }

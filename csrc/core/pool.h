@@ -90,9 +90,13 @@
 // Note [Private pools] A private pool (CUDA graph capture, torch.cuda.MemPool)
 // has blocks of its own: its cached blocks serve only its own requests, so a
 // captured graph's addresses stay valid across replays. Its granules come from
-// and go back to the device's shared physical memory and count against the
-// same budget. release_private_pool() marks it for release: its cached memory
-// returns to the shared pool, and blocks still live return as they are freed.
+// the device's shared physical memory and count against the same budget, but
+// while the pool is in use its free memory is frozen: never reclaimed by
+// another pool, moved by stitching or returned by release_cached() (as
+// PyTorch's allocator keeps the segments of a pool in use), because a graph
+// may replay into any address the pool ever handed out. release_private_pool()
+// marks it for release: its cached memory returns to the shared pool, and
+// blocks still live return as they are freed.
 //
 // Note [Pool checkpoints] checkpoint_private_pool() records the live blocks of
 // one private pool (address, size, requested size, stream, context);

@@ -42,9 +42,12 @@ class Runner {
           if (!problem_.empty()) return problem_;
         }
       }
-      // Drain: everything freed, everything released.
+      // Drain: everything freed, every private pool released (an in-use one
+      // keeps its memory: Note [Private pools]), everything released.
       what_ = "drain";
       while (!order_.empty()) free_at(0);
+      for (PoolId id : active_pools_) pool_.release_private_pool(id);
+      active_pools_.clear();
       pool_.release_cached();
       check();
       if (!problem_.empty()) return problem_;

@@ -90,12 +90,15 @@ TorchCheckpointDelta restore_checkpoint(int device, const std::shared_ptr<TorchA
   for (const CheckpointBlock& b : ours->checkpoint.blocks) wanted.insert(b.addr);
   const std::unordered_set<Addr> held(now.live.begin(), now.live.end());
 
-  // The core's target: the checkpoint's blocks plus every other block the
-  // pool holds now (all parked after this restore).
+  // The core's target: the checkpoint's blocks plus, when frees are parked,
+  // every other block the pool holds now (all parked after this restore).
+  // Without parking the core frees the blocks the checkpoint lacks.
   Pool& pool = device_pool(device);
   PoolCheckpoint target = ours->checkpoint;
-  for (const CheckpointBlock& b : pool.checkpoint_private_pool(now.pool).blocks) {
-    if (!wanted.count(b.addr)) target.blocks.push_back(b);
+  if (parks_private_frees()) {
+    for (const CheckpointBlock& b : pool.checkpoint_private_pool(now.pool).blocks) {
+      if (!wanted.count(b.addr)) target.blocks.push_back(b);
+    }
   }
   std::sort(target.blocks.begin(), target.blocks.end(),
             [](const CheckpointBlock& a, const CheckpointBlock& b) { return a.addr < b.addr; });

@@ -64,7 +64,8 @@ bool same_config(const RuntimeConfig& a, const RuntimeConfig& b) {
   // limit_bytes is resolved per device from `limit`: compare the spec instead.
   PoolConfig p = a.pool, q = b.pool;
   p.limit_bytes = q.limit_bytes = 0;
-  return a.backend == b.backend && a.oom_hook_retries == b.oom_hook_retries && a.limit.kind == b.limit.kind &&
+  return a.backend == b.backend && a.oom_hook_retries == b.oom_hook_retries &&
+         a.park_private_frees == b.park_private_frees && a.limit.kind == b.limit.kind &&
          a.limit.bytes == b.limit.bytes && a.limit.fraction == b.limit.fraction && p == q;
 }
 
@@ -511,6 +512,8 @@ PrivateBlocks private_blocks(int device, MempoolKey key) {
   return out;
 }
 
+bool parks_private_frees() { return registry().config.park_private_frees; }
+
 std::vector<MempoolKey> private_pool_keys(int device) {
   DeviceState& state = state_for(device);
   std::lock_guard<std::mutex> lock(state.capture_mutex);
@@ -523,9 +526,10 @@ void repark_private_blocks(int device, MempoolKey key, const std::vector<Addr>& 
   DeviceState& state = state_for(device);
   std::lock_guard<std::mutex> lock(state.parked_mutex);
   std::vector<Addr>& parked = state.parked[key];
+  const bool parking = parks_private_frees();
   for (Addr addr : park) {
     state.private_live.erase(addr);
-    parked.push_back(addr);
+    if (parking) parked.push_back(addr);
   }
   for (Addr addr : hold) {
     parked.erase(std::remove(parked.begin(), parked.end(), addr), parked.end());

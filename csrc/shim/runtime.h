@@ -46,6 +46,11 @@ struct RuntimeConfig {
   PoolConfig pool;               // limit_bytes is ignored: see `limit`
   LimitSpec limit;
   int oom_hook_retries = 3;
+  // Note [Parked private blocks]: true parks frees of an in-use private pool
+  // until its release; false frees them into the pool, whose own later
+  // allocations reuse them (as PyTorch does; the core keeps the pool's memory
+  // frozen while it is in use: Note [Private pools] in core/pool.h).
+  bool park_private_frees = true;
   std::string backend = "auto";  // "auto" (vmm where supported), "vmm", "cuda_malloc"
 };
 
@@ -162,7 +167,11 @@ PrivateBlocks private_blocks(int device, MempoolKey key);
 std::vector<MempoolKey> private_pool_keys(int device);  // the private pools in use
 // Blocks of `key` that torch frees (`park`: live ones) or holds again
 // (`hold`: parked ones, or blocks the core allocated again for the pool).
+// After a checkpoint restore: `park` are blocks torch held that the checkpoint
+// lacks (parked, or with park_private_frees off already freed by the core),
+// `hold` the checkpoint's blocks torch holds again.
 void repark_private_blocks(int device, MempoolKey key, const std::vector<Addr>& park, const std::vector<Addr>& hold);
+bool parks_private_frees();
 
 // ---- measurement helpers for bench/gpu_probe.py (runtime_probe.cpp) -----------
 // Times each backend primitive `repeats` times on `device` outside any pool and

@@ -98,6 +98,7 @@ bool park_if_private(DeviceState& state, Addr addr) {
     state.private_live.erase(found);
     state.private_live_count.store(state.private_live.size(), std::memory_order_release);
   }
+  if (!parks_private_frees()) return false;  // the core frees it into its frozen pool
   bool in_use = false;
   {
     std::lock_guard<std::mutex> lock(state.capture_mutex);

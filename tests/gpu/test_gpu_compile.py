@@ -185,8 +185,9 @@ print(json.dumps({"loss_e": loss_e, "loss_c": loss_c, "serve_diff": outs, "graph
 """
 
 
-def test_reduce_overhead_trains_and_serves_like_eager():
-    result = _last_json(run_python(TRAIN, timeout=900))
+@pytest.mark.parametrize("conf", ["", "park_private_frees=false"])
+def test_reduce_overhead_trains_and_serves_like_eager(conf):
+    result = _last_json(run_python(TRAIN, timeout=900, env={"TORCHMEM_CONF": conf}))
     assert result["installed"] and result["failed_frees"] == 0
     assert result["skips"] == 0, "cudagraph trees fell back to eager"
     assert result["graphs"] >= 3, result  # recorded: forward, backward, inference
@@ -199,7 +200,8 @@ def test_reduce_overhead_trains_and_serves_like_eager():
 
 @pytest.mark.skipif(not os.environ.get("TORCHMEM_TORCH_TEST_CUDA"),
                     reason="set TORCHMEM_TORCH_TEST_CUDA to a copy of PyTorch's test/test_cuda.py")
-def test_pytorch_block_state_absorption_under_torchmem():
+@pytest.mark.parametrize("conf", ["", "park_private_frees=false"])
+def test_pytorch_block_state_absorption_under_torchmem(conf):
     path = os.environ["TORCHMEM_TORCH_TEST_CUDA"]
     proc = run_python(f"""
     import sys, unittest
@@ -218,5 +220,5 @@ def test_pytorch_block_state_absorption_under_torchmem():
     """, timeout=900, check=False,
     # PyTorch's tests read this to expect expandable-segment layouts, which torchmem's vmm
     # backend has (one mapped run per heap); torch's own allocator is not used.
-    env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "TORCHMEM_CONF": conf})
     assert proc.returncode == 0, proc.stdout + proc.stderr

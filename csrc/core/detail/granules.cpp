@@ -52,10 +52,13 @@ Granule& Pool::Impl::granule(GranuleRef ref) { return heaps[ref.heap]->granules[
 // ---- reclaimable lists ------------------------------------------------------
 
 void Pool::Impl::list_push(std::uint32_t slot, GranuleRef ref, bool front) {
-  StreamSlot& s = slots[slot];
   Granule& g = granule(ref);
-  g.on_list = true;
   g.slot = slot;
+  // A frozen heap's free granules stay where they are, off every list
+  // (Note [Private pools]); release_private_pool() lists them.
+  if (heaps[ref.heap]->frozen) return;
+  StreamSlot& s = slots[slot];
+  g.on_list = true;
   g.prev = g.next = GranuleRef{};
   if (s.head.empty()) {
     s.head = s.tail = ref;
@@ -161,7 +164,7 @@ std::size_t Pool::Impl::pin(Heap& heap, Addr addr, std::size_t size) {
     Granule& g = heap.granules[i];
     if (g.live++ != 0) continue;
     if (g.handle) {
-      list_remove(GranuleRef{heap.id, static_cast<std::uint32_t>(i)});
+      if (g.on_list) list_remove(GranuleRef{heap.id, static_cast<std::uint32_t>(i)});
     } else {
       ++missing;
     }

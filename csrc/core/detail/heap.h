@@ -64,6 +64,9 @@ struct Heap {
   std::uint32_t id = 0;
   PoolId pool = 0;
   bool small = false;
+  // An in-use private pool's heap: its free memory is never reclaimed, moved
+  // or released (Note [Private pools]); cleared at release_private_pool().
+  bool frozen = false;
   // VMM
   Addr base = 0;
   std::size_t span = 0;

@@ -106,7 +106,7 @@ std::string Pool::Impl::check_invariants() const {
           ++mapped;
           if (!handles.insert(g.handle).second) { err << "granule handle " << g.handle << " is mapped twice"; return err.str(); }
         }
-        const bool reclaimable = g.handle && g.live == 0;
+        const bool reclaimable = g.handle && g.live == 0 && !h.frozen;
         if (g.on_list != reclaimable) { err << where(h) << ": granule " << i << (reclaimable ? " is reclaimable but not listed" : " is listed but not reclaimable"); return err.str(); }
       }
       if (mapped != h.mapped) { err << where(h) << ": " << mapped << " granules mapped, tally says " << h.mapped; return err.str(); }

@@ -72,7 +72,7 @@ void Pool::Impl::free_segment(Heap& heap, Segment* seg) {
 std::size_t Pool::Impl::release_empty_segments(bool include_pinned) {
   std::size_t released = 0;
   for (auto& heap : heaps) {
-    if (!heap) continue;
+    if (!heap || heap->frozen) continue;  // Note [Private pools]
     for (std::size_t i = heap->segments.size(); i-- > 0;) {
       Segment* s = heap->segments[i].get();
       if ((s->pinned && !include_pinned) || !s->first->is_free() || s->first->next) continue;
