@@ -488,3 +488,35 @@ def test_request_beyond_the_budget_is_an_oom_that_keeps_the_cache():
     assert s["num_ooms"] == 3 and s["num_alloc_retries"] == 0
     assert sim.device_used() == held  # nothing released for a hopeless request
     pool.check_invariants()
+
+
+def test_a_request_that_cannot_fit_costs_no_driver_call_and_keeps_the_cache():
+    # Note [OOM ladder]: a controller probing a size that does not fit must not pay a
+    # barrier, nor give back and create again the whole cache, for each probe.
+    sim, pool = make(limit=64 * MiB)
+    live = pool.allocate(40 * MiB)
+    pool.free(pool.allocate(16 * MiB))  # 16 MiB cached
+    before = dict(pool.stats()["backend"])
+    reserved = cur(pool.stats(), "reserved_bytes")
+    assert pool.allocate(30 * MiB) == 0  # 40 live + 30 > 64: hopeless
+    s = pool.stats()
+    assert s["backend"] == before  # no create, map, release or device sync
+    assert cur(s, "reserved_bytes") == reserved and s["num_ooms"] == 1 and s["num_alloc_retries"] == 0
+    fits = pool.allocate(20 * MiB)  # 40 + 20 <= 64: the cache plus new granules serve it
+    assert fits
+    pool.free(fits)
+    pool.free(live)
+    pool.check_invariants()
+
+
+def test_a_short_request_creates_nothing_it_would_give_back():
+    # Budget room for 2 granules, nothing reclaimable: creating them would be undone.
+    sim, pool = make(limit=8 * MiB)
+    a = pool.allocate(4 * MiB)
+    b = pool.allocate(MiB)  # small heap: 1 granule
+    creates = pool.stats()["backend"]["create_calls"]
+    pool.free(b)
+    assert pool.allocate(6 * MiB) == 0
+    assert pool.stats()["backend"]["create_calls"] == creates
+    pool.free(a)
+    pool.check_invariants()

@@ -215,6 +215,14 @@ void Pool::Impl::maybe_drop_released_pools() {
   }
 }
 
+bool Pool::Impl::could_fit(std::size_t rounded) const {
+  std::size_t pending = 0;  // deferred frees may complete in step 4
+  for (const Deferred& d : deferred) pending += d.block->size;
+  const std::size_t live_bytes = active_total - pending;
+  const std::size_t shared = vmm ? 2 * gran : 0;  // granules the new block may share with live ones
+  return live_bytes + rounded <= budget() + shared;
+}
+
 std::size_t Pool::Impl::budget() const {
   return config.limit_bytes ? config.limit_bytes : capacity;
 }
@@ -268,6 +276,12 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
   };
 
   b = attempt();
+  if (!b && !could_fit(rounded)) {  // Note [OOM ladder]: no step can help
+    ++stats_.num_ooms;
+    trace(TraceAction::kOom, 0, size, stream, pool, context);
+    sync_memory_stats();
+    return 0;
+  }
   if (!b) {
     // Step 4: wait for deferred frees and fences, then try again.
     bool waited = !deferred.empty() || slots.size() > 1;

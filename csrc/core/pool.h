@@ -83,6 +83,13 @@
 //   5. release every cached granule/segment (num_alloc_retries += 1; behind
 //      a device barrier, Note [Device barrier]), retry 3;
 //   6. give up: num_ooms += 1, record an "oom" trace entry, return 0.
+// A request that cannot fit whatever steps 4 and 5 do (the live blocks plus
+// the request exceed the budget by more than the two granules it could share
+// with neighbours) gives up after step 3: a batch-size controller probing
+// sizes that do not fit would otherwise pay a barrier and the release and
+// re-creation of the whole cache for each probe. Step 3 itself creates
+// nothing unless budget room and reclaimable granules cover the whole request
+// (it would give back what it created).
 //
 // Note [Stats apart] Counters in PoolStats are updated in one place after an
 // operation succeeded, never inside split/merge code.

@@ -266,6 +266,20 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
   // (Note [Pending unmaps]); the caller looked for a fit that avoids it first.
   if (heap.stale && pending_blocks(heap, addr, size) && !device_barrier()) return false;
   const std::size_t limit = budget();
+  const std::size_t room = held < limit ? (limit - held) / gran : 0;
+  if (room < missing) {
+    // Creating alone cannot cover the request: check that reclaimable
+    // granules make up the rest before creating any (Note [OOM ladder]).
+    std::vector<GranuleRef> probe = pop_reclaimable(missing - room, slot_for(stream));
+    std::vector<GranuleRef> probe_aliases;
+    if (config.alias_reclaim && room + probe.size() < missing) {
+      probe_aliases = pop_aliasable(slot_for(stream), missing - room - probe.size());
+    }
+    const bool enough = room + probe.size() + probe_aliases.size() >= missing;
+    unpop_granules(probe_aliases);
+    unpop_granules(probe);
+    if (!enough) return false;
+  }
   std::vector<GranuleHandle> handles;
   handles.reserve(missing);
   std::size_t created = 0;

@@ -69,6 +69,9 @@ struct Pool::Impl {
   void drop_heap(detail::Heap* heap);
   detail::Heap* heap_for(PoolId pool, std::size_t rounded);
   void maybe_drop_released_pools();
+  // False when no ladder step can make room for a block of `rounded` bytes
+  // (Note [OOM ladder]).
+  bool could_fit(std::size_t rounded) const;
   bool pool_empty(const PoolHeaps& heaps) const;
 
   // ---- detail/carve.cpp -----------------------------------------------------
