@@ -131,3 +131,41 @@ def test_bad_arguments():
         OffloadActivations(None, prefetch=-2)
     with pytest.raises(ValueError, match="budget_bytes"):
         OffloadActivations(None).set_budget(1.5)
+
+
+def test_fetching_back_starts_as_backward_frees_memory():
+    # Note [Offload streams]: the moved (longest-lived) tensors come back as soon as the
+    # kept tensors consumed in backward make room, not only `prefetch` tensors ahead.
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(256, 256) for _ in range(8)]
+    x = torch.randn(64, 256, requires_grad=True)
+
+    def forward():
+        h = x
+        for layer in layers:
+            h = torch.relu(layer(h))
+        return h
+
+    offload = OffloadActivations(None, min_bytes=1, prefetch=1, devices=("cpu",))
+    with offload:  # the measuring step
+        forward().sum().backward()
+    offload.set_budget(sum(offload.measured) // 2)  # the first-saved half moves
+    with offload:
+        out = forward()
+    step = offload._offloaded
+    moved = [r() for r in step.refs]
+    assert 1 < len(moved) < len(offload.measured)
+    used_at_fetch = []
+    original = offload._fetch
+
+    def spy(h):
+        if h.fetched is None:  # a fetch that starts a copy (unpack calls it for its own tensor too)
+            used_at_fetch.append(sum(1 for m in moved if m.used))
+        return original(h)
+
+    offload._fetch = spy
+    out.sum().backward()
+    # the end of forward started the last-saved one (prefetch=1); backward's kept tensors then
+    # made room for every other before it used the first moved one
+    assert len(used_at_fetch) == len(moved) - 1 and set(used_at_fetch) == {0}
+    assert step.fetched == offload.last_step["offloaded_bytes"]

@@ -25,12 +25,22 @@ Device to host: the pack hook makes a side stream wait for the current one
 (the tensor was produced there), copies into a pool block on the side stream
 and record_stream()s the device tensor on it, so the caching allocator does not
 reuse its memory until the copy finished; compute goes on meanwhile. Host to
-device: the first unpack in backward fetches its tensor and starts fetching the
-next `prefetch` offloaded tensors in reverse save order on a second side stream
-(after their device-to-host copies' events); each unpack makes the current
-stream wait for its tensor's event and record_stream()s the new device tensor
-on the current stream, so nothing is read before it arrived or freed while
-still in use. Host blocks return to the pinned pool when autograd drops the
+device, on a second side stream (after each tensor's device-to-host event),
+in reverse save order, which is the order backward uses them. The end of
+forward starts the last `prefetch` offloaded tensors. From then on each unpack,
+of a kept tensor or of an offloaded one, may start more:
+- Fetching stays memory-neutral. The bytes fetched in a backward may pass the
+  bytes of saved tensors it has consumed by at most the first `prefetch`
+  tensors' worth. Consumed tensors are freed soon after, so the peak does not
+  rise.
+- It still starts as early as that allows. The longest-lived tensors, which
+  are the ones moved, are used at the very end of backward. Fetching only
+  `prefetch` of them ahead of use left their copies no time to hide behind
+  compute: the step was 1.65x the unbudgeted one with a quarter of the
+  activations moved (BENCHMARKS.md section 7).
+Each unpack makes the current stream wait for its tensor's event and
+record_stream()s the new device tensor on the current stream, so nothing is
+read before it arrived or freed while still in use. Host blocks return to the pinned pool when autograd drops the
 saved tensor, and the pool reuses them only after both copies finished
 (torchmem/host.py). Streams are created once per offloader: fresh streams each
 step would make the caching allocator grow pools.
@@ -55,7 +65,20 @@ class _Offloaded:
     """One saved tensor living in host memory."""
 
     __slots__ = ("host", "host_base", "shape", "stride", "dtype", "device", "index", "position", "step",
-                 "d2h_event", "h2d_event", "fetched", "used", "__weakref__")
+                 "nbytes", "d2h_event", "h2d_event", "fetched", "used", "__weakref__")
+
+
+class _Step:
+    """The offloaded tensors of one forward (weakrefs, in save order) and its backward's
+    fetch accounting (Note [Offload streams])."""
+
+    __slots__ = ("refs", "consumed", "fetched", "floor")
+
+    def __init__(self):
+        self.refs = []
+        self.consumed = 0  # bytes of saved tensors its backward has unpacked
+        self.fetched = 0   # bytes of offloaded tensors fetched back
+        self.floor = 0     # bytes the first `prefetch` fetches may use beyond `consumed`
 
 
 class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
@@ -90,6 +113,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         self.plan = None       # indices to move; None until measured (move all)
         self.last_step = None
         self._streams = {}     # device -> (d2h, h2d)
+        self._backward = None  # the step whose backward kept tensors' unpacks count toward
         self._begin_step()
 
     # ------------------------------------------------------------- planning
@@ -103,7 +127,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
 
     def _begin_step(self):
         self._sizes = []
-        self._offloaded = []  # weakrefs to this step's _Offloaded, in save order
+        self._offloaded = _Step()  # this forward's _Offloaded
         self._moved_bytes = 0
 
     def __enter__(self):
@@ -115,7 +139,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         self.last_step = {
             "saved_bytes": sum(self._sizes),
             "offloaded_bytes": self._moved_bytes,
-            "offloaded_count": len(self._offloaded),
+            "offloaded_count": len(self._offloaded.refs),
             "kept_bytes": sum(self._sizes) - self._moved_bytes,
         }
         if exc[0] is not None:
@@ -124,7 +148,13 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             self.measured = list(self._sizes)
             self.plan = plan_offload(self.measured, self.budget_bytes)
         # Backward starts after forward: fetch the last-saved tensors now.
-        self._fetch_before(self._offloaded, len(self._offloaded))
+        step = self._offloaded
+        self._backward = step
+        for ref in reversed(step.refs[-self.prefetch:] if self.prefetch else []):
+            h = ref()
+            if h is not None:
+                step.floor += h.nbytes
+        self._fetch_ahead(step)
         return result
 
     # ---------------------------------------------------------------- hooks
@@ -150,7 +180,8 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         pool = self._host_pool()
         h = _Offloaded()
         h.shape, h.stride, h.dtype, h.device = t.shape, t.stride(), t.dtype, t.device
-        h.index, h.position, h.step = index, len(self._offloaded), self._offloaded
+        h.index, h.position, h.step = index, len(self._offloaded.refs), self._offloaded
+        h.nbytes = nbytes
         h.fetched, h.h2d_event, h.used = None, None, False
         if t.device.type == "cuda":
             d2h, _ = self._streams_for(t.device)
@@ -167,15 +198,21 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             view.copy_(t)
             h.d2h_event = None
         h.host, h.host_base = view, host
-        self._offloaded.append(weakref.ref(h))
+        self._offloaded.refs.append(weakref.ref(h))
         self._moved_bytes += nbytes
         return h
 
     def _unpack(self, obj):
         if not isinstance(obj, _Offloaded):
+            step = self._backward
+            # a kept activation (not a weight: those stay) will be freed once used
+            if step is not None and isinstance(obj, torch.Tensor) and self._eligible(obj):
+                step.consumed += obj.numel() * obj.element_size()
+                self._fetch_ahead(step)
             return obj
         self._fetch(obj)
-        self._fetch_before(obj.step, obj.position)
+        obj.step.consumed += obj.nbytes
+        self._fetch_ahead(obj.step)
         out, obj.fetched, obj.used = obj.fetched, None, True
         if out.device.type == "cuda":
             current = torch.cuda.current_stream(out.device)
@@ -187,6 +224,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
     def _fetch(self, h):
         if h.fetched is not None:
             return
+        h.step.fetched += h.nbytes
         if h.device.type == "cuda":
             _, h2d = self._streams_for(h.device)
             h2d.wait_event(h.d2h_event)
@@ -200,19 +238,17 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             out.copy_(h.host)
         h.fetched = out
 
-    def _fetch_before(self, step, position):
-        """Starts fetching the `prefetch` offloaded tensors of `step` (a list of
-        weakrefs in save order) saved just before `position`."""
-        started = 0
-        for ref in reversed(step[:position]):
-            if started >= self.prefetch:
-                break
+    def _fetch_ahead(self, step):
+        """Starts fetching `step`'s offloaded tensors, latest-saved first, while the bytes
+        fetched stay within what its backward consumed plus the floor (Note [Offload
+        streams])."""
+        for ref in reversed(step.refs):
             h = ref()
-            if h is None or h.used:
+            if h is None or h.used or h.fetched is not None:
                 continue
-            if h.fetched is None:
-                self._fetch(h)
-            started += 1
+            if step.fetched + h.nbytes > step.consumed + step.floor:
+                break
+            self._fetch(h)
 
     def _streams_for(self, device):
         streams = self._streams.get(device)
