@@ -109,15 +109,17 @@ def worker(args):
         crashed = f"{type(exc).__name__}: {str(exc)[:300]}"
     torch.cuda.synchronize()
     wall = max(time.time(), end) - args.start_at
-    waits = []
+    waits, levers = [], {}
     pub = monitor.publisher() if mode == "elastic" else None
     if pub is not None and pub.agent is not None:
         waits = [seconds for seconds, _ in pub.agent.waits]
+        levers = dict(pub.agent.counts)
     pool = {}
     if mode != "static":  # what the pool did meanwhile: driver calls and cache releases
         pool = {k: v for k, v in torchmem.memory_stats().items()
                 if k.startswith("torchmem.backend.") or k in ("torchmem.num_reclaims", "torchmem.num_cache_releases")}
     print(json.dumps({"rank": rank, "mode": mode, "samples": samples, "steps": steps, "wall_s": wall, "pool": pool,
+                      "share_levers": levers,
                       "ooms_recovered": ctl.ooms, "crashed": crashed, "waits_s": waits,
                       "micro_heavy": {str(k): (statistics.median(v) if v else None) for k, v in micro_by_phase.items()}}),
           flush=True)

@@ -87,6 +87,8 @@ class ShareAgent:
         self._lock = threading.Lock()  # the publisher thread and an OOM hook may both arbitrate
         self._bad_paths = set()
         self.waits = []  # (seconds, granted): every wait of an owner's allocation, for reports
+        # what this member's levers did, for reports (bench/share_scenario.py)
+        self.counts = {"limit_changes": 0, "releases": 0, "released_bytes": 0}
 
     def guarantee_bytes(self, row):
         if isinstance(self.guarantee, float):
@@ -157,6 +159,7 @@ class ShareAgent:
         st = self.state[row.index]
         limit = decision.limits[self.pid]
         if limit != st.granted:
+            self.counts["limit_changes"] += 1
             self.source.set_limit(row.index, limit)
             _log.info("torchmem sharing: device %d limit %d -> %d bytes", row.index, st.granted, limit)
             st.granted = limit
@@ -164,7 +167,12 @@ class ShareAgent:
             row.limit_bytes = limit
         keep = min(limit, decision.trim_to.get(self.pid, limit))
         if row.reserved_bytes > keep:
-            self.source.release_to(row.index, keep)
+            self._release_to(row.index, keep)
+
+    def _release_to(self, index, keep):
+        released = self.source.release_to(index, keep)
+        self.counts["releases"] += 1
+        self.counts["released_bytes"] += int(released or 0)
 
     def give_back_now(self):
         """Called at a step boundary (the controller reports its size): memory above the limit
@@ -173,7 +181,7 @@ class ShareAgent:
             if st.granted:
                 rows = [r for r in self.source.rows() if r.index == index]
                 if rows and rows[0].reserved_bytes > st.granted:
-                    self.source.release_to(index, st.granted)
+                    self._release_to(index, st.granted)
 
     def wait_for_room(self, index, requested, live, publish=None):
         """Note [Owners wait, borrowers yield]: True when the device has room for `requested` bytes
