@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <unordered_set>
 
 #include "host/host_system.h"
 
@@ -257,11 +258,20 @@ void HostPool::wait_parked() {
 
 std::size_t HostPool::release_idle_chunks() {
   std::size_t released = 0;
+  // The free lists lose every block of an idle chunk: one pass per list, not
+  // a search per block (a chunk may hold many thousands of small blocks).
+  std::unordered_set<const Chunk*> idle;
+  for (const auto& chunk : chunks_) {
+    if (chunk->live == 0) idle.insert(chunk.get());
+  }
+  if (idle.empty()) return 0;
+  for (auto& [size, list] : free_) {
+    list.erase(std::remove_if(list.begin(), list.end(), [&](const Block* b) { return idle.count(b->chunk) != 0; }),
+               list.end());
+  }
   auto keep = std::remove_if(chunks_.begin(), chunks_.end(), [&](std::unique_ptr<Chunk>& chunk) {
     if (chunk->live != 0) return false;
     for (auto& block : chunk->blocks) {
-      auto& list = free_[block->size];
-      list.erase(std::find(list.begin(), list.end(), block.get()));
       by_ptr_.erase(block->ptr);
       stats_.cached_bytes -= block->size;
     }
