@@ -154,7 +154,7 @@ OPTIONS = (
            "0 stitches whenever a granule is needed and one is reclaimable (least memory); "
            "larger values trade memory for fewer driver calls.",
            core="reclaim_slack"),
-    Option("stitch_above", 0.8, _number(0.0, 1.0),
+    Option("stitch_above", 0.95, _number(0.0, 1.0),
            "The pool stitches granules (moves cached memory where a new block needs it) only once "
            "it holds this fraction of its budget (limit, or the device); below, it grows like "
            "expandable_segments and a stable workload makes no driver calls. 0 = always stitch "

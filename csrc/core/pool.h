@@ -145,7 +145,7 @@ namespace torchmem {
     "Page size of the small heap (a multiple of the backend's granularity).")                       \
   X(double, reclaim_slack, 0.0,                                                                      \
     "Create new granules instead of stitching while held < (1 + slack) x in use.")                   \
-  X(double, stitch_above, 0.8,                                                                       \
+  X(double, stitch_above, 0.95,                                                                      \
     "... and while held < stitch_above x budget: the pool stitches only in the top of its budget, " \
     "where memory is the limit (Note [When to stitch]); 0 = stitch whenever a granule is missing.") \
   X(bool, alias_reclaim, true,                                                                       \

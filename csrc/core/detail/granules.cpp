@@ -27,6 +27,13 @@
 // outside the pool) also sends the pool to stitching. Under a budget (limit,
 // memory fraction, the batch controller's ceiling) the pool packs as tightly
 // as it can in the top (1 - stitch_above) of that budget.
+// stitch_above is 0.95. It was 0.8 until 2026-12-01. Replays of the four
+// bundled traces under budgets of 1.02-1.2x their peak show the same min-cap
+// (1.002/1.002/1.003/1.001) at 0.8, 0.95 and 0.98, with no OOM. At 0.95 they
+// make far fewer moves, because the pool packs only once memory is really the
+// limit: gpt2 at 1.1x makes 1,315 reclaims against 6,207, and llama at 1.2x
+// 337 against 8,579. What 0.95 trades: under a budget the pool may hold up to
+// 95% of it rather than the bare live peak.
 #include <algorithm>
 #include <stdexcept>
 
