@@ -95,3 +95,12 @@ def test_invariants(raw, capacity_g):
     borrowed = sum(d.limits[p] - share[p] for p in d.borrowers)
     assert borrowed <= max(0, capacity - used - sum(share[p] for p in d.borrowers))
     assert all(m.need == 0 for m in members if m.pid in d.borrowers)
+
+
+def test_a_waiting_owner_makes_the_decision_urgent():
+    borrower = Member(pid=2, guarantee=40 * G, reserved=60 * G, live_peak=60 * G)
+    calm = Member(pid=1, guarantee=40 * G, reserved=5 * G, live_peak=5 * G)
+    assert not decide([calm, borrower], capacity=100 * G).urgent
+    waiting = Member(pid=1, guarantee=40 * G, reserved=5 * G, live_peak=5 * G, need=30 * G)
+    d = decide([waiting, borrower], capacity=100 * G)
+    assert d.urgent and d.as_dict()["urgent"] is True

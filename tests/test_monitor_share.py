@@ -269,3 +269,39 @@ def test_a_sharing_process_budget_is_the_arbiters_grant(tmp_path, monkeypatch):
         assert probe.TorchmemProbe(0).budget_bytes() == 700 * MiB
     finally:
         monitor.stop()
+
+
+class _Levers:
+    """The two levers _apply pulls, recorded."""
+
+    def __init__(self):
+        self.limits, self.releases = [], []
+
+    def set_limit(self, index, limit):
+        self.limits.append(limit)
+
+    def release_to(self, index, keep):
+        self.releases.append(keep)
+        return 0
+
+
+def test_a_small_excess_waits_unless_an_owner_waits(tmp_path):
+    # Note [Release slack]: a give-back costs a device barrier; a limit that moves by a
+    # little must not cost one at every tick, but a waiting owner gets its bytes at once.
+    from torchmem.monitor.arbiter import Decision
+    from torchmem.monitor.record import DeviceFigures
+
+    levers = _Levers()
+    agent = share.ShareAgent(levers, "team", GUARANTEE, directory=str(tmp_path), release_slack=0.01)
+    pid = agent.pid
+    row = DeviceFigures(index=0, reserved_bytes=600 * MiB, device_total_bytes=CAPACITY)
+    small = Decision({pid: 595 * MiB}, (pid,), (), CAPACITY, False)  # 5 MiB over: under 1% of the device
+    agent._apply(row, small)
+    assert levers.limits == [595 * MiB] and levers.releases == []
+    large = Decision({pid: 580 * MiB}, (pid,), (), CAPACITY, False)  # 20 MiB over: worth a barrier
+    agent._apply(row, large)
+    assert levers.releases == [580 * MiB]
+    urgent = Decision({pid: 598 * MiB}, (pid,), (), CAPACITY, False, urgent=True)
+    agent._apply(row, urgent)
+    assert levers.releases == [580 * MiB, 598 * MiB]
+    assert agent.counts["releases"] == 2

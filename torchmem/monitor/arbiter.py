@@ -69,10 +69,12 @@ class Decision:
     capacity: int
     scaled: bool        # guarantees were scaled down to fit the capacity
     trim_to: dict = dataclasses.field(default_factory=dict)  # pid -> bytes a trimmed member keeps
+    urgent: bool = False  # some member's allocation waits for memory: give back now, to the byte
 
     def as_dict(self):
         return {"limits": {str(k): v for k, v in self.limits.items()}, "borrowers": list(self.borrowers),
-                "trim": list(self.trim), "trim_to": {str(k): v for k, v in self.trim_to.items()}, "capacity": self.capacity, "scaled": self.scaled}
+                "trim": list(self.trim), "trim_to": {str(k): v for k, v in self.trim_to.items()}, "capacity": self.capacity, "scaled": self.scaled,
+                "urgent": self.urgent}
 
 
 def _round_down(value, granule):
@@ -111,4 +113,5 @@ def decide(members, capacity, total=None, granule=2 << 20, near=0.05, trim_slack
         keep = {m.pid: int(demand[m.pid] * (1.0 + trim_ratio)) + slack for m in members}
         trim_to = {m.pid: keep[m.pid] for m in members
                    if m.pid not in borrower_ids and m.reserved > keep[m.pid]}
-    return Decision(limits, tuple(m.pid for m in borrowers), tuple(trim_to), capacity, scaled, trim_to)
+    urgent = any(m.need for m in members)
+    return Decision(limits, tuple(m.pid for m in borrowers), tuple(trim_to), capacity, scaled, trim_to, urgent)

@@ -7,7 +7,12 @@ records, runs `arbiter.decide`, writes the decision to the group's JSON file
 (write-then-rename, for `top` and for people) and applies its own line: the
 pool's limit (torchmem's set-limit path) and, when it holds more than that
 limit or was asked to trim, gives back cached memory down to the limit or the
-trim mark (release_to: never the whole cache, which a step would map again). Its BatchSizeController sees the
+trim mark (release_to: never the whole cache, which a step would map again).
+Note [Release slack]: a give-back waits for the device (a barrier before any
+unmap: Note [Device barrier] in csrc/core/pool.h), which stalls this process's
+queue. So an excess below `release_slack` of the device is kept until it
+grows or an owner's allocation waits (the decision is `urgent`): limits that
+move by a little at every tick must not cost a barrier each. Its BatchSizeController sees the
 lower budget and shrinks the micro-batch at its next step. No server: any
 member can decide, the lock makes one decide at a time.
 
@@ -70,7 +75,8 @@ class ShareAgent:
     """This process's member of a sharing group. `guarantee` is bytes (int) or a fraction of the
     device (float); `wait_s` bounds how long an owner's allocation waits for borrowers."""
 
-    def __init__(self, source, group, guarantee, directory=None, wait_s=30.0, headroom=0.01, clock=time.monotonic):
+    def __init__(self, source, group, guarantee, directory=None, wait_s=30.0, headroom=0.01, release_slack=0.01,
+                 clock=time.monotonic):
         if not guarantee:
             raise ValueError("torchmem sharing: 'share' needs a 'guarantee' (bytes such as '30GiB' or a fraction "
                              "such as '33%'): the share of the device this process can always get back")
@@ -80,6 +86,7 @@ class ShareAgent:
         self.directory = directory or _record.default_dir()
         self.wait_s = float(wait_s)
         self.headroom = headroom
+        self.release_slack = release_slack  # fraction of the device (Note [Release slack])
         self.clock = clock
         self.pid = os.getpid()
         self.state = collections.defaultdict(_DeviceState)
@@ -166,8 +173,12 @@ class ShareAgent:
             row.granted_bytes = limit
             row.limit_bytes = limit
         keep = min(limit, decision.trim_to.get(self.pid, limit))
-        if row.reserved_bytes > keep:
+        if self._worth_releasing(row.reserved_bytes - keep, row.device_total_bytes, decision.urgent):
             self._release_to(row.index, keep)
+
+    def _worth_releasing(self, excess, device_total, urgent):
+        """Note [Release slack]."""
+        return excess > 0 and (urgent or excess >= self.release_slack * device_total)
 
     def _release_to(self, index, keep):
         released = self.source.release_to(index, keep)
@@ -180,7 +191,10 @@ class ShareAgent:
         for index, st in list(self.state.items()):
             if st.granted:
                 rows = [r for r in self.source.rows() if r.index == index]
-                if rows and rows[0].reserved_bytes > st.granted:
+                decision = self.last_decision.get(index)
+                urgent = decision is not None and decision.urgent
+                if rows and self._worth_releasing(rows[0].reserved_bytes - st.granted, rows[0].device_total_bytes,
+                                                  urgent):
                     self._release_to(index, st.granted)
 
     def wait_for_room(self, index, requested, live, publish=None):
