@@ -57,10 +57,16 @@ void delete_nothing(void*) {}
 struct TorchmemHostAllocator final : public at::HostAllocator {
   at::DataPtr allocate(size_t bytes) override {
     if (bytes == 0) return {nullptr, nullptr, &delete_nothing, at::DeviceType::CPU};
-    auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(g_installed->device));
+    // Copies are reported (Note [Host stream-safe reuse]): the current stream
+    // matters only if someone turned that off.
+    StreamId stream = 0;
+    if (!g_installed->pool->copies_reported()) {
+      stream = reinterpret_cast<StreamId>(
+          c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(g_installed->device)).stream());
+    }
     void* ptr;
     try {
-      ptr = g_installed->pool->allocate(bytes, reinterpret_cast<StreamId>(stream.stream()));
+      ptr = g_installed->pool->allocate(bytes, stream);
     } catch (const host::HostOutOfMemory& e) {
       TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
     }

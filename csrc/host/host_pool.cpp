@@ -72,7 +72,7 @@ void* HostPool::allocate(std::size_t bytes, StreamId stream) {
   if (block == nullptr && release_idle_chunks() > 0) block = carve(size);
   if (block == nullptr) throw_oom(bytes, size, refusal_);
   block->requested = bytes;
-  if (copies_reported_) {
+  if (copies_reported_.load(std::memory_order_relaxed)) {
     block->streams.clear();
   } else {
     block->streams.assign(1, stream);
@@ -202,7 +202,7 @@ HostPool::Block* HostPool::live_block(const void* ptr) const {
 
 void HostPool::set_copies_reported(bool reported) {
   std::lock_guard<std::mutex> lock(mutex_);
-  copies_reported_ = reported;
+  copies_reported_.store(reported, std::memory_order_relaxed);
 }
 
 void HostPool::record_stream(void* ptr, StreamId stream) {

@@ -42,6 +42,7 @@
 // limits. Nothing held is lost: live blocks stay valid and the pool unchanged.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -134,6 +135,7 @@ class HostPool {
   // record_stream (Note [Host stream-safe reuse]): blocks allocated from then
   // on start with no stream.
   void set_copies_reported(bool reported);
+  bool copies_reported() const { return copies_reported_.load(std::memory_order_relaxed); }
 
   // Polls parked frees; returns how many became reusable.
   std::size_t process_events();
@@ -196,7 +198,7 @@ class HostPool {
   std::unordered_map<const void*, Block*> by_ptr_;
   HostPoolStats stats_;
   std::string refusal_;  // why the last new_chunk() returned nullptr
-  bool copies_reported_ = false;
+  std::atomic<bool> copies_reported_{false};
 };
 
 }  // namespace torchmem::host
