@@ -295,13 +295,13 @@ def test_a_small_excess_waits_unless_an_owner_waits(tmp_path):
     agent = share.ShareAgent(levers, "team", GUARANTEE, directory=str(tmp_path), release_slack=0.01)
     pid = agent.pid
     row = DeviceFigures(index=0, reserved_bytes=600 * MiB, device_total_bytes=CAPACITY)
-    small = Decision({pid: 595 * MiB}, (pid,), (), CAPACITY, False)  # 5 MiB over: under 1% of the device
+    small = Decision({pid: 595 * MiB}, (pid,), CAPACITY, False)  # 5 MiB over: under 1% of the device
     agent._apply(row, small)
     assert levers.limits == [595 * MiB] and levers.releases == []
-    large = Decision({pid: 580 * MiB}, (pid,), (), CAPACITY, False)  # 20 MiB over: worth a barrier
+    large = Decision({pid: 580 * MiB}, (pid,), CAPACITY, False)  # 20 MiB over: worth a barrier
     agent._apply(row, large)
     assert levers.releases == [580 * MiB]
-    urgent = Decision({pid: 598 * MiB}, (pid,), (), CAPACITY, False, urgent=True)
+    urgent = Decision({pid: 598 * MiB}, (pid,), CAPACITY, False, urgent=True)
     agent._apply(row, urgent)
     assert levers.releases == [580 * MiB, 598 * MiB]
     assert agent.counts["releases"] == 2

@@ -65,16 +65,20 @@ class Member:
 class Decision:
     limits: dict        # pid -> bytes the member may reserve
     borrowers: tuple    # pids borrowing beyond their guarantee
-    trim: tuple         # pids asked to give cached memory back
     capacity: int
     scaled: bool        # guarantees were scaled down to fit the capacity
-    trim_to: dict = dataclasses.field(default_factory=dict)  # pid -> bytes a trimmed member keeps
+    trim_to: dict = dataclasses.field(default_factory=dict)  # pid -> bytes a member asked to trim keeps
     urgent: bool = False  # some member's allocation waits for memory: give back now, to the byte
+
+    @property
+    def trim(self):
+        """The pids asked to give cached memory back."""
+        return tuple(self.trim_to)
 
     def as_dict(self):
         return {"limits": {str(k): v for k, v in self.limits.items()}, "borrowers": list(self.borrowers),
-                "trim": list(self.trim), "trim_to": {str(k): v for k, v in self.trim_to.items()}, "capacity": self.capacity, "scaled": self.scaled,
-                "urgent": self.urgent}
+                "trim": list(self.trim), "trim_to": {str(k): v for k, v in self.trim_to.items()},
+                "capacity": self.capacity, "scaled": self.scaled, "urgent": self.urgent}
 
 
 def _round_down(value, granule):
@@ -89,7 +93,7 @@ def decide(members, capacity, total=None, granule=2 << 20, near=0.05, trim_slack
         raise ValueError(f"arbiter: capacity and total must be >= 0 and granule >= 1, got {capacity}, {total}, {granule}")
     members = sorted(members, key=lambda m: m.pid)
     if not members:
-        return Decision({}, (), (), capacity, False)
+        return Decision({}, (), capacity, False)
     total_g = sum(m.guarantee for m in members)
     scaled = total_g > total
     factor = total / total_g if scaled else 1.0
@@ -114,4 +118,4 @@ def decide(members, capacity, total=None, granule=2 << 20, near=0.05, trim_slack
         trim_to = {m.pid: keep[m.pid] for m in members
                    if m.pid not in borrower_ids and m.reserved > keep[m.pid]}
     urgent = any(m.need for m in members)
-    return Decision(limits, tuple(m.pid for m in borrowers), tuple(trim_to), capacity, scaled, trim_to, urgent)
+    return Decision(limits, tuple(m.pid for m in borrowers), capacity, scaled, trim_to, urgent)
