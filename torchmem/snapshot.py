@@ -47,6 +47,7 @@ calls snapshot(). Code inside torchmem reaches the module with
 importlib.import_module("torchmem.snapshot").
 """
 
+import bisect
 import os
 import pickle
 import sys
@@ -235,7 +236,12 @@ def set_memory_metadata(metadata):
     with _metadata_lock:
         _metadata["current"] = metadata
         for device in runtime.runtime_devices():
-            _metadata["marks"].setdefault(device, []).append((runtime.runtime_sequence(device), metadata))
+            marks = _metadata["marks"].setdefault(device, [])
+            if marks and marks[-1][1] == metadata:
+                continue  # still in force
+            if _recording["max_entries"] == 0:
+                marks.clear()  # no events are kept: only the mark in force can ever apply
+            marks.append((runtime.runtime_sequence(device), metadata))
 
 
 def get_memory_metadata():
@@ -244,14 +250,10 @@ def get_memory_metadata():
 
 
 def _metadata_at(marks, sequence):
-    """The metadata in force for an event of `sequence`: the last mark set before it."""
-    found = ""
-    for mark, metadata in marks:
-        if sequence > mark:
-            found = metadata
-        else:
-            break
-    return found
+    """The metadata in force for an event of `sequence`: the last mark set before it
+    (marks ascend by sequence)."""
+    i = bisect.bisect_left(marks, (sequence, "")) - 1
+    return marks[i][1] if i >= 0 else ""
 
 
 _SKIP_ALIASES = {"segment_alloc": "segment_map", "segment_free": "segment_unmap"}
