@@ -274,24 +274,28 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
   if (heap.stale && pending_blocks(heap, addr, size) && !device_barrier()) return false;
   const std::size_t limit = budget();
   const std::size_t room = held < limit ? (limit - held) / gran : 0;
+  std::vector<GranuleRef> victims, aliases;
   if (room < missing) {
-    // Creating alone cannot cover the request: check that reclaimable
-    // granules make up the rest before creating any (Note [OOM ladder]).
-    std::vector<GranuleRef> probe = pop_reclaimable(missing - room, slot_for(stream));
-    std::vector<GranuleRef> probe_aliases;
-    if (config.alias_reclaim && room + probe.size() < missing) {
-      probe_aliases = pop_aliasable(slot_for(stream), missing - room - probe.size());
+    // Creating alone cannot cover the request, so at least missing - room
+    // granules are stitched whatever is created: take them first, and give up
+    // before creating anything if they are not there (Note [OOM ladder]).
+    victims = pop_reclaimable(missing - room, slot_for(stream));
+    if (config.alias_reclaim && room + victims.size() < missing) {
+      aliases = pop_aliasable(slot_for(stream), missing - room - victims.size());
     }
-    const bool enough = room + probe.size() + probe_aliases.size() >= missing;
-    unpop_granules(probe_aliases);
-    unpop_granules(probe);
-    if (!enough) return false;
+    if (room + victims.size() + aliases.size() < missing) {
+      unpop_granules(aliases);
+      unpop_granules(victims);
+      return false;
+    }
   }
   std::vector<GranuleHandle> handles;
   handles.reserve(missing);
   std::size_t created = 0;
   bool device_full = false;
-  std::vector<GranuleRef> victims, aliases;
+  auto append = [](std::vector<GranuleRef>& to, std::vector<GranuleRef> more) {
+    to.insert(to.end(), more.begin(), more.end());
+  };
   auto short_by = [&]() { return missing - std::min(missing, handles.size() + victims.size() + aliases.size()); };
   auto create_while_below = [&](double cap) {
     while (!device_full && short_by() > 0 && held + gran <= limit && double(held + gran) <= cap) {
@@ -307,8 +311,8 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
   };
   // Note [When to stitch]
   create_while_below(create_ceiling(request));
-  if (short_by() > 0) victims = pop_reclaimable(short_by(), slot_for(stream));
-  if (short_by() > 0 && config.alias_reclaim) aliases = pop_aliasable(slot_for(stream), short_by());
+  if (short_by() > 0) append(victims, pop_reclaimable(short_by(), slot_for(stream)));
+  if (short_by() > 0 && config.alias_reclaim) append(aliases, pop_aliasable(slot_for(stream), short_by()));
   create_while_below(double(limit));
   if (short_by() > 0) {
     // Not enough: give everything back rather than hold unmapped handles.
