@@ -179,7 +179,7 @@ void bind_core(py::module_& m) {
       .def("release_cached_to", &Pool::release_cached_to, py::arg("keep_bytes"),
            py::call_guard<py::gil_scoped_release>(),
            "Return cached memory only down to keep_bytes held; the bytes returned")
-      .def("release_cached", &Pool::release_cached_with_context, py::arg("context") = 0,
+      .def("release_cached", &Pool::release_cached, py::arg("context") = 0,
            py::call_guard<py::gil_scoped_release>(),
            "empty_cache: returns the bytes given back to the backend (segment-unmap history entries carry context)")
       .def("set_limit", &Pool::set_limit, py::arg("bytes"), py::call_guard<py::gil_scoped_release>())

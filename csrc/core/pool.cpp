@@ -478,9 +478,7 @@ void Pool::release_private_pool(PoolId pool) {
   impl_->after_op("release_private_pool");
 }
 
-std::size_t Pool::release_cached() { return release_cached_with_context(0); }
-
-std::size_t Pool::release_cached_with_context(std::uint64_t context) {
+std::size_t Pool::release_cached(std::uint64_t context) {
   std::lock_guard<std::mutex> lock(mutex_);
   OpContext op(impl_->op_context, context);
   ++impl_->stats_.num_cache_releases;

@@ -278,10 +278,9 @@ class Pool {
   RestoreDelta restore_private_pool(const PoolCheckpoint& checkpoint);
 
   // empty_cache: return cached memory (beyond reserve_bytes) to the backend,
-  // after waiting for pending frees. Returns the bytes returned.
-  std::size_t release_cached();
-  // release_cached() whose segment-unmap history entries carry `context`.
-  std::size_t release_cached_with_context(std::uint64_t context);
+  // after waiting for pending frees. Returns the bytes returned. Its
+  // segment-unmap history entries carry `context` (0 = none).
+  std::size_t release_cached(std::uint64_t context = 0);
   // Returns only enough cached memory to bring what the pool holds down to
   // keep_bytes (never below reserve_bytes), oldest cache first: a sharing
   // member above a lowered limit gives back the excess and keeps its working

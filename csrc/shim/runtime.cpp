@@ -294,7 +294,7 @@ std::size_t empty_cache() {
   std::size_t returned = 0;
   const std::uint64_t context = free_context();  // one stack for the call, not one per device
   for (int d = 0; d < kMaxDevices; ++d) {
-    if (DeviceState* state = existing_state(d)) returned += state->pool->release_cached_with_context(context);
+    if (DeviceState* state = existing_state(d)) returned += state->pool->release_cached(context);
   }
   return returned;
 }
