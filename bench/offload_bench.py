@@ -1,4 +1,5 @@
-"""Activation offload on GPT-2 124M (GPT2Config, seq 1024, bf16 autocast), for
+"""Activation offload on GPT-2 124M (GPT2Config, seq 1024, bf16 autocast) or a
+Llama-style model (LlamaConfig, 8 layers of width 1024, --model llama), for
 BENCHMARKS.md: step time and peak memory of
   - no offload;
   - torchmem.offload_activations at a budget (--keep fractions of the saved
@@ -7,7 +8,7 @@ BENCHMARKS.md: step time and peak memory of
 Issue 13's goals: >= 3x faster than save_on_cpu at the same peak, and <= 1.5x
 the no-offload step when less than half of the activations move.
 
-    python bench/offload_bench.py [--batch 8] [--keep 0 0.5] [--steps 6] [--out offload.json]
+    python bench/offload_bench.py [--model gpt2|llama] [--batch 8] [--keep 0 0.5] [--steps 6] [--out offload.json]
 """
 
 import argparse
@@ -24,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=("gpt2", "llama"), default="gpt2")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--keep", type=float, nargs="+", default=[0.0, 0.5, 0.75],
@@ -37,11 +39,16 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("offload_bench: no CUDA GPU here", file=sys.stderr)
         return 2
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     import torchmem
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_positions=args.seq)).cuda()
+    if args.model == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+        model = GPT2LMHeadModel(GPT2Config(n_positions=args.seq)).cuda()
+    else:
+        from transformers import LlamaConfig, LlamaForCausalLM
+        model = LlamaForCausalLM(LlamaConfig(
+            vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+            num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=args.seq)).cuda()
     model.config.use_cache = False
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.seq), device="cuda")
@@ -88,7 +95,8 @@ def main(argv=None):
     for row in rows:
         row["vs_none"] = row["step_s"] / base
         row["save_on_cpu_over_this"] = soc["step_s"] / row["step_s"]
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "batch": args.batch,
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
+              "batch": args.batch,
               "seq": args.seq, "rows": rows, "host_pool": torchmem.host.stats()}
     if args.out:
         with open(args.out, "w") as f:

@@ -171,8 +171,11 @@ job_peer() {
 job_host() {
   timeout "$(bounded 120)" python3 bench/host_bench.py --out "$OUT/host.json" > "$OUT/host.log" 2>&1
   echo "host_bench rc=$? :: $(grep -E '^fresh pinning' "$OUT/host.log")"
-  timeout "$(bounded 240)" python3 bench/offload_bench.py --out "$OUT/offload.json" > "$OUT/offload.log" 2>&1
-  echo "offload_bench rc=$? :: $(grep -E 'step .* ms' "$OUT/offload.log" | tr -s ' ' | tr '\n' ';')"
+  local m
+  for m in ${OFFLOAD_MODELS:-gpt2 llama}; do
+    timeout "$(bounded 240)" python3 bench/offload_bench.py --model $m --out "$OUT/offload_$m.json" > "$OUT/offload_$m.log" 2>&1
+    echo "offload_bench $m rc=$? :: $(grep -E 'step .* ms' "$OUT/offload_$m.log" | tr -s ' ' | tr '\n' ';')"
+  done
 }
 
 job_cusparse() {  # the peer test that hit cudaErrorIllegalInstruction once: alone, repeated, under memcheck

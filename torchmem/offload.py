@@ -29,10 +29,14 @@ device, on a second side stream (after each tensor's device-to-host event),
 in reverse save order, which is the order backward uses them. The end of
 forward starts the last `prefetch` offloaded tensors. From then on each unpack,
 of a kept tensor or of an offloaded one, may start more:
-- Fetching stays memory-neutral. The bytes fetched in a backward may pass the
-  bytes of saved tensors it has consumed by at most the first `prefetch`
-  tensors' worth. Consumed tensors are freed soon after, so the peak does not
-  rise.
+- Fetching stays memory-neutral. On a GPU the device's allocated bytes, with
+  the fetch, may pass their level at the end of forward by at most the first
+  `prefetch` tensors' worth: fetches fill only the room backward has freed.
+  Counting the saved tensors backward unpacked instead (as the CPU path still
+  does) overstated that room: a tensor saved by two nodes, or still referenced
+  elsewhere (the input batch), is unpacked without being freed, and the peak
+  with half the activations moved rose above the peak with none moved (H200,
+  tests/gpu/test_gpu_host.py, 2026-12-01).
 - It still starts as early as that allows. The longest-lived tensors, which
   are the ones moved, are used at the very end of backward. Fetching only
   `prefetch` of them ahead of use left their copies no time to hide behind
@@ -72,13 +76,20 @@ class _Step:
     """The offloaded tensors of one forward (weakrefs, in save order) and its backward's
     fetch accounting (Note [Offload streams])."""
 
-    __slots__ = ("refs", "consumed", "fetched", "floor")
+    __slots__ = ("refs", "consumed", "fetched", "floor", "level")
 
     def __init__(self):
         self.refs = []
-        self.consumed = 0  # bytes of saved tensors its backward has unpacked
+        self.consumed = 0  # bytes of saved tensors its backward has unpacked (CPU path)
         self.fetched = 0   # bytes of offloaded tensors fetched back
-        self.floor = 0     # bytes the first `prefetch` fetches may use beyond `consumed`
+        self.floor = 0     # bytes the first `prefetch` fetches may use beyond the room
+        self.level = {}    # CUDA device -> its allocated bytes at the end of forward
+
+    def room(self, device):
+        """Bytes a fetch to `device` may still take (Note [Offload streams])."""
+        if device.type == "cuda":
+            return self.level.get(device, 0) + self.floor - torch.cuda.memory_allocated(device)
+        return self.consumed + self.floor - self.fetched
 
 
 class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
@@ -150,6 +161,10 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         # Backward starts after forward: fetch the last-saved tensors now.
         step = self._offloaded
         self._backward = step
+        for ref in step.refs:
+            h = ref()
+            if h is not None and h.device.type == "cuda" and h.device not in step.level:
+                step.level[h.device] = torch.cuda.memory_allocated(h.device)
         for ref in reversed(step.refs[-self.prefetch:] if self.prefetch else []):
             h = ref()
             if h is not None:
@@ -239,14 +254,13 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         h.fetched = out
 
     def _fetch_ahead(self, step):
-        """Starts fetching `step`'s offloaded tensors, latest-saved first, while the bytes
-        fetched stay within what its backward consumed plus the floor (Note [Offload
-        streams])."""
+        """Starts fetching `step`'s offloaded tensors, latest-saved first, while each
+        fits in the room its backward has made (Note [Offload streams])."""
         for ref in reversed(step.refs):
             h = ref()
             if h is None or h.used or h.fetched is not None:
                 continue
-            if step.fetched + h.nbytes > step.consumed + step.floor:
+            if h.nbytes > step.room(h.device):
                 break
             self._fetch(h)
 
