@@ -36,6 +36,7 @@ Pool::Impl::Impl(Backend& backend_in, PoolConfig& config_in)
       config(config_in),
       vmm(backend_in.supports_vmm()),
       gran(backend_in.granularity()),
+      gran_shift(static_cast<unsigned>(__builtin_ctzll(gran))),
       ring(config_in.trace_capacity) {
   capacity = backend.mem_info().total_bytes;
   virtual_span = round_up(config.virtual_bytes ? config.virtual_bytes : 2 * capacity, gran);
@@ -162,9 +163,8 @@ void Pool::Impl::drop_heap(Heap* heap) {
   heaps[heap->id].reset();
 }
 
-Heap* Pool::Impl::heap_for(PoolId pool, std::size_t rounded) {
+Heap* Pool::Impl::private_heap_for(PoolId pool, std::size_t rounded) {
   const bool small = rounded <= config.small_threshold;
-  if (pool == 0) return small ? default_small : default_large;
   auto it = pools.find(pool);
   if (it == pools.end()) {
     throw PoolError("private pool " + std::to_string(pool) +
@@ -225,10 +225,11 @@ std::size_t Pool::Impl::budget() const {
 
 Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::uint64_t context) {
   if (size == 0) throw PoolError("allocate: size 0; request at least one byte");
-  const std::size_t rounded = size > budget() ? size : round_up(size, kMinBlockSize);
+  const std::size_t limit = budget();
+  const std::size_t rounded = size > limit ? size : round_up(size, kMinBlockSize);
   Heap* heap = heap_for(pool, rounded);  // may throw: nothing changed yet
   ++seq;
-  if (rounded > budget()) {
+  if (rounded > limit) {
     // More than the whole budget: no ladder step can help, and releasing the
     // cache for it would only slow down what comes next.
     ++stats_.num_ooms;

@@ -49,20 +49,13 @@ class FreeIndex {
 
   void insert(Block* b) {
     const int bin = bin_of(b->size);
-    std::vector<FreeEntry>& v = bins_[bin];
-    const FreeEntry e{b->size, b->addr, b};
-    v.insert(std::upper_bound(v.begin(), v.end(), e), e);
-    if (v.size() == 1) mark(bin);
+    put(bin, FreeEntry{b->size, b->addr, b});
     ++count_;
   }
 
   // `b` must be in the index with its current size and address.
   void erase(const Block* b) {
-    const int bin = bin_of(b->size);
-    std::vector<FreeEntry>& v = bins_[bin];
-    auto it = std::lower_bound(v.begin(), v.end(), FreeEntry{b->size, b->addr, nullptr});
-    v.erase(it);
-    if (v.empty()) unmark(bin);
+    take(bin_of(b->size), b->size, b->addr);
     --count_;
   }
 
@@ -84,13 +77,10 @@ class FreeIndex {
       v.insert(std::upper_bound(v.begin(), v.end(), e), e);
       return;
     }
-    std::vector<FreeEntry>& from = bins_[old_bin];
-    from.erase(std::lower_bound(from.begin(), from.end(), FreeEntry{old_size, old_addr, nullptr}));
-    if (from.empty()) unmark(old_bin);
-    std::vector<FreeEntry>& to = bins_[bin];
-    const FreeEntry e{b->size, b->addr, b};
-    to.insert(std::upper_bound(to.begin(), to.end(), e), e);
-    if (to.size() == 1) mark(bin);
+    // A split or merge that moves the block to another bin (the usual case
+    // for a malloc+free pair: the carved rest, then the merged block back).
+    take(old_bin, old_size, old_addr);
+    put(bin, FreeEntry{b->size, b->addr, b});
   }
 
   bool contains(const Block* b) const {
@@ -128,6 +118,29 @@ class FreeIndex {
   }
 
  private:
+  // Adds `e` to its bin in order. Most bins hold zero or one block, so the
+  // end is tried first: an append needs no search and no memmove.
+  void put(int bin, const FreeEntry& e) {
+    std::vector<FreeEntry>& v = bins_[bin];
+    if (v.empty()) {
+      v.push_back(e);
+      mark(bin);
+    } else if (v.back() < e) {
+      v.push_back(e);
+    } else {
+      v.insert(std::upper_bound(v.begin(), v.end(), e), e);
+    }
+  }
+  // Removes the entry (size, addr), which must be in `bin`.
+  void take(int bin, std::size_t size, Addr addr) {
+    std::vector<FreeEntry>& v = bins_[bin];
+    if (v.size() == 1) {
+      v.clear();
+      unmark(bin);
+      return;
+    }
+    v.erase(std::lower_bound(v.begin(), v.end(), FreeEntry{size, addr, nullptr}));
+  }
   void mark(int bin) {
     words_[bin >> 6] |= std::uint64_t{1} << (bin & 63);
     summary_ |= std::uint64_t{1} << (bin >> 6);

@@ -46,14 +46,6 @@ using detail::GranuleRef;
 using detail::Heap;
 using detail::StreamSlot;
 
-std::size_t Pool::Impl::first_granule(const Heap& heap, Addr addr) const {
-  return (addr - heap.base) / gran;
-}
-
-std::size_t Pool::Impl::end_granule(const Heap& heap, Addr end) const {
-  return (end - heap.base + gran - 1) / gran;
-}
-
 Granule& Pool::Impl::granule(GranuleRef ref) { return heaps[ref.heap]->granules[ref.index]; }
 
 // ---- reclaimable lists ------------------------------------------------------
@@ -99,8 +91,7 @@ void Pool::Impl::list_remove(GranuleRef ref) {
   --s.listed;
 }
 
-std::uint32_t Pool::Impl::slot_for(StreamId stream) {
-  if (cached_valid && cached_stream == stream) return cached_slot;
+std::uint32_t Pool::Impl::slot_for_slow(StreamId stream) {
   auto it = slot_index.find(stream);
   std::uint32_t slot;
   if (it == slot_index.end()) {

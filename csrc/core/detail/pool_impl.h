@@ -57,17 +57,27 @@ struct Pool::Impl {
   void after_op(const char* what);  // debug checks
 
   // Stats, updated once per successful operation (Note [Stats apart]).
+  // Defined inline below: they run on every cached malloc and free.
   void note_alloc(bool small, std::size_t size, std::size_t requested);
   void note_free_requested(bool small, std::size_t size, std::size_t requested, bool deferred);
   void note_free_completed(bool small, std::size_t size);
   void sync_memory_stats();  // segment / reserved / inactive gauges from tallies
+  // Inline: with tracing off (the usual case) a call is one branch.
   void trace(TraceAction action, Addr addr, std::size_t size, StreamId stream, PoolId pool,
-             std::uint64_t context);
+             std::uint64_t context) {
+    if (ring.enabled()) ring.push(TraceEntry{action, addr, size, stream, pool, context, seq});
+  }
 
   // ---- heaps ---------------------------------------------------------------------
   detail::Heap* make_heap(PoolId pool, bool small);
   void drop_heap(detail::Heap* heap);
-  detail::Heap* heap_for(PoolId pool, std::size_t rounded);
+  // The default pool's heaps inline (every allocate asks); a private pool
+  // takes private_heap_for(), which also throws for an unknown or released id.
+  detail::Heap* heap_for(PoolId pool, std::size_t rounded) {
+    if (pool != 0) return private_heap_for(pool, rounded);
+    return rounded <= config.small_threshold ? default_small : default_large;
+  }
+  detail::Heap* private_heap_for(PoolId pool, std::size_t rounded);
   void maybe_drop_released_pools();
   // False when no ladder step can make room for a block of `rounded` bytes
   // (Note [OOM ladder]).
@@ -87,8 +97,15 @@ struct Pool::Impl {
   bool poll_deferred(bool wait);  // true if some deferred free completed
 
   // ---- detail/granules.cpp --------------------------------------------------
-  std::size_t first_granule(const detail::Heap& heap, Addr addr) const;
-  std::size_t end_granule(const detail::Heap& heap, Addr end) const;
+  // Granule indices of an address range. Shifts, not divisions: every
+  // malloc and free maps its block to granules, and a 64-bit divide costs
+  // tens of cycles (the granularity is a power of two, config_check.cpp).
+  std::size_t first_granule(const detail::Heap& heap, Addr addr) const {
+    return (addr - heap.base) >> gran_shift;
+  }
+  std::size_t end_granule(const detail::Heap& heap, Addr end) const {
+    return (end - heap.base + gran - 1) >> gran_shift;
+  }
   detail::Granule& granule(detail::GranuleRef ref);
   // Marks the granules of [addr, addr+size) as used by one more live block and
   // returns how many of them are unmapped.
@@ -117,7 +134,12 @@ struct Pool::Impl {
   void unmap_granules(std::vector<detail::GranuleRef>& refs, std::vector<GranuleHandle>* handles);
   void list_push(std::uint32_t slot, detail::GranuleRef ref, bool front);
   void list_remove(detail::GranuleRef ref);
-  std::uint32_t slot_for(StreamId stream);
+  // The stream's slot, created on first use. Inline for the repeated stream
+  // (every free looks its slot up); a new stream takes slot_for_slow().
+  std::uint32_t slot_for(StreamId stream) {
+    return cached_valid && cached_stream == stream ? cached_slot : slot_for_slow(stream);
+  }
+  std::uint32_t slot_for_slow(StreamId stream);
   bool fence_done(std::uint32_t slot, std::uint64_t seq, bool may_record);
   void sync_all_fences();
   std::size_t release_reclaimable(std::size_t keep_bytes);  // unmap + release, oldest first
@@ -171,6 +193,7 @@ struct Pool::Impl {
   PoolConfig& config;
   const bool vmm;
   const std::size_t gran;
+  const unsigned gran_shift;  // log2(gran)
   std::size_t capacity = 0;      // device total at construction
   std::size_t virtual_span = 0;  // per heap (VMM)
   bool checks = false;
@@ -227,5 +250,38 @@ struct Pool::Impl {
   PoolStats stats_;
   detail::TraceRing ring;
 };
+
+// ---- the per-operation stats (Note [Stats apart]) -----------------------------
+// Here rather than in stats.cpp so the fast path inlines them.
+
+inline void Pool::Impl::note_alloc(bool small, std::size_t size, std::size_t requested) {
+  const int k = small ? kStatSmallPool : kStatLargePool;
+  for (int i : {int(kStatAll), k}) {
+    stats_.allocation[i].increase(1);
+    stats_.active[i].increase(1);
+    stats_.allocated_bytes[i].increase(static_cast<std::int64_t>(size));
+    stats_.active_bytes[i].increase(static_cast<std::int64_t>(size));
+    stats_.requested_bytes[i].increase(static_cast<std::int64_t>(requested));
+  }
+  ++stats_.num_allocs;
+}
+
+inline void Pool::Impl::note_free_requested(bool small, std::size_t size, std::size_t requested, bool) {
+  const int k = small ? kStatSmallPool : kStatLargePool;
+  for (int i : {int(kStatAll), k}) {
+    stats_.allocation[i].decrease(1);
+    stats_.allocated_bytes[i].decrease(static_cast<std::int64_t>(size));
+    stats_.requested_bytes[i].decrease(static_cast<std::int64_t>(requested));
+  }
+  ++stats_.num_frees;
+}
+
+inline void Pool::Impl::note_free_completed(bool small, std::size_t size) {
+  const int k = small ? kStatSmallPool : kStatLargePool;
+  for (int i : {int(kStatAll), k}) {
+    stats_.active[i].decrease(1);
+    stats_.active_bytes[i].decrease(static_cast<std::int64_t>(size));
+  }
+}
 
 }  // namespace torchmem

@@ -1,6 +1,7 @@
 // stats.cpp: Pool::Impl's counters (Note [Stats apart] in core/pool.h): the
-// per-operation updates the fast path makes, the derived gauges refreshed when
-// memory moves, and the trace ring's one entry point.
+// derived gauges refreshed when memory moves, and stats() itself. The
+// per-operation updates the fast path makes (note_alloc, note_free_*) and
+// trace() are inline in pool_impl.h.
 #include <cstdint>
 
 #include "core/detail/pool_impl.h"
@@ -19,36 +20,6 @@ inline void set_gauge(Stat& stat, std::int64_t value) {
 }
 
 }  // namespace
-
-void Pool::Impl::note_alloc(bool small, std::size_t size, std::size_t requested) {
-  const int k = small ? kStatSmallPool : kStatLargePool;
-  for (int i : {int(kStatAll), k}) {
-    stats_.allocation[i].increase(1);
-    stats_.active[i].increase(1);
-    stats_.allocated_bytes[i].increase(static_cast<std::int64_t>(size));
-    stats_.active_bytes[i].increase(static_cast<std::int64_t>(size));
-    stats_.requested_bytes[i].increase(static_cast<std::int64_t>(requested));
-  }
-  ++stats_.num_allocs;
-}
-
-void Pool::Impl::note_free_requested(bool small, std::size_t size, std::size_t requested, bool) {
-  const int k = small ? kStatSmallPool : kStatLargePool;
-  for (int i : {int(kStatAll), k}) {
-    stats_.allocation[i].decrease(1);
-    stats_.allocated_bytes[i].decrease(static_cast<std::int64_t>(size));
-    stats_.requested_bytes[i].decrease(static_cast<std::int64_t>(requested));
-  }
-  ++stats_.num_frees;
-}
-
-void Pool::Impl::note_free_completed(bool small, std::size_t size) {
-  const int k = small ? kStatSmallPool : kStatLargePool;
-  for (int i : {int(kStatAll), k}) {
-    stats_.active[i].decrease(1);
-    stats_.active_bytes[i].decrease(static_cast<std::int64_t>(size));
-  }
-}
 
 void Pool::Impl::sync_memory_stats() {
   memory_dirty = false;
@@ -84,11 +55,6 @@ PoolStats Pool::Impl::stats() {
   s.limit_bytes = config.limit_bytes;
   s.granularity = gran;
   return s;
-}
-
-void Pool::Impl::trace(TraceAction action, Addr addr, std::size_t size, StreamId stream, PoolId pool,
-                       std::uint64_t context) {
-  if (ring.enabled()) ring.push(TraceEntry{action, addr, size, stream, pool, context, seq});
 }
 
 }  // namespace torchmem
