@@ -520,3 +520,27 @@ def test_a_short_request_creates_nothing_it_would_give_back():
     assert pool.stats()["backend"]["create_calls"] == creates
     pool.free(a)
     pool.check_invariants()
+
+
+def test_an_oom_on_a_full_device_keeps_the_cache():
+    # Note [OOM ladder] step 5: a VMM pool already stitches every cached granule, so an
+    # OOM because the device is full (another process holds the rest) must not give the
+    # whole cache back only to create as much again.
+    sim = _C.SimBackend(capacity=64 * MiB, vmm=True, event_delay=0)
+    pool = _C.Pool(sim, dict(stitch_above=0.0))
+    neighbour = _C.Pool(sim, dict(stitch_above=0.0))
+    pool.free(pool.allocate(32 * MiB))          # 32 MiB cached
+    other = neighbour.allocate(24 * MiB)       # the device has 8 MiB left
+    before = dict(pool.stats()["backend"])
+    assert pool.allocate(48 * MiB) == 0         # 32 cached + 8 free < 48
+    s = pool.stats()
+    # only granules the failed attempts created went back, none of the cache
+    delta = {k: s["backend"][k] - before[k] for k in ("create_calls", "release_calls")}
+    assert delta["release_calls"] == delta["create_calls"] <= 2 * 4
+    assert cur(s, "reserved_bytes") == 32 * MiB and s["num_ooms"] == 1 and s["num_alloc_retries"] == 0
+    fits = pool.allocate(40 * MiB)              # the cache plus the free 8 MiB serve it
+    assert fits
+    pool.free(fits)
+    neighbour.free(other)
+    pool.check_invariants()
+    neighbour.check_invariants()

@@ -287,8 +287,8 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
       ++stats_.num_sync_all_streams;
       b = attempt();
     }
-    if (!b) {
-      // Step 5: return every cached granule/segment and retry.
+    if (!b && !vmm) {
+      // Step 5 (cuda_malloc segments only): return every cached segment and retry.
       ++stats_.num_alloc_retries;
       release_cached();
       b = attempt();

@@ -80,8 +80,13 @@
 //   3. carve new space, getting granules as in Note [Policy];
 //   4. a device barrier (Note [Cross-stream reuse]), wait for pending deferred
 //      frees and fences, then 1 and 3 again;
-//   5. release every cached granule/segment (num_alloc_retries += 1; behind
-//      a device barrier, Note [Device barrier]), retry 3;
+//   5. cuda_malloc backend: release every cached segment (num_alloc_retries
+//      += 1), retry 3. A VMM pool skips it: step 3 already stitches every
+//      cached granule, so giving them back could only let the pool create the
+//      same number again. On a device shared with other processes (the
+//      elastic budgets of monitor/share.py) each such OOM released the whole
+//      cache and mapped it again: 190,000 granules created and released in
+//      30 s by one process on the H200 (bench/share_scenario.py, 2026-12-01);
 //   6. give up: num_ooms += 1, record an "oom" trace entry, return 0.
 // A request that cannot fit whatever steps 4 and 5 do (the live blocks plus
 // the request exceed the budget by more than the two granules it could share
