@@ -130,7 +130,12 @@ def routed_child(sizes, iters):
 
     host.install_torch_host_allocator()
     torch.empty(1, device="cuda")
-    rows = [time_cases(torch_cases(torch, size), iters) for size in sizes]
+    pool = host.default_pool()
+    rows = []
+    for size in sizes:
+        cases = torch_cases(torch, size)
+        cases["torch_api_empty"] = lambda: pool.empty(size, torch.uint8)  # torchmem.host's API, routed
+        rows.append(time_cases(cases, iters))
     assert host.default_pool().stats()["cache_hits"] > 0, "torch's pinned calls did not reach torchmem's pool"
     print(json.dumps(rows))
     return 0
@@ -157,7 +162,8 @@ def cached_latency(torch, host, sizes, iters):
     for row, via in zip(rows, routed):
         row.update({k.replace("torch_", "routed_", 1): v for k, v in via.items()})
         print(f"cached request {row['bytes'] // 1024:6d} KiB (us): empty torchmem {row['torchmem_empty_us']:.1f} "
-              f"torch {row['torch_empty_us']:.1f} routed {row.get('routed_empty_us', float('nan')):.1f} | "
+              f"torch {row['torch_empty_us']:.1f} routed {row.get('routed_empty_us', float('nan')):.1f} "
+              f"(API routed {row.get('routed_api_empty_us', float('nan')):.1f}) | "
               f"pin() torchmem {row['torchmem_pin_us']:.1f} torch {row['torch_pin_us']:.1f} "
               f"routed {row.get('routed_pin_us', float('nan')):.1f}", flush=True)
     return rows

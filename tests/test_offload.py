@@ -158,10 +158,10 @@ def test_fetching_back_starts_as_backward_frees_memory():
     used_at_fetch = []
     original = offload._fetch
 
-    def spy(h):
+    def spy(h, **kwargs):
         if h.fetched is None:  # a fetch that starts a copy (unpack calls it for its own tensor too)
             used_at_fetch.append(sum(1 for m in moved if m.used))
-        return original(h)
+        return original(h, **kwargs)
 
     offload._fetch = spy
     out.sum().backward()
@@ -169,3 +169,39 @@ def test_fetching_back_starts_as_backward_frees_memory():
     # made room for every other before it used the first moved one
     assert len(used_at_fetch) == len(moved) - 1 and set(used_at_fetch) == {0}
     assert step.fetched == offload.last_step["offloaded_bytes"]
+
+
+def test_fetching_ahead_skips_tensors_still_on_their_way_out():
+    # Note [Offload streams]: a fetch queued behind a copy out that is still running would
+    # hold up every fetch behind it; only tensors whose copy out finished are fetched ahead.
+    class Event:
+        def __init__(self, done):
+            self.done = done
+
+        def query(self):
+            return self.done
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(256, 256) for _ in range(6)]
+    x = torch.randn(64, 256, requires_grad=True)
+    offload = OffloadActivations(None, min_bytes=1, prefetch=0, devices=("cpu",))
+    with offload:
+        h = x
+        for layer in layers:
+            h = torch.relu(layer(h))
+    step = offload._offloaded
+    moved = [r() for r in step.refs]
+    assert len(moved) >= 4 and not any(m.fetched is not None for m in moved)
+    for i, m in enumerate(moved):
+        m.d2h_event = Event(done=i < 2)  # copies out finish in save order: the first two are out
+    step.ready = 0  # (on the CPU every copy finished at once: end of forward counted them all)
+    step.consumed = sum(m.nbytes for m in moved)  # room for all of them
+    offload._fetch_ahead(step)
+    assert [m.fetched is not None for m in moved] == [True, True] + [False] * (len(moved) - 2)
+    assert step.ready == 2
+    for m in moved:
+        m.d2h_event.done = True
+    offload._fetch_ahead(step)
+    assert all(m.fetched is not None for m in moved) and step.ready == len(moved)
+    h.sum().backward()  # the fetched tensors serve backward
+    assert x.grad is not None

@@ -193,10 +193,16 @@ job_cusparse() {  # the peer test that hit cudaErrorIllegalInstruction once: alo
   echo "cusparse memcheck rc=$? :: $(grep -E 'ERROR SUMMARY' "$OUT/cusparse_memcheck.log" | sort | uniq -c | tr '\n' ' ')"
 }
 
-job_share() {
-  timeout "$(bounded 260)" python3 bench/share_scenario.py --phase-s "${SHARE_PHASE_S:-12}" --out "$OUT/share.json" \
-    > "$OUT/share.log" 2>&1
-  echo "share rc=$?"; tail -8 "$OUT/share.log"
+job_share() {  # SHARE_VARIANTS: ';'-separated extra arguments, one scenario each (default: one, none)
+  local i=0 v
+  IFS=';' read -ra variants <<< "${SHARE_VARIANTS:-}"
+  [ ${#variants[@]} -eq 0 ] && variants=("")
+  for v in "${variants[@]}"; do
+    i=$((i + 1))
+    timeout "$(bounded 260)" python3 bench/share_scenario.py --phase-s "${SHARE_PHASE_S:-12}" $v \
+      --out "$OUT/share_$i.json" > "$OUT/share_$i.log" 2>&1
+    echo "share [$v] rc=$?"; tail -4 "$OUT/share_$i.log"
+  done
 }
 
 job_compile() {

@@ -87,6 +87,7 @@ class HostPool:
         if sim and backend != "sim":
             raise ValueError("torchmem.host: sim=... options apply only to backend='sim'")
         self.device = None
+        self._routed = False  # torch's pinned allocator (install_torch_host_allocator)
         chunk_bytes = chunk_mb * _MiB
         if backend == "cuda":
             self.device = torch.device("cuda", torch.cuda.current_device() if device is None
@@ -110,6 +111,10 @@ class HostPool:
         was refused), first used on `stream` (default: the current stream)."""
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"torchmem.host: dtype must be a torch.dtype, got {dtype!r}")
+        if self._routed and stream is None:
+            # The same block through torch's own path, several times faster than the
+            # binding (BENCHMARKS.md section 7); torch's copies report their streams.
+            return torch.empty(shape, dtype=dtype, pin_memory=True)
         if isinstance(shape, int):
             shape = (shape,)
         numel = 1
@@ -290,6 +295,7 @@ def install_torch_host_allocator(pool=None):
                 "call install_torch_host_allocator() before anything is pinned (right after import torch), "
                 "or pin through torchmem.host.pin()/empty() instead")
     _C.host_install_torch_allocator(pool._pool)
+    pool._routed = True
 
 
 # ------------------------------------------------------------------ loaders

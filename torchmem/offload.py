@@ -26,9 +26,16 @@ Device to host: the pack hook makes a side stream wait for the current one
 and record_stream()s the device tensor on it, so the caching allocator does not
 reuse its memory until the copy finished; compute goes on meanwhile. Host to
 device, on a second side stream (after each tensor's device-to-host event),
-in reverse save order, which is the order backward uses them. The end of
-forward starts the last `prefetch` offloaded tensors. From then on each unpack,
-of a kept tensor or of an offloaded one, may start more:
+in reverse save order, which is the order backward uses them, but only for
+tensors whose copy out already finished. Moving a GiB or more takes longer
+than forward, so the last-saved tensors, which backward needs first, are still
+on their way out when backward starts; queued behind them, every fetch waited
+for all of the copying out, and the step took the sum of both directions
+(1.63x the unbudgeted step with a quarter moved, H200). Fetching what is out
+already keeps both directions busy. A tensor backward needs before it was
+fetched is fetched at once on a third, high-priority stream, not queued
+behind prefetches. The end of forward starts the first fetches; from then on
+each unpack, of a kept tensor or of an offloaded one, may start more:
 - Fetching stays memory-neutral. On a GPU the device's allocated bytes, with
   the fetch, may pass their level at the end of forward by at most the first
   `prefetch` tensors' worth: fetches fill only the room backward has freed.
@@ -76,10 +83,11 @@ class _Step:
     """The offloaded tensors of one forward (weakrefs, in save order) and its backward's
     fetch accounting (Note [Offload streams])."""
 
-    __slots__ = ("refs", "consumed", "fetched", "floor", "level")
+    __slots__ = ("refs", "ready", "consumed", "fetched", "floor", "level")
 
     def __init__(self):
         self.refs = []
+        self.ready = 0     # refs[:ready] finished their copy to the host
         self.consumed = 0  # bytes of saved tensors its backward has unpacked (CPU path)
         self.fetched = 0   # bytes of offloaded tensors fetched back
         self.floor = 0     # bytes the first `prefetch` fetches may use beyond the room
@@ -199,7 +207,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         h.nbytes = nbytes
         h.fetched, h.h2d_event, h.used = None, None, False
         if t.device.type == "cuda":
-            d2h, _ = self._streams_for(t.device)
+            d2h = self._streams_for(t.device)[0]
             d2h.wait_stream(torch.cuda.current_stream(t.device))
             host = pool.empty(t.numel(), t.dtype, stream=d2h)
             view = host.as_strided(t.shape, t.stride())
@@ -225,7 +233,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
                 step.consumed += obj.numel() * obj.element_size()
                 self._fetch_ahead(step)
             return obj
-        self._fetch(obj)
+        self._fetch(obj, urgent=True)
         obj.step.consumed += obj.nbytes
         self._fetch_ahead(obj.step)
         out, obj.fetched, obj.used = obj.fetched, None, True
@@ -236,12 +244,13 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         return out
 
     # ------------------------------------------------------------- fetching
-    def _fetch(self, h):
+    def _fetch(self, h, urgent=False):
         if h.fetched is not None:
             return
         h.step.fetched += h.nbytes
         if h.device.type == "cuda":
-            _, h2d = self._streams_for(h.device)
+            _, h2d, now = self._streams_for(h.device)
+            h2d = now if urgent else h2d  # backward waits for this one: not behind queued fetches
             h2d.wait_event(h.d2h_event)
             with torch.cuda.stream(h2d):
                 out = torch.empty_strided(h.shape, h.stride, dtype=h.dtype, device=h.device)
@@ -254,9 +263,14 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         h.fetched = out
 
     def _fetch_ahead(self, step):
-        """Starts fetching `step`'s offloaded tensors, latest-saved first, while each
-        fits in the room its backward has made (Note [Offload streams])."""
-        for ref in reversed(step.refs):
+        """Starts fetching `step`'s offloaded tensors whose copy out finished, latest-saved
+        first, while each fits in the room its backward has made (Note [Offload streams])."""
+        while step.ready < len(step.refs):  # copies out finish in save order (one stream)
+            h = step.refs[step.ready]()
+            if h is not None and h.d2h_event is not None and not h.d2h_event.query():
+                break
+            step.ready += 1
+        for ref in reversed(step.refs[:step.ready]):
             h = ref()
             if h is None or h.used or h.fetched is not None:
                 continue
@@ -266,8 +280,9 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
 
     def _streams_for(self, device):
         streams = self._streams.get(device)
-        if streams is None:
-            streams = (torch.cuda.Stream(device), torch.cuda.Stream(device))
+        if streams is None:  # out, in ahead of use, in for a tensor backward waits for
+            streams = (torch.cuda.Stream(device), torch.cuda.Stream(device),
+                       torch.cuda.Stream(device, priority=-1))
             self._streams[device] = streams
         return streams
 
