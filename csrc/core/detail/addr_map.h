@@ -4,7 +4,11 @@
 // lookup; on the fast path (one insert per malloc, one find + erase per free)
 // that is a third of the pair's time. Addresses are 512-byte aligned and never
 // 0, so 0 marks an empty slot; linear probing with backward-shift deletion
-// keeps probes short without tombstones. Load factor stays <= 1/2.
+// keeps probes short without tombstones. Load factor stays <= 1/4: each
+// extra probe, and each step of an erase's backward shift, is a branch that
+// random addresses mispredict; at 1/4 most lookups hit the home slot with an
+// empty slot after it (measured: ~3 ns per malloc+free pair less than at 1/2,
+// for 16-32 bytes of table per live block).
 #pragma once
 
 #include <cstddef>
@@ -30,7 +34,7 @@ class AddrMap {
   }
 
   void insert(Addr key, Block* block) {
-    if (2 * (count_ + 1) > table_.size()) rehash(table_.size() * 2);
+    if (4 * (count_ + 1) > table_.size()) rehash(table_.size() * 2);
     std::size_t i = slot(key);
     while (table_[i].key != 0) i = (i + 1) & mask_;
     table_[i] = Entry{key, block};

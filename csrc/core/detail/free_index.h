@@ -94,9 +94,12 @@ class FreeIndex {
   template <typename Visit>
   Block* best_fit(std::size_t size, Visit&& visit) const {
     int bin = bin_of(size);
-    const std::vector<FreeEntry>& v = bins_[bin];
-    for (auto it = std::lower_bound(v.begin(), v.end(), FreeEntry{size, 0, nullptr}); it != v.end(); ++it) {
-      if (visit(it->block)) return it->block;
+    // Most bins are empty: the bitmap says so without touching the bin.
+    if (marked(bin)) {
+      const std::vector<FreeEntry>& v = bins_[bin];
+      for (auto it = std::lower_bound(v.begin(), v.end(), FreeEntry{size, 0, nullptr}); it != v.end(); ++it) {
+        if (visit(it->block)) return it->block;
+      }
     }
     for (bin = next_bin(bin + 1); bin < kBins; bin = next_bin(bin + 1)) {
       for (const FreeEntry& e : bins_[bin]) {
@@ -141,6 +144,7 @@ class FreeIndex {
     }
     v.erase(std::lower_bound(v.begin(), v.end(), FreeEntry{size, addr, nullptr}));
   }
+  bool marked(int bin) const { return (words_[bin >> 6] >> (bin & 63)) & 1; }
   void mark(int bin) {
     words_[bin >> 6] |= std::uint64_t{1} << (bin & 63);
     summary_ |= std::uint64_t{1} << (bin >> 6);
