@@ -142,3 +142,23 @@ def test_oom_hooks_are_called_during_cleanup(monkeypatch):
 
     assert torch.equal(f(torch.arange(4)), torch.arange(4))
     assert calls == [(0, 4 << 20)]
+
+
+@pytest.mark.parametrize("installed, backend, emptied", [
+    (False, None, True),           # PyTorch's allocator: free its cached segments
+    (True, "cuda_malloc", True),   # torchmem on cudaMalloc segments: the same
+    (True, "vmm", False),          # Note [No empty_cache after an OOM]
+])
+def test_cleanup_empties_the_cache_only_where_that_helps(monkeypatch, installed, backend, emptied):
+    from torchmem import install, retry
+    from torchmem._loader import _C
+
+    emptied_calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied_calls.append(1))
+    monkeypatch.setattr(install, "_installed_config", object() if installed else None)
+    monkeypatch.setattr(_C, "runtime_backend_name", lambda device: backend, raising=False)
+    retry.cleanup_after_oom("CUDA out of memory. Tried to allocate 2.00 MiB", run_hooks=False)
+    assert bool(emptied_calls) == emptied

@@ -107,7 +107,8 @@ def _run_torchmem_hooks(device, requested):
 
 
 def cleanup_after_oom(message="", run_hooks=True, device=None):
-    """Frees what an OOM left behind: garbage cycles, torch's cached blocks, and
+    """Frees what an OOM left behind: garbage cycles, torch's cached blocks (not
+    under torchmem's VMM pool: Note [No empty_cache after an OOM]), and
     whatever the registered OOM hooks free.
     Call it OUTSIDE the except block (Note [Cleaning up outside except])."""
     gc.collect()
@@ -116,7 +117,28 @@ def cleanup_after_oom(message="", run_hooks=True, device=None):
             device = torch.cuda.current_device()
         if run_hooks:
             _run_torchmem_hooks(device, requested_bytes_of(message))
-        torch.cuda.empty_cache()
+        if _cache_release_helps(device):
+            torch.cuda.empty_cache()
+
+
+def _cache_release_helps(device):
+    """Note [No empty_cache after an OOM]
+    Under PyTorch's allocator (or torchmem's cuda_malloc backend) cached
+    segments are whole cudaMalloc blocks, and freeing them is what lets a
+    request of another shape fit. torchmem's VMM pool already stitches every
+    cached granule into whatever block needs it, so emptying its cache frees
+    nothing it could not use, and the next step maps it all again: on the H200
+    sharing scenario each OOM a batch-size controller recovered from released
+    and re-created tens of thousands of granules (bench/share_scenario.py)."""
+    from torchmem._loader import _C
+    from torchmem.install import installed_config
+
+    if installed_config() is None:
+        return True
+    try:
+        return _C.runtime_backend_name(device) != "vmm"
+    except Exception:  # no torchmem state for this device: nothing to judge, do what torch would
+        return True
 
 
 def free_memory_bytes(device=None):
