@@ -158,16 +158,18 @@ def test_fetching_back_starts_as_backward_frees_memory():
     used_at_fetch = []
     original = offload._fetch
 
-    def spy(h, **kwargs):
-        if h.fetched is None:  # a fetch that starts a copy (unpack calls it for its own tensor too)
+    def spy(h, urgent=False):
+        if h.fetched is None and not urgent:  # a fetch ahead of use
             used_at_fetch.append(sum(1 for m in moved if m.used))
-        return original(h, **kwargs)
+            # memory-neutral: what came back never passes what backward consumed, plus the floor
+            assert step.fetched + h.nbytes <= step.consumed + step.floor
+        return original(h, urgent=urgent)
 
     offload._fetch = spy
     out.sum().backward()
     # the end of forward started the last-saved one (prefetch=1); backward's kept tensors then
-    # made room for every other before it used the first moved one
-    assert len(used_at_fetch) == len(moved) - 1 and set(used_at_fetch) == {0}
+    # made room for more before it used the first moved one, not only `prefetch` of them
+    assert used_at_fetch.count(0) >= 2
     assert step.fetched == offload.last_step["offloaded_bytes"]
 
 
@@ -205,3 +207,35 @@ def test_fetching_ahead_skips_tensors_still_on_their_way_out():
     assert all(m.fetched is not None for m in moved) and step.ready == len(moved)
     h.sum().backward()  # the fetched tensors serve backward
     assert x.grad is not None
+
+
+def test_a_fetch_to_a_gpu_also_waits_for_the_device_to_have_freed_the_room(monkeypatch):
+    # Note [Offload streams]: consumed bytes overstate what backward freed (a tensor still
+    # referenced elsewhere), so on a GPU the device's allocated bytes must agree, and after
+    # a "no" they are read again only once backward has consumed as much again.
+    from types import SimpleNamespace
+
+    from torchmem import offload as offload_module
+
+    device = torch.device("cuda", 0)
+    reads = []
+    allocated = {"now": 0}
+
+    def fake_allocated(dev):
+        reads.append(dev)
+        return allocated["now"]
+
+    monkeypatch.setattr(offload_module, "_allocated_bytes", fake_allocated)
+    step = offload_module._Step()
+    step.level[device] = 1000
+    h = SimpleNamespace(nbytes=100, device=device)
+    assert not step.has_room(h, 0) and reads == []   # nothing consumed yet: no device read
+    step.consumed = 150
+    allocated["now"] = 980                          # the device freed only 20 bytes
+    assert not step.has_room(h, 0) and len(reads) == 1
+    assert step.recheck_at == 150 + 80
+    step.consumed = 200
+    assert not step.has_room(h, 0) and len(reads) == 1  # not worth asking yet
+    step.consumed = 230
+    allocated["now"] = 900
+    assert step.has_room(h, 0) and len(reads) == 2

@@ -36,14 +36,20 @@ already keeps both directions busy. A tensor backward needs before it was
 fetched is fetched at once on a third, high-priority stream, not queued
 behind prefetches. The end of forward starts the first fetches; from then on
 each unpack, of a kept tensor or of an offloaded one, may start more:
-- Fetching stays memory-neutral. On a GPU the device's allocated bytes, with
-  the fetch, may pass their level at the end of forward by at most the first
-  `prefetch` tensors' worth: fetches fill only the room backward has freed.
-  Counting the saved tensors backward unpacked instead (as the CPU path still
-  does) overstated that room: a tensor saved by two nodes, or still referenced
-  elsewhere (the input batch), is unpacked without being freed, and the peak
-  with half the activations moved rose above the peak with none moved (H200,
-  tests/gpu/test_gpu_host.py, 2026-12-01).
+- Fetching stays memory-neutral, by two counts that must both agree. The
+  bytes fetched may pass the bytes of saved tensors backward has unpacked
+  (each storage once: a tensor two nodes saved is freed once) by at most the
+  floor; and on a GPU the device's allocated bytes, with the fetch, may pass
+  their level at the end of forward by at most the floor. The floor, the
+  first `prefetch` tensors' worth, is only for the tensors backward needs
+  next, in order; a tensor fetched out of order (it was out already, the next
+  ones were not) gets no floor. Each count alone failed on the H200
+  (2026-12-01): unpacked bytes overstate what was freed (a tensor still
+  referenced elsewhere), and the half-moved peak rose above no offload; the
+  device's level alone, with the floor spent on tensors fetched out of order,
+  raised the everything-moved peak of GPT-2 from 6.5 to 9.6 GiB. After the
+  device says no, it is asked again only once backward has unpacked as much
+  again (its statistics cost tens of microseconds a read).
 - It still starts as early as that allows. The longest-lived tensors, which
   are the ones moved, are used at the very end of backward. Fetching only
   `prefetch` of them ahead of use left their copies no time to hide behind
@@ -83,21 +89,43 @@ class _Step:
     """The offloaded tensors of one forward (weakrefs, in save order) and its backward's
     fetch accounting (Note [Offload streams])."""
 
-    __slots__ = ("refs", "ready", "consumed", "fetched", "floor", "level")
+    __slots__ = ("refs", "ready", "consumed", "seen", "fetched", "floor", "level", "recheck_at")
 
     def __init__(self):
         self.refs = []
-        self.ready = 0     # refs[:ready] finished their copy to the host
-        self.consumed = 0  # bytes of saved tensors its backward has unpacked (CPU path)
-        self.fetched = 0   # bytes of offloaded tensors fetched back
-        self.floor = 0     # bytes the first `prefetch` fetches may use beyond the room
-        self.level = {}    # CUDA device -> its allocated bytes at the end of forward
+        self.ready = 0       # refs[:ready] finished their copy to the host
+        self.consumed = 0    # bytes of saved tensors its backward has unpacked, each storage once
+        self.seen = set()    # storages of kept tensors counted in `consumed`
+        self.fetched = 0     # bytes of offloaded tensors fetched back
+        self.floor = 0       # bytes the next-needed fetches may take beyond the room
+        self.level = {}      # CUDA device -> its allocated bytes at the end of forward
+        self.recheck_at = 0  # `consumed` at which the device's allocated bytes are worth reading again
 
-    def room(self, device):
-        """Bytes a fetch to `device` may still take (Note [Offload streams])."""
-        if device.type == "cuda":
-            return self.level.get(device, 0) + self.floor - torch.cuda.memory_allocated(device)
-        return self.consumed + self.floor - self.fetched
+    def has_room(self, h, allowance):
+        """Whether fetching `h` now keeps memory neutral (Note [Offload streams]); `allowance`
+        is the floor for the tensors backward needs next, 0 for the others."""
+        if self.fetched + h.nbytes > self.consumed + allowance:
+            return False
+        if h.device.type != "cuda":
+            return True
+        if self.consumed < self.recheck_at:
+            return False  # too little consumed since the device said no
+        deficit = _allocated_bytes(h.device) + h.nbytes - (self.level.get(h.device, 0) + allowance)
+        if deficit > 0:
+            # consumed bytes overstate what was freed: read the device again only once
+            # backward has consumed as much again
+            self.recheck_at = self.consumed + deficit
+            return False
+        return True
+
+
+def _allocated_bytes(device):
+    """torch.cuda.memory_allocated without its Python flattening of every statistic (tens
+    of microseconds a call, and backward asks at every unpack)."""
+    try:
+        return int(torch._C._cuda_memoryStats(device.index)["allocated_bytes"]["all"]["current"])
+    except (AttributeError, KeyError, TypeError):
+        return torch.cuda.memory_allocated(device)
 
 
 class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
@@ -172,7 +200,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         for ref in step.refs:
             h = ref()
             if h is not None and h.device.type == "cuda" and h.device not in step.level:
-                step.level[h.device] = torch.cuda.memory_allocated(h.device)
+                step.level[h.device] = _allocated_bytes(h.device)
         for ref in reversed(step.refs[-self.prefetch:] if self.prefetch else []):
             h = ref()
             if h is not None:
@@ -230,7 +258,10 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             step = self._backward
             # a kept activation (not a weight: those stay) will be freed once used
             if step is not None and isinstance(obj, torch.Tensor) and self._eligible(obj):
-                step.consumed += obj.numel() * obj.element_size()
+                key = obj.untyped_storage().data_ptr()
+                if key not in step.seen:  # a tensor two nodes saved is freed once
+                    step.seen.add(key)
+                    step.consumed += obj.numel() * obj.element_size()
                 self._fetch_ahead(step)
             return obj
         self._fetch(obj, urgent=True)
@@ -270,11 +301,15 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             if h is not None and h.d2h_event is not None and not h.d2h_event.query():
                 break
             step.ready += 1
-        for ref in reversed(step.refs[:step.ready]):
-            h = ref()
+        next_needed = True  # still on the tensors backward uses next, in order
+        for i in range(len(step.refs) - 1, -1, -1):
+            h = step.refs[i]()
             if h is None or h.used or h.fetched is not None:
                 continue
-            if h.nbytes > step.room(h.device):
+            if i >= step.ready:  # still on its way out: skip it, take what is out already
+                next_needed = False
+                continue
+            if not step.has_room(h, step.floor if next_needed else 0):
                 break
             self._fetch(h)
 
