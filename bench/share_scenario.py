@@ -94,6 +94,7 @@ def worker(args):
         time.sleep(0.01)
     end = args.start_at + 3 * args.phase_s
     samples, steps, micro_by_phase, crashed = 0, 0, {0: [], 1: [], 2: []}, None
+    slow_steps = []  # steps that took over a second: where a stall went (time, seconds, heavy, micro, OOMs so far)
     try:
         while (now := time.time()) < end:
             phase = int((now - args.start_at) // args.phase_s)
@@ -103,6 +104,9 @@ def worker(args):
             ctl.step()  # optimizer.step() and zero_grad
             samples += batch.shape[0]
             steps += 1
+            took = time.time() - now
+            if took > 1.0:
+                slow_steps.append([round(now - args.start_at, 2), round(took, 2), heavy, ctl.micro_batch, ctl.ooms])
             if heavy:
                 micro_by_phase[phase].append(ctl.micro_batch)
     except Exception as exc:  # a crash: what the scenario counts
@@ -119,7 +123,7 @@ def worker(args):
         pool = {k: v for k, v in torchmem.memory_stats().items()
                 if k.startswith("torchmem.backend.") or k in ("torchmem.num_reclaims", "torchmem.num_cache_releases")}
     print(json.dumps({"rank": rank, "mode": mode, "samples": samples, "steps": steps, "wall_s": wall, "pool": pool,
-                      "share_levers": levers,
+                      "share_levers": levers, "slow_steps": slow_steps,
                       "ooms_recovered": ctl.ooms, "crashed": crashed, "waits_s": waits,
                       "micro_heavy": {str(k): (statistics.median(v) if v else None) for k, v in micro_by_phase.items()}}),
           flush=True)
