@@ -150,8 +150,12 @@ def test_oom_hooks_are_called_during_cleanup(monkeypatch):
     (True, "vmm", False),          # Note [No empty_cache after an OOM]
 ])
 def test_cleanup_empties_the_cache_only_where_that_helps(monkeypatch, installed, backend, emptied):
-    from torchmem import install, retry
+    import importlib
+
+    from torchmem import retry
     from torchmem._loader import _C
+
+    install = importlib.import_module("torchmem.install")  # the module: torchmem.install is also the function
 
     emptied_calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
