@@ -162,7 +162,7 @@ def test_fetching_back_starts_as_backward_frees_memory():
         if h.fetched is None and not urgent:  # a fetch ahead of use
             used_at_fetch.append(sum(1 for m in moved if m.used))
             # memory-neutral: what came back never passes what backward consumed, plus the floor
-            assert step.fetched + h.nbytes <= step.consumed + step.floor
+            assert step.fetched + h.nbytes <= step.freed + step.floor
         return original(h, urgent=urgent)
 
     offload._fetch = spy
@@ -197,7 +197,7 @@ def test_fetching_ahead_skips_tensors_still_on_their_way_out():
     for i, m in enumerate(moved):
         m.d2h_event = Event(done=i < 2)  # copies out finish in save order: the first two are out
     step.ready = 0  # (on the CPU every copy finished at once: end of forward counted them all)
-    step.consumed = sum(m.nbytes for m in moved)  # room for all of them
+    step.freed = sum(m.nbytes for m in moved)  # room for all of them
     offload._fetch_ahead(step)
     assert [m.fetched is not None for m in moved] == [True, True] + [False] * (len(moved) - 2)
     assert step.ready == 2
@@ -209,33 +209,29 @@ def test_fetching_ahead_skips_tensors_still_on_their_way_out():
     assert x.grad is not None
 
 
-def test_a_fetch_to_a_gpu_also_waits_for_the_device_to_have_freed_the_room(monkeypatch):
-    # Note [Offload streams]: consumed bytes overstate what backward freed (a tensor still
-    # referenced elsewhere), so on a GPU the device's allocated bytes must agree, and after
-    # a "no" they are read again only once backward has consumed as much again.
+def test_room_comes_from_frees_each_storage_once():
+    # Note [Offload streams]: a kept storage counts as freed once every tracked tensor on it
+    # is gone (two views, one storage: counted once, at the last), and a fetched tensor
+    # once it is gone; a tensor still referenced elsewhere makes no room.
     from types import SimpleNamespace
 
-    from torchmem import offload as offload_module
+    from torchmem.offload import _Step
 
-    device = torch.device("cuda", 0)
-    reads = []
-    allocated = {"now": 0}
-
-    def fake_allocated(dev):
-        reads.append(dev)
-        return allocated["now"]
-
-    monkeypatch.setattr(offload_module, "_allocated_bytes", fake_allocated)
-    step = offload_module._Step()
-    step.level[device] = 1000
-    h = SimpleNamespace(nbytes=100, device=device)
-    assert not step.has_room(h, 0) and reads == []   # nothing consumed yet: no device read
-    step.consumed = 150
-    allocated["now"] = 980                          # the device freed only 20 bytes
-    assert not step.has_room(h, 0) and len(reads) == 1
-    assert step.recheck_at == 150 + 80
-    step.consumed = 200
-    assert not step.has_room(h, 0) and len(reads) == 1  # not worth asking yet
-    step.consumed = 230
-    allocated["now"] = 900
-    assert step.has_room(h, 0) and len(reads) == 2
+    step = _Step()
+    base = torch.zeros(256)             # 1 KiB storage
+    a, b = base[:128], base[128:]       # two kept tensors on it
+    other = torch.zeros(64)             # 256 B, still referenced by the caller at the end
+    for t in (a, b, other):
+        step.track_kept(t)
+    del base
+    h = SimpleNamespace(nbytes=1024)
+    assert not step.has_room(h, 0) and step.has_room(h, allowance=1024)
+    del a
+    assert step.freed == 0              # b still holds the storage
+    del b
+    assert step.freed == 1024 and step.has_room(h, 0)
+    step.fetched += 1024
+    fetched = torch.zeros(32)
+    step.track_fetched(fetched, 128)
+    del fetched
+    assert step.freed == 1024 + 128 and other.numel() == 64

@@ -36,20 +36,21 @@ already keeps both directions busy. A tensor backward needs before it was
 fetched is fetched at once on a third, high-priority stream, not queued
 behind prefetches. The end of forward starts the first fetches; from then on
 each unpack, of a kept tensor or of an offloaded one, may start more:
-- Fetching stays memory-neutral, by two counts that must both agree. The
-  bytes fetched may pass the bytes of saved tensors backward has unpacked
-  (each storage once: a tensor two nodes saved is freed once) by at most the
-  floor; and on a GPU the device's allocated bytes, with the fetch, may pass
-  their level at the end of forward by at most the floor. The floor, the
-  first `prefetch` tensors' worth, is only for the tensors backward needs
-  next, in order; a tensor fetched out of order (it was out already, the next
-  ones were not) gets no floor. Each count alone failed on the H200
-  (2026-12-01): unpacked bytes overstate what was freed (a tensor still
-  referenced elsewhere), and the half-moved peak rose above no offload; the
-  device's level alone, with the floor spent on tensors fetched out of order,
-  raised the everything-moved peak of GPT-2 from 6.5 to 9.6 GiB. After the
-  device says no, it is asked again only once backward has unpacked as much
-  again (its statistics cost tens of microseconds a read).
+- Fetching stays memory-neutral: the bytes fetched may pass the bytes of
+  this step's saved tensors that were freed since (kept tensors whose last
+  reference autograd dropped, each storage once, and fetched tensors once
+  used) by at most the floor, and the floor, the first `prefetch` tensors'
+  worth, is only for the tensors backward needs next, in order. So the saved
+  activations on the device never exceed those kept at the end of forward
+  plus the floor. Frees are seen through weakref finalizers, not the device's
+  statistics. Two earlier rules failed on the H200 (2026-12-01): counting the
+  tensors backward unpacked overstated the room (a tensor still referenced
+  elsewhere is unpacked without being freed; the half-moved peak rose above
+  no offload), and the device's allocated level at the end of forward, with
+  the floor spent on tensors fetched out of order, raised GPT-2's
+  everything-moved peak from 6.5 to 9.6 GiB, while reading
+  `torch.cuda.memory_allocated` (every statistic, flattened in Python) at
+  each unpack slowed Llama's step.
 - It still starts as early as that allows. The longest-lived tensors, which
   are the ones moved, are used at the very end of backward. Fetching only
   `prefetch` of them ahead of use left their copies no time to hide behind
@@ -89,43 +90,50 @@ class _Step:
     """The offloaded tensors of one forward (weakrefs, in save order) and its backward's
     fetch accounting (Note [Offload streams])."""
 
-    __slots__ = ("refs", "ready", "consumed", "seen", "fetched", "floor", "level", "recheck_at")
+    __slots__ = ("refs", "ready", "fetched", "freed", "floor", "live", "__weakref__")
 
     def __init__(self):
         self.refs = []
-        self.ready = 0       # refs[:ready] finished their copy to the host
-        self.consumed = 0    # bytes of saved tensors its backward has unpacked, each storage once
-        self.seen = set()    # storages of kept tensors counted in `consumed`
-        self.fetched = 0     # bytes of offloaded tensors fetched back
-        self.floor = 0       # bytes the next-needed fetches may take beyond the room
-        self.level = {}      # CUDA device -> its allocated bytes at the end of forward
-        self.recheck_at = 0  # `consumed` at which the device's allocated bytes are worth reading again
+        self.ready = 0     # refs[:ready] finished their copy to the host
+        self.fetched = 0   # bytes of offloaded tensors fetched back
+        self.freed = 0     # bytes of this step's saved tensors (kept, or fetched back) freed since
+        self.floor = 0     # bytes the next-needed fetches may take beyond `freed`
+        self.live = {}     # storage of a kept tensor -> [tracked tensors alive on it, its bytes]
 
     def has_room(self, h, allowance):
         """Whether fetching `h` now keeps memory neutral (Note [Offload streams]); `allowance`
         is the floor for the tensors backward needs next, 0 for the others."""
-        if self.fetched + h.nbytes > self.consumed + allowance:
-            return False
-        if h.device.type != "cuda":
-            return True
-        if self.consumed < self.recheck_at:
-            return False  # too little consumed since the device said no
-        deficit = _allocated_bytes(h.device) + h.nbytes - (self.level.get(h.device, 0) + allowance)
-        if deficit > 0:
-            # consumed bytes overstate what was freed: read the device again only once
-            # backward has consumed as much again
-            self.recheck_at = self.consumed + deficit
-            return False
-        return True
+        return self.fetched + h.nbytes <= self.freed + allowance
+
+    def track_kept(self, t):
+        """Counts `t`'s storage as freed once every kept tensor tracked on it is gone."""
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        entry = self.live.get(key)
+        if entry is None:
+            self.live[key] = [1, storage.nbytes()]
+        else:
+            entry[0] += 1
+        _on_free(t, self._kept_gone, key)
+
+    def track_fetched(self, t, nbytes):
+        _on_free(t, self._add_freed, nbytes)
+
+    def _kept_gone(self, key):
+        entry = self.live.get(key)
+        if entry is not None:
+            entry[0] -= 1
+            if entry[0] == 0:
+                del self.live[key]
+                self.freed += entry[1]
+
+    def _add_freed(self, nbytes):
+        self.freed += nbytes
 
 
-def _allocated_bytes(device):
-    """torch.cuda.memory_allocated without its Python flattening of every statistic (tens
-    of microseconds a call, and backward asks at every unpack)."""
-    try:
-        return int(torch._C._cuda_memoryStats(device.index)["allocated_bytes"]["all"]["current"])
-    except (AttributeError, KeyError, TypeError):
-        return torch.cuda.memory_allocated(device)
+def _on_free(obj, fn, arg):
+    finalizer = weakref.finalize(obj, fn, arg)
+    finalizer.atexit = False  # nothing to count once the interpreter exits
 
 
 class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
@@ -197,10 +205,6 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         # Backward starts after forward: fetch the last-saved tensors now.
         step = self._offloaded
         self._backward = step
-        for ref in step.refs:
-            h = ref()
-            if h is not None and h.device.type == "cuda" and h.device not in step.level:
-                step.level[h.device] = _allocated_bytes(h.device)
         for ref in reversed(step.refs[-self.prefetch:] if self.prefetch else []):
             h = ref()
             if h is not None:
@@ -227,6 +231,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         nbytes = t.numel() * t.element_size()
         self._sizes.append(nbytes)
         if self.plan is not None and index < len(self.measured) and index not in self.plan:
+            self._offloaded.track_kept(t)  # its free in backward makes room for a fetch
             return t
         pool = self._host_pool()
         h = _Offloaded()
@@ -255,17 +260,10 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
 
     def _unpack(self, obj):
         if not isinstance(obj, _Offloaded):
-            step = self._backward
-            # a kept activation (not a weight: those stay) will be freed once used
-            if step is not None and isinstance(obj, torch.Tensor) and self._eligible(obj):
-                key = obj.untyped_storage().data_ptr()
-                if key not in step.seen:  # a tensor two nodes saved is freed once
-                    step.seen.add(key)
-                    step.consumed += obj.numel() * obj.element_size()
-                self._fetch_ahead(step)
+            if self._backward is not None and isinstance(obj, torch.Tensor):
+                self._fetch_ahead(self._backward)  # what backward freed meanwhile may make room
             return obj
         self._fetch(obj, urgent=True)
-        obj.step.consumed += obj.nbytes
         self._fetch_ahead(obj.step)
         out, obj.fetched, obj.used = obj.fetched, None, True
         if out.device.type == "cuda":
@@ -291,6 +289,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         else:
             out = torch.empty_strided(h.shape, h.stride, dtype=h.dtype, device=h.device)
             out.copy_(h.host)
+        h.step.track_fetched(out, h.nbytes)
         h.fetched = out
 
     def _fetch_ahead(self, step):
