@@ -321,3 +321,37 @@ def test_without_figures_it_grows_back_when_memory_frees_and_backs_off_while_it_
     steps(64 * grow_after + 6 * grow_after)
     assert ctl.micro_batch == 64 and ctl.accumulation_steps == 1
     assert memory.ooms == ooms
+
+
+def test_a_budget_that_falls_inside_a_step_resplits_the_rest_without_an_oom():
+    # Note [Shrinking inside a step]: a sharing owner claims memory back while a borrower's
+    # step runs; the samples not yet run are split smaller, nothing is thrown away, and the
+    # gradient is still the full batch's.
+    torch.manual_seed(0)
+    memory = SyntheticMemory(1000, 100, 1000 + 100 * 32 + 50)
+    model = torch.nn.Linear(3, 1)
+    ctl = BatchSizeController(64, model=model, probe=memory, quantum=8, margin=0.0)
+    fall_after = {"calls": None}
+
+    def step_fn(micro_batch):
+        memory.use(micro_batch.shape[0])
+        if fall_after["calls"] is not None:
+            fall_after["calls"] -= 1
+            if fall_after["calls"] == 0:
+                memory.budget = 1000 + 100 * 8 + 50  # an owner took memory back mid-step
+        return model(micro_batch).square().mean()
+
+    for _ in range(4):  # calibrate: the controller settles at 32 (two micro-steps)
+        ctl.run(step_fn, torch.randn(64, 3))
+        model.zero_grad(set_to_none=True)
+    assert ctl.micro_batch == 32 and ctl.policy.memory_model.ready
+    batch = torch.randn(64, 3)
+    want = torch.autograd.grad(model(batch).square().mean(), list(model.parameters()))
+    ooms, tried = memory.ooms, len(memory.sizes_tried)
+    fall_after["calls"] = 1
+    ctl.run(step_fn, batch)
+    assert memory.ooms == ooms  # no OOM, no batch run again
+    assert memory.sizes_tried[tried:] == [32, 8, 8, 8, 8]
+    assert ctl.micro_batch == 8 and ctl.events[-1]["event"] == "shrink"
+    for p, g in zip(model.parameters(), want):
+        torch.testing.assert_close(p.grad, g)

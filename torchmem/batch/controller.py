@@ -219,6 +219,7 @@ class BatchSizeController:
         self.last_peak = None
         self.last_micro_steps = 0
         self.events = collections.deque(maxlen=1000)
+        self._step_budget = None  # the budget at the last look inside a step (Note [Shrinking inside a step])
         self._micro = self.policy.quantize(micro_batch or self.local_batch, cap=self._cap())
         self._proposal = self._micro
         self._in_optimizer_step = False
@@ -317,7 +318,15 @@ class BatchSizeController:
         failed_in_optimizer = False
         agreed = None
         agree_before_final = self.grad_sync == "ddp" and self.world > 1
-        for index, part in enumerate(parts):
+        self._step_budget = self._budget()
+        index = 0
+        while index < len(parts):
+            if index > 0 and self.world == 1:
+                resized = self._resplit_if_budget_fell(sizes, index, total)
+                if resized is not None:
+                    sizes = resized
+                    parts = split_batch(batch, sizes, batch_size=total, split_lists=self.split_lists)
+            part = parts[index]
             final = index == len(parts) - 1
             weight = sizes[index] / total if self.reduction == "mean" else 1.0
             if final and agree_before_final:
@@ -348,6 +357,7 @@ class BatchSizeController:
             loss = None
             if failure is not None:
                 break
+            index += 1
         del parts
         if failed_in_optimizer:
             self._in_optimizer_step = False
@@ -384,6 +394,36 @@ class BatchSizeController:
         return no_sync()
 
     # ----------------------------------------------------------- decisions
+    def _resplit_if_budget_fell(self, sizes, index, total):
+        """Note [Shrinking inside a step]
+        A budget can fall in the middle of a step: a sharing owner claims its
+        memory back (monitor/share.py), or the user lowers the limit. Without
+        a look between micro-steps the next one runs out of memory, and the
+        whole batch runs again, its finished micro-steps thrown away; a borrower
+        also holds the owner's memory until then. So before each micro-step
+        after the first (one process only: ranks must keep their micro-step
+        counts in step) the controller reads the budget, and when it fell
+        below what the model predicts the current size needs, the samples not
+        yet run are split again at the size that fits. Each micro-batch keeps
+        the weight of its share of the batch, so the gradient is the same.
+        Returns the new sizes, or None (nothing to change)."""
+        budget = self._budget()
+        before, self._step_budget = self._step_budget, budget
+        if budget is None or before is None or budget >= before:
+            return None
+        micro = sizes[index]
+        fit = self.policy.memory_model.largest_under(self.policy.target(budget))
+        if fit is None or fit >= micro or micro <= 1:
+            return None
+        smaller = self.policy.quantize(min(fit, micro - 1), cap=self._cap())
+        if smaller < max(1, self.min_micro) or smaller >= micro:
+            return None  # nothing fits: the micro-step's OOM takes the usual way
+        rest = total - sum(sizes[:index])
+        self._record("shrink", micro, smaller, f"the budget fell to {budget} bytes inside a step; "
+                                               f"the {rest} samples left run at {smaller}")
+        self._micro = self._proposal = smaller
+        return list(sizes[:index]) + split_sizes(rest, smaller)
+
     def _budget(self):
         try:
             return self.probe.budget_bytes()
