@@ -3,6 +3,13 @@ sharing (torchmem share=GROUP) vs static fractions, in one call.
 
     python bench/share_scenario.py --out share_scenario.json
     python bench/share_scenario.py --modes elastic,static --phase-s 20 --width 1024
+    python bench/share_scenario.py --width 2048 --layers 24 --heavy-seq 12288 --heavy-batch 8 --offload-auto
+
+The first is compute-bound: a static third already holds micro-batches that
+keep the GPU busy, so elastic can at best tie the static split there. The
+second gives the heavy phase long sequences that a third of the card cannot
+hold at micro-batch 1 (a long-context phase): a static process must offload,
+an elastic one borrows.
 
 The script: the run is cut into phases of --phase-s seconds; in phase k process
 k % 3 is "heavy" (it trains on --heavy-batch sequences per step) and the
@@ -26,6 +33,7 @@ time the parent sends to all three, so the phases line up; then one JSON line.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -46,6 +54,12 @@ def parse_args(argv=None):
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--heavy-seq", type=int, default=None,
+                   help="sequence length of the heavy phase (default: --seq); a long-context phase that a "
+                        "static share cannot hold at micro-batch 1 is where memory, not compute, limits")
+    p.add_argument("--offload-auto", action="store_true",
+                   help="BatchSizeController(offload='auto') in every mode: a process whose smallest "
+                        "micro-batch does not fit offloads activations instead of crashing")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--mode", default=None, help=argparse.SUPPRESS)
@@ -75,11 +89,15 @@ def worker(args):
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     from tiny_gpt import GPT, GPTConfig, synthetic_tokens
 
-    cfg = GPTConfig(vocab=8192, seq=args.seq, width=args.width, layers=args.layers, heads=max(1, args.width // 64))
+    heavy_seq = args.heavy_seq or args.seq
+    cfg = GPTConfig(vocab=8192, seq=max(args.seq, heavy_seq), width=args.width, layers=args.layers,
+                    heads=max(1, args.width // 64))
+    light_data, heavy_data = dataclasses.replace(cfg, seq=args.seq), dataclasses.replace(cfg, seq=heavy_seq)
     torch.manual_seed(rank)
     model = GPT(cfg).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    ctl = torchmem.BatchSizeController(args.heavy_batch, model=model, optimizer=opt)
+    ctl = torchmem.BatchSizeController(args.heavy_batch, model=model, optimizer=opt,
+                                       offload="auto" if args.offload_auto else None)
     gen = torch.Generator().manual_seed(rank)
 
     def loss_fn(ids):
@@ -93,16 +111,18 @@ def worker(args):
     while time.time() < start_at:
         time.sleep(0.01)
     end = args.start_at + 3 * args.phase_s
-    samples, steps, micro_by_phase, crashed = 0, 0, {0: [], 1: [], 2: []}, None
+    samples, tokens, steps, micro_by_phase, crashed = 0, 0, 0, {0: [], 1: [], 2: []}, None
     slow_steps = []  # steps that took over a second: where a stall went (time, seconds, heavy, micro, OOMs so far)
     try:
         while (now := time.time()) < end:
             phase = int((now - args.start_at) // args.phase_s)
             heavy = phase % 3 == rank
-            batch = synthetic_tokens(args.heavy_batch if heavy else args.light_batch, cfg, gen, "cuda")
+            batch = synthetic_tokens(args.heavy_batch if heavy else args.light_batch,
+                                     heavy_data if heavy else light_data, gen, "cuda")
             ctl.run(loss_fn, batch)
             ctl.step()  # optimizer.step() and zero_grad
             samples += batch.shape[0]
+            tokens += batch.shape[0] * (batch.shape[1] - 1)
             steps += 1
             took = time.time() - now
             if took > 1.0:
@@ -122,7 +142,7 @@ def worker(args):
     if mode != "static":  # what the pool did meanwhile: driver calls and cache releases
         pool = {k: v for k, v in torchmem.memory_stats().items()
                 if k.startswith("torchmem.backend.") or k in ("torchmem.num_reclaims", "torchmem.num_cache_releases")}
-    print(json.dumps({"rank": rank, "mode": mode, "samples": samples, "steps": steps, "wall_s": wall, "pool": pool,
+    print(json.dumps({"rank": rank, "mode": mode, "samples": samples, "tokens": tokens, "steps": steps, "wall_s": wall, "pool": pool,
                       "share_levers": levers, "slow_steps": slow_steps,
                       "ooms_recovered": ctl.ooms, "crashed": crashed, "waits_s": waits,
                       "micro_heavy": {str(k): (statistics.median(v) if v else None) for k, v in micro_by_phase.items()}}),
@@ -136,7 +156,9 @@ def run_mode(args, mode):
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", str(rank), "--mode", mode,
                                "--phase-s", str(args.phase_s),
                                "--heavy-batch", str(args.heavy_batch), "--light-batch", str(args.light_batch),
-                               "--width", str(args.width), "--layers", str(args.layers), "--seq", str(args.seq)],
+                               "--width", str(args.width), "--layers", str(args.layers), "--seq", str(args.seq)]
+                              + (["--heavy-seq", str(args.heavy_seq)] if args.heavy_seq else [])
+                              + (["--offload-auto"] if args.offload_auto else []),
                               cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
              for rank in range(3)]
@@ -168,6 +190,7 @@ def run_mode(args, mode):
         "mode": mode,
         "crashes": sum(1 for r in results if r["crashed"]),
         "samples_per_s": sum(r["samples"] for r in results) / wall,
+        "tokens_per_s": sum(r.get("tokens", 0) for r in results) / wall,
         "ooms_recovered": sum(r["ooms_recovered"] for r in results),
         "return_wait_s": {"max": max(waits), "median": statistics.median(waits), "count": len(waits)} if waits else None,
         "micro_heavy": {str(r["rank"]): r["micro_heavy"].get(str(r["rank"])) for r in results},
@@ -184,7 +207,9 @@ def main(argv=None):
     if not torch.cuda.is_available():
         sys.exit("bench/share_scenario.py needs a CUDA GPU")
     report = {"device": torch.cuda.get_device_name(0), "phase_s": args.phase_s, "heavy_batch": args.heavy_batch,
-              "light_batch": args.light_batch, "model": {"width": args.width, "layers": args.layers, "seq": args.seq},
+              "light_batch": args.light_batch, "offload_auto": args.offload_auto,
+              "model": {"width": args.width, "layers": args.layers, "seq": args.seq,
+                        "heavy_seq": args.heavy_seq or args.seq},
               "modes": []}
     for mode in args.modes.split(","):
         result = run_mode(args, mode)
@@ -192,6 +217,7 @@ def main(argv=None):
         wait = result["return_wait_s"]
         wait_text = "-" if wait is None else f"max {wait['max']:.3f} s, median {wait['median']:.3f} s"
         print(f"{mode:16} crashes={result['crashes']} samples/s={result['samples_per_s']:.1f} "
+              f"tokens/s={result['tokens_per_s']:.0f} "
               f"ooms_recovered={result['ooms_recovered']} heavy micro={result['micro_heavy']} "
               f"return wait: {wait_text}", flush=True)
     if args.out:
