@@ -90,11 +90,12 @@ class _Step:
     """The offloaded tensors of one forward (weakrefs, in save order) and its backward's
     fetch accounting (Note [Offload streams])."""
 
-    __slots__ = ("refs", "ready", "fetched", "freed", "floor", "live", "__weakref__")
+    __slots__ = ("refs", "ready", "end", "fetched", "freed", "floor", "live", "__weakref__")
 
     def __init__(self):
         self.refs = []
         self.ready = 0     # refs[:ready] finished their copy to the host
+        self.end = None    # refs[end:] are all fetched or used (set when backward begins)
         self.fetched = 0   # bytes of offloaded tensors fetched back
         self.freed = 0     # bytes of this step's saved tensors (kept, or fetched back) freed since
         self.floor = 0     # bytes the next-needed fetches may take beyond `freed`
@@ -129,6 +130,11 @@ class _Step:
 
     def _add_freed(self, nbytes):
         self.freed += nbytes
+
+
+def _done(h):
+    """Nothing left to fetch for this offloaded tensor (gone, used, or fetched already)."""
+    return h is None or h.used or h.fetched is not None
 
 
 def _on_free(obj, fn, arg):
@@ -205,6 +211,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         # Backward starts after forward: fetch the last-saved tensors now.
         step = self._offloaded
         self._backward = step
+        step.end = len(step.refs)
         for ref in reversed(step.refs[-self.prefetch:] if self.prefetch else []):
             h = ref()
             if h is not None:
@@ -255,6 +262,8 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             h.d2h_event = None
         h.host, h.host_base = view, host
         self._offloaded.refs.append(weakref.ref(h))
+        if self._offloaded.end is not None:  # a save after backward began (a recompute): look at it too
+            self._offloaded.end = len(self._offloaded.refs)
         self._moved_bytes += nbytes
         return h
 
@@ -300,15 +309,19 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             if h is not None and h.d2h_event is not None and not h.d2h_event.query():
                 break
             step.ready += 1
-        next_needed = True  # still on the tensors backward uses next, in order
-        for i in range(len(step.refs) - 1, -1, -1):
-            h = step.refs[i]()
-            if h is None or h.used or h.fetched is not None:
+        refs = step.refs
+        if step.end is None:  # backward inside the context: forward has just ended
+            step.end = len(refs)
+        while step.end > 0 and _done(refs[step.end - 1]()):  # backward's order: the last saved go first
+            step.end -= 1
+        # The next tensor backward needs may take the floor only if it is out already; tensors
+        # still on their way out (at and past `ready`) are not looked at.
+        allowance = step.floor if step.end <= step.ready else 0
+        for i in range(min(step.end, step.ready) - 1, -1, -1):
+            h = refs[i]()
+            if _done(h):
                 continue
-            if i >= step.ready:  # still on its way out: skip it, take what is out already
-                next_needed = False
-                continue
-            if not step.has_room(h, step.floor if next_needed else 0):
+            if not step.has_room(h, allowance):
                 break
             self._fetch(h)
 
