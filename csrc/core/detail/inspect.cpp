@@ -162,15 +162,16 @@ std::string Pool::Impl::check_invariants() const {
   }
   // Stats equal sums.
   const int kinds[2] = {kStatSmallPool, kStatLargePool};
+  // current_of, not .current: the fast path leaves .current stale (Note [Lazy current]).
   auto expect = [&](const char* name, const Stat* stat, const std::size_t* per_kind) -> bool {
     for (int j = 0; j < 2; ++j) {
-      if (stat[kinds[j]].current != static_cast<std::int64_t>(per_kind[j])) {
-        err << "stat " << name << "[" << (j ? "large_pool" : "small_pool") << "].current = " << stat[kinds[j]].current << ", expected " << per_kind[j];
+      if (detail::current_of(stat[kinds[j]]) != static_cast<std::int64_t>(per_kind[j])) {
+        err << "stat " << name << "[" << (j ? "large_pool" : "small_pool") << "].current = " << detail::current_of(stat[kinds[j]]) << ", expected " << per_kind[j];
         return false;
       }
     }
-    if (stat[kStatAll].current != static_cast<std::int64_t>(per_kind[0] + per_kind[1])) {
-      err << "stat " << name << "[all].current = " << stat[kStatAll].current << ", expected " << per_kind[0] + per_kind[1];
+    if (detail::current_of(stat[kStatAll]) != static_cast<std::int64_t>(per_kind[0] + per_kind[1])) {
+      err << "stat " << name << "[all].current = " << detail::current_of(stat[kStatAll]) << ", expected " << per_kind[0] + per_kind[1];
       return false;
     }
     return true;

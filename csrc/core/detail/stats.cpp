@@ -21,7 +21,15 @@ inline void set_gauge(Stat& stat, std::int64_t value) {
 
 }  // namespace
 
+void Pool::Impl::sync_current() {
+  for (Stat* gauge : {stats_.allocation, stats_.active, stats_.allocated_bytes, stats_.active_bytes,
+                      stats_.requested_bytes}) {
+    for (int i = 0; i < kStatKinds; ++i) gauge[i].current = detail::current_of(gauge[i]);
+  }
+}
+
 void Pool::Impl::sync_memory_stats() {
+  sync_current();  // inactive_split_bytes below reads active_bytes' current
   memory_dirty = false;
   std::int64_t total_segments = 0, total_reserved = 0, total_free = 0;
   const int kinds[2] = {kStatSmallPool, kStatLargePool};
