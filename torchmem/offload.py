@@ -108,8 +108,11 @@ class _Step:
 
     def track_kept(self, t):
         """Counts `t`'s storage as freed once every kept tensor tracked on it is gone."""
-        storage = t.untyped_storage()
-        key = storage.data_ptr()
+        try:
+            storage = t.untyped_storage()
+            key = storage.data_ptr()
+        except (RuntimeError, NotImplementedError):
+            return  # no real storage (a fake or functional tensor while tracing): it makes no room
         entry = self.live.get(key)
         if entry is None:
             self.live[key] = [1, storage.nbytes()]
