@@ -235,3 +235,28 @@ def test_room_comes_from_frees_each_storage_once():
     step.track_fetched(fetched, 128)
     del fetched
     assert step.freed == 1024 + 128 and other.numel() == 64
+
+
+def test_a_second_forward_in_one_context_does_not_inherit_the_first_backwards_room():
+    # Several micro-steps inside one `with offload:` share one step's accounting: what the
+    # first backward freed is allocated again by the second forward, so it is no room.
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(64, 64) for _ in range(4)]
+
+    def forward(x):
+        for layer in layers:
+            x = torch.relu(layer(x))
+        return x
+
+    offload = OffloadActivations(None, min_bytes=1, prefetch=0, devices=("cpu",))
+    with offload:  # the measuring step
+        forward(torch.randn(32, 64)).sum().backward()
+    offload.set_budget(sum(offload.measured) // 2)
+    with offload:
+        forward(torch.randn(32, 64)).sum().backward()   # micro-step 1: frees make room
+        step = offload._offloaded
+        assert step.freed >= step.fetched
+        out = forward(torch.randn(32, 64))              # micro-step 2's forward
+        assert step.freed == step.fetched               # nothing carried over
+    out.sum().backward()
+    assert all(p.grad is not None for layer in layers for p in layer.parameters())

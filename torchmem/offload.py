@@ -237,6 +237,12 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
     def _pack(self, t):
         if not self._eligible(t):
             return t
+        step = self._offloaded
+        if step.end is not None and step.freed > step.fetched:
+            # A forward after this step's backward began (several micro-steps in one context,
+            # or a recompute): what the earlier backward freed is being allocated again, so it
+            # is no longer room for fetches.
+            step.freed = step.fetched
         index = len(self._sizes)
         nbytes = t.numel() * t.element_size()
         self._sizes.append(nbytes)
