@@ -422,6 +422,7 @@ class BatchSizeController:
         self._record("shrink", micro, smaller, f"the budget fell to {budget} bytes inside a step; "
                                                f"the {rest} samples left run at {smaller}")
         self._micro = self._proposal = smaller
+        monitor.report_micro_batch(smaller, total)  # a sharing borrower gives back what it holds over its grant now
         return list(sizes[:index]) + split_sizes(rest, smaller)
 
     def _budget(self):
