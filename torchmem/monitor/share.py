@@ -13,7 +13,7 @@ unmap: Note [Device barrier] in csrc/core/pool.h), which stalls this process's
 queue. So an excess below `release_slack` of the device is kept until it
 grows or an owner's allocation waits (the decision is `urgent`): limits that
 move by a little at every tick must not cost a barrier each. Its BatchSizeController sees the
-lower budget and shrinks the micro-batch at its next step. No server: any
+lower budget and shrinks the micro-batch at its next micro-step. No server: any
 member can decide, the lock makes one decide at a time.
 
 Note [Owners wait, borrowers yield]
@@ -24,7 +24,8 @@ hook here records the bytes the allocation needs (`need`), arbitrates at once
 (the borrowers' limits fall) and waits, sleeping without the GIL, until the
 device has room, then asks the allocator to retry. Borrowers see the new
 decision within a tick: their cached memory goes back at once, their live
-memory at the end of their current step. An allocation beyond the owner's own
+memory at their next micro-step (the controller re-splits the rest of a step
+whose budget fell: Note [Shrinking inside a step] in batch/controller.py). An allocation beyond the owner's own
 guarantee (a borrower's, for one) is not a neighbour's doing: the hook
 declines at once and the OOM is the process's own (its controller recovers
 from it as from any OOM).
