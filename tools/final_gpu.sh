@@ -51,6 +51,12 @@ bounded() { local want=$1; local l; l=$(left); [ "$l" -lt "$want" ] && want=$l; 
 
 job_tests() {  # one pytest per file, so each file's failures are written out even if a later one hangs
   local f rc
+  if [ -d .peer ] && [ -z "${TORCHMEM_TORCH_TEST_CUDA:-}" ]; then
+    # PyTorch's TestBlockStateAbsorption under torchmem (tests/gpu/test_gpu_compile.py) needs the peer
+    # copy of test_cuda.py and expecttest (a wheel beside it)
+    [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .peer/wheels/*.whl > /dev/null 2>&1
+    export TORCHMEM_TORCH_TEST_CUDA=$PWD/.peer/test_cuda.py PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  fi
   for f in ${TEST_FILES:-tests/gpu/test_*.py}; do
     [ "$(left)" -lt 20 ] && { echo "tests: no time left for $f"; continue; }
     timeout "$(bounded ${T_TESTS:-200})" python3 -m pytest -v -rfE --tb=short -m gpu -p no:cacheprovider \
