@@ -412,12 +412,9 @@ class BatchSizeController:
         if budget is None or before is None or budget >= before:
             return None
         micro = sizes[index]
-        fit = self.policy.memory_model.largest_under(self.policy.target(budget))
-        if fit is None or fit >= micro or micro <= 1:
+        smaller = self.policy.fitting_below(micro, budget, self._cap())
+        if smaller is None:
             return None
-        smaller = self.policy.quantize(min(fit, micro - 1), cap=self._cap())
-        if smaller < max(1, self.min_micro) or smaller >= micro:
-            return None  # nothing fits: the micro-step's OOM takes the usual way
         rest = total - sum(sizes[:index])
         self._record("shrink", micro, smaller, f"the budget fell to {budget} bytes inside a step; "
                                                f"the {rest} samples left run at {smaller}")

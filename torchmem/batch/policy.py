@@ -69,6 +69,15 @@ class SizingPolicy:
             size = micro // 2
         return self.quantize(min(size, micro - 1), cap) if micro > 1 else 0
 
+    def fitting_below(self, micro, budget, cap):
+        """The size the model says fits `budget` when `micro` no longer does, or None (it
+        still fits, the model is not ready, or nothing allowed fits: an OOM will tell)."""
+        fit = self.memory_model.largest_under(self.target(budget))
+        if fit is None or fit >= micro or micro <= 1:
+            return None
+        size = self.quantize(min(fit, micro - 1), cap)
+        return size if 1 <= size < micro else None
+
     def note_oom(self, micro, budget, oom_here):
         """An attempt at `micro` failed (here, or on another rank)."""
         if oom_here:
