@@ -150,19 +150,15 @@ def test_oom_hooks_are_called_during_cleanup(monkeypatch):
     (True, "vmm", False),          # Note [No empty_cache after an OOM]
 ])
 def test_cleanup_empties_the_cache_only_where_that_helps(monkeypatch, installed, backend, emptied):
-    import importlib
-
-    from torchmem import retry
+    from torchmem import _loader, retry
     from torchmem._loader import _C
-
-    install = importlib.import_module("torchmem.install")  # the module: torchmem.install is also the function
 
     emptied_calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied_calls.append(1))
-    monkeypatch.setattr(install, "_installed_config", object() if installed else None)
+    monkeypatch.setattr(_loader, "is_installed", lambda: installed)
     monkeypatch.setattr(_C, "runtime_backend_name", lambda device: backend, raising=False)
     retry.cleanup_after_oom("CUDA out of memory. Tried to allocate 2.00 MiB", run_hooks=False)
     assert bool(emptied_calls) == emptied

@@ -49,12 +49,16 @@ left() { echo $(( DEADLINE - $(date +%s) )); }
 # bounded SECONDS: never past the deadline
 bounded() { local want=$1; local l; l=$(left); [ "$l" -lt "$want" ] && want=$l; [ "$want" -lt 5 ] && want=5; echo "$want"; }
 
+peer_site() {  # the peer suite's one extra package (expecttest), installed once into /tmp/site
+  [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .peer/wheels/*.whl > /dev/null 2>&1
+}
+
 job_tests() {  # one pytest per file, so each file's failures are written out even if a later one hangs
   local f rc
   if [ -d .peer ] && [ -z "${TORCHMEM_TORCH_TEST_CUDA:-}" ]; then
     # PyTorch's TestBlockStateAbsorption under torchmem (tests/gpu/test_gpu_compile.py) needs the peer
     # copy of test_cuda.py and expecttest (a wheel beside it)
-    [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .peer/wheels/*.whl > /dev/null 2>&1
+    peer_site
     export TORCHMEM_TORCH_TEST_CUDA=$PWD/.peer/test_cuda.py PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
   fi
   for f in ${TEST_FILES:-tests/gpu/test_*.py}; do
@@ -187,7 +191,7 @@ job_host() {
 job_cusparse() {  # the peer test that hit cudaErrorIllegalInstruction once: alone, repeated, under memcheck
   [ -d .peer ] || { echo "no .peer folder carried"; return 0; }
   local t=".peer/test_cuda.py::TestCuda::${PEER_ONE:-test_cusparse_multiple_threads_same_device}" i conf
-  [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .peer/wheels/*.whl > /dev/null 2>&1
+  peer_site
   for conf in "" "stitch_above=0"; do for i in $(seq 1 "${CUSPARSE_RUNS:-3}"); do
     TORCHMEM_CONF=$conf PYTHONPATH=/tmp/site:$PWD/.peer/tm_site TORCHMEM_PEER=1 timeout "$(bounded 90)" \
       python3 -m pytest "$t" -c .peer/pytest.ini --rootdir .peer -q -p no:cacheprovider >> "$OUT/cusparse.log" 2>&1

@@ -82,8 +82,7 @@ def offload_activations(budget_bytes=None, **kwargs):
 class _Offloaded:
     """One saved tensor living in host memory."""
 
-    __slots__ = ("host", "host_base", "shape", "stride", "dtype", "device", "index", "position", "step",
-                 "nbytes", "d2h_event", "h2d_event", "fetched", "used", "__weakref__")
+    __slots__ = ("host", "host_base", "shape", "stride", "dtype", "device", "step", "nbytes", "d2h_event", "h2d_event", "fetched", "used", "__weakref__")
 
 
 class _Step:
@@ -238,21 +237,22 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         if not self._eligible(t):
             return t
         step = self._offloaded
-        if step.end is not None and step.freed > step.fetched:
+        if step.end is not None:
             # A forward after this step's backward began (several micro-steps in one context,
             # or a recompute): what the earlier backward freed is being allocated again, so it
-            # is no longer room for fetches.
-            step.freed = step.fetched
+            # is no longer room for fetches, and the next look starts from the newest save.
+            step.freed = min(step.freed, step.fetched)
+            step.end = None
         index = len(self._sizes)
         nbytes = t.numel() * t.element_size()
         self._sizes.append(nbytes)
         if self.plan is not None and index < len(self.measured) and index not in self.plan:
-            self._offloaded.track_kept(t)  # its free in backward makes room for a fetch
+            step.track_kept(t)  # its free in backward makes room for a fetch
             return t
         pool = self._host_pool()
         h = _Offloaded()
         h.shape, h.stride, h.dtype, h.device = t.shape, t.stride(), t.dtype, t.device
-        h.index, h.position, h.step = index, len(self._offloaded.refs), self._offloaded
+        h.step = step
         h.nbytes = nbytes
         h.fetched, h.h2d_event, h.used = None, None, False
         if t.device.type == "cuda":
@@ -270,9 +270,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             view.copy_(t)
             h.d2h_event = None
         h.host, h.host_base = view, host
-        self._offloaded.refs.append(weakref.ref(h))
-        if self._offloaded.end is not None:  # a save after backward began (a recompute): look at it too
-            self._offloaded.end = len(self._offloaded.refs)
+        step.refs.append(weakref.ref(h))
         self._moved_bytes += nbytes
         return h
 
@@ -319,7 +317,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
                 break
             step.ready += 1
         refs = step.refs
-        if step.end is None:  # backward inside the context: forward has just ended
+        if step.end is None:  # backward inside the context, or a forward since the last look
             step.end = len(refs)
         while step.end > 0 and _done(refs[step.end - 1]()):  # backward's order: the last saved go first
             step.end -= 1

@@ -130,11 +130,11 @@ def _cache_release_helps(device):
     nothing it could not use, and the next step maps it all again: on the H200
     sharing scenario each OOM a batch-size controller recovered from released
     and re-created tens of thousands of granules (bench/share_scenario.py)."""
-    from torchmem._loader import _C
-    from torchmem.install import installed_config
+    from torchmem import _loader
 
-    if installed_config() is None:
+    if not _loader.is_installed():
         return True
+    _C = _loader._C
     try:
         return _C.runtime_backend_name(device) != "vmm"
     except Exception:  # no torchmem state for this device: nothing to judge, do what torch would
