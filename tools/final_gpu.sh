@@ -80,11 +80,12 @@ job_bench() {
   echo "bench: $(wc -l < "$R") results"
 }
 
-job_churn() {
-  for round in 1 2; do for a in native expandable async torchmem; do
-    timeout 40 python3 bench/churn_microbench.py --allocator $a --iters 50000 --repeats 3 --seed $round \
-      --out "$OUT/churn.jsonl" >> "$OUT/churn.log" 2>&1
-  done; done
+job_churn() {  # CHURN_PATTERNS (torchmem/patterns.py), CHURN_ALLOCATORS, CHURN_ITERS; order reversed in round 2
+  local order="${CHURN_ALLOCATORS:-native expandable async torchmem}" round p a
+  for round in 1 2; do for p in ${CHURN_PATTERNS:-random}; do for a in $order; do
+    timeout 40 python3 bench/churn_microbench.py --allocator $a --pattern $p --iters "${CHURN_ITERS:-50000}" \
+      --repeats 3 --seed $round --out "$OUT/churn.jsonl" >> "$OUT/churn.log" 2>&1
+  done; done; order=$(echo $order | tr ' ' '\n' | tac | tr '\n' ' '); done
   echo "churn: $(grep -c allocator "$OUT/churn.log") lines"; grep '^{' "$OUT/churn.log" | cut -c1-200
 }
 
@@ -162,6 +163,8 @@ job_scene() {
 
 job_rounds() {
   local order="native expandable torchmem" round w a
+  # one unrecorded run first: the first process of a call found the GPU cold (clocks, module loads)
+  timeout 60 python3 bench/gpu_workloads.py --workload gpt2 --allocator native --steps 4 --out /tmp/rounds_warm.jsonl > "$OUT/rounds_warm.log" 2>&1
   for round in $(seq 1 "${ROUNDS:-2}"); do
     for w in ${ROUND_WORKLOADS:-gpt2 llama_ckpt kv_generate vision}; do for a in $order; do
       timeout 90 python3 bench/gpu_workloads.py --workload $w --allocator $a --steps "${ROUND_STEPS:-14}" \
