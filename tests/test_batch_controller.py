@@ -355,3 +355,45 @@ def test_a_budget_that_falls_inside_a_step_resplits_the_rest_without_an_oom():
     assert ctl.micro_batch == 8 and ctl.events[-1]["event"] == "shrink"
     for p, g in zip(model.parameters(), want):
         torch.testing.assert_close(p.grad, g)
+
+
+def test_a_borrower_runs_micro_steps_short_enough_to_give_memory_back_fast(monkeypatch):
+    # Note [Borrowed memory comes back fast]: a sharing process may use borrowed memory
+    # only at sizes whose micro-step ends within _BORROWED_MICRO_STEP_S; sizes that fit its
+    # guarantee are never capped.
+    from torchmem.batch import controller as controller_module
+
+    clock = {"now": 0.0}
+    monkeypatch.setattr(controller_module.time, "perf_counter", lambda: clock["now"])
+    seconds_per_sample = 0.01  # the "GPU" pace: a micro-step of 50 samples takes 0.5 s
+    owned = 1000 + 100 * 16 + 50  # the guarantee fits micro 16
+    memory = SyntheticMemory(1000, 100, 1000 + 100 * 256 + 50, owned=owned)
+    model = torch.nn.Linear(3, 1)
+    ctl = BatchSizeController(256, model=model, probe=memory, quantum=8, margin=0.0)
+
+    def step_fn(micro_batch):
+        memory.use(micro_batch.shape[0])
+        clock["now"] += seconds_per_sample * micro_batch.shape[0]
+        return model(micro_batch).square().mean()
+
+    sizes = []
+    for _ in range(8):
+        ctl.run(step_fn, torch.randn(256, 3))
+        model.zero_grad(set_to_none=True)
+        sizes.append(ctl.micro_batch)
+    assert sizes[0] == 256  # no pace measured yet: the whole batch fits the budget
+    assert sizes[-1] == 48  # the largest grid size whose micro-step lasts <= 0.5 s
+    assert max(sizes[2:]) == 48 and memory.ooms == 0
+    assert any("borrowed memory" in e["reason"] for e in ctl.events)
+
+    memory.owned = 1000 + 100 * 128 + 50  # a larger guarantee: 128 fits it, so it is not capped
+    for _ in range(3):
+        ctl.run(step_fn, torch.randn(256, 3))
+        model.zero_grad(set_to_none=True)
+    assert ctl.micro_batch == 128
+
+    memory.owned = None  # not sharing: no cap at all
+    for _ in range(3):
+        ctl.run(step_fn, torch.randn(256, 3))
+        model.zero_grad(set_to_none=True)
+    assert ctl.micro_batch == 256

@@ -57,12 +57,27 @@ later no_sync() backward would launch a gradient all-reduce on that rank alone
 reducer (overlap of communication with backward) and agrees just before the
 final micro-step: OOMs in earlier micro-steps are recovered, an OOM in the
 final one raises MicroBatchOOMError (the other ranks fail in the all-reduce).
+
+Note [Borrowed memory comes back fast]
+A process that shares its GPU (docs/sharing.md) gives borrowed live memory
+back between micro-steps, so an owner that claims its share waits for the
+borrower's current micro-step to end. On the H200 a borrower that grew to
+micro-batch 224 ran ~2 s micro-steps and an owner waited 3.1 s (BENCHMARKS.md
+section 9), against the 1 s the sharing promise allows. So a size that needs
+borrowed memory (more than the model says fits the guarantee, probe.owned_bytes)
+is allowed only while one micro-step of it lasts at most
+_BORROWED_MICRO_STEP_S, judged by the seconds per sample of recent steps
+(the time between the ends of consecutive clean steps, which in steady state
+is the GPU's pace). Sizes that fit the guarantee are never capped. A step of
+a big batch then runs as more, shorter micro-steps: on a busy GPU a larger
+micro-batch buys little speed, and the owner's wait is bounded.
 """
 
 import collections
 import contextlib
 import logging
 import math
+import time
 import warnings
 from collections.abc import Mapping
 
@@ -79,6 +94,13 @@ from torchmem.retry import cleanup_after_oom, is_oom_error
 __all__ = ["BatchSizeController", "OptimizerStepOOMError", "MicroBatchOOMError"]
 
 log = logging.getLogger("torchmem.batch")
+
+# Note [Borrowed memory comes back fast]: the longest micro-step a size that
+# needs borrowed memory may take (half the 1 s return promise: the publisher's
+# tick and the give-back take the rest).
+_BORROWED_MICRO_STEP_S = 0.5
+# Weight of the newest step in the seconds-per-sample average.
+_PACE_WEIGHT = 0.5
 
 _LR_RULES = {
     "linear": lambda ratio: ratio,
@@ -220,6 +242,8 @@ class BatchSizeController:
         self.last_micro_steps = 0
         self.events = collections.deque(maxlen=1000)
         self._step_budget = None  # the budget at the last look inside a step (Note [Shrinking inside a step])
+        self._seconds_per_sample = None  # Note [Borrowed memory comes back fast]
+        self._last_clean_end = None
         self._micro = self.policy.quantize(micro_batch or self.local_batch, cap=self._cap())
         self._proposal = self._micro
         self._in_optimizer_step = False
@@ -300,6 +324,7 @@ class BatchSizeController:
             monitor.report_micro_batch(micro, total)  # top/metrics; a sharing borrower yields here
             outcome = self._attempt(step_fn, batch, total, micro, backward)
             if outcome["ok"]:
+                self._note_pace(total, clean=retries == 0)
                 self._after_success(micro, outcome, total)
                 return outcome["loss"]
             retries += 1
@@ -468,7 +493,7 @@ class BatchSizeController:
         self.last_micro_steps = outcome["micro_steps"]
         peak = outcome["peak"]
         self.policy.note_success(micro, None if peak is None else peak - (outcome["baseline"] or 0))
-        proposal = self.policy.grow_or_keep(self._micro, peak, self._budget(), self._cap())
+        proposal = self._returnable(self.policy.grow_or_keep(self._micro, peak, self._budget(), self._cap()))
         if self.world == 1:
             chosen = proposal
         else:
@@ -480,6 +505,32 @@ class BatchSizeController:
         self._proposal = proposal
         if self.adapt_global:
             self._follow_global(chosen)
+
+    def _note_pace(self, total, clean):
+        """Seconds per sample from the time between the ends of consecutive clean steps."""
+        now = time.perf_counter()
+        if clean and self._last_clean_end is not None and total > 0:
+            pace = (now - self._last_clean_end) / total
+            old = self._seconds_per_sample
+            self._seconds_per_sample = pace if old is None else _PACE_WEIGHT * pace + (1 - _PACE_WEIGHT) * old
+        self._last_clean_end = now if clean else None
+
+    def _returnable(self, micro):
+        """`micro`, or the largest size whose borrowed memory comes back within
+        _BORROWED_MICRO_STEP_S (Note [Borrowed memory comes back fast])."""
+        owned = self.probe.owned_bytes()
+        if owned is None or self._seconds_per_sample is None or micro <= 1:
+            return micro
+        fits_owned = self.policy.memory_model.largest_under(self.policy.target(owned))
+        if fits_owned is None or micro <= fits_owned:
+            return micro
+        quick = self.policy.quantize(max(1, int(_BORROWED_MICRO_STEP_S / self._seconds_per_sample)), self._cap())
+        allowed = max(quick, self.policy.quantize(max(1, fits_owned), self._cap()))
+        if allowed >= micro:
+            return micro
+        self.policy.last_reason = (f"borrowed memory: a micro-step of {micro} takes ~"
+                                   f"{micro * self._seconds_per_sample:.2f} s, over {_BORROWED_MICRO_STEP_S} s")
+        return allowed
 
     def _follow_global(self, micro):
         new_global = min(self.max_global, max(self.min_global, micro * self.world))

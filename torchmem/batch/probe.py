@@ -47,6 +47,12 @@ class MemoryProbe:
         """Bytes this process may use in all, or None when there is no known limit."""
         return None
 
+    def owned_bytes(self):
+        """Bytes this process keeps whatever its neighbours do (its guaranteed share when it
+        shares a GPU, docs/sharing.md), or None when it does not share: above this, the budget
+        is borrowed and must come back when the owner asks."""
+        return None
+
 
 class NullProbe(MemoryProbe):
     """No figures (CPU, or a backend without stats): the controller learns from OOMs only."""
@@ -131,6 +137,11 @@ class TorchmemProbe(MemoryProbe):
         reachable = free + int(stats.get("reserved_bytes.all.current", 0))
         return min(limit, reachable) if limit else reachable
 
+    def owned_bytes(self):
+        from torchmem import monitor
+
+        return monitor.share_guarantee_bytes(self.device)
+
 
 class SyntheticMemory(MemoryProbe):
     """A memory model for tests and docs: a step over `micro` samples needs
@@ -143,8 +154,9 @@ class SyntheticMemory(MemoryProbe):
 
     name = "synthetic"
 
-    def __init__(self, fixed, per_sample, budget, step_fixed=0):
+    def __init__(self, fixed, per_sample, budget, step_fixed=0, owned=None):
         self.fixed = int(fixed)
+        self.owned = owned  # a sharing process's guarantee (owned_bytes), None when not sharing
         self.step_fixed = int(step_fixed)
         self.per_sample = int(per_sample)
         self.budget = int(budget)
@@ -182,6 +194,9 @@ class SyntheticMemory(MemoryProbe):
 
     def budget_bytes(self):
         return self.budget
+
+    def owned_bytes(self):
+        return self.owned
 
 
 def _sharing():

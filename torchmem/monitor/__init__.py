@@ -94,6 +94,22 @@ def report_micro_batch(size, batch=None):
         pub.agent.give_back_now()
 
 
+def share_guarantee_bytes(device=None):
+    """This process's guaranteed share of `device` (an index; None: the current device) in bytes
+    while it shares its GPU (share=GROUP), else None (docs/sharing.md)."""
+    pub = _state["publisher"]
+    if pub is None or pub.agent is None or pub.latest is None:
+        return None
+    if device is None:
+        import torch
+
+        device = torch.cuda.current_device()
+    for row in pub.latest.devices:
+        if row.index == device and row.guarantee_bytes:
+            return int(row.guarantee_bytes)
+    return None
+
+
 def _own_records():
     pub = _state["publisher"]
     if pub is not None and pub.latest is not None:
