@@ -8,6 +8,23 @@ BENCHMARKS.md: step time and peak memory of
 Issue 13's goals: >= 3x faster than save_on_cpu at the same peak, and <= 1.5x
 the no-offload step when less than half of the activations move.
 
+Each offload row also gets a PCIe lower bound on its step (pcie_bound): to bring
+the peak down by R = peak(none) - peak(row) bytes, R bytes must have crossed
+PCIe device-to-host before the peak, the end of the forward pass at the
+earliest, so that forward cannot end sooner than R / d2h:
+    bound    = t_none + max(0, R / d2h - t_fwd)
+The moved bytes M come back host-to-device, and backward needs them; adding
+    estimate = bound + max(0, M / h2d - t_bwd)
+is an estimate, not a bound (data whose room the peak does not need may come
+back before backward starts). t_fwd / t_bwd / t_opt are medians of no-offload
+steps that synchronize after the forward and after backward (extra steps, so
+the "none" row itself stays unsynchronized); d2h / h2d are the best of 3 copies
+of 1 GiB between a CUDA tensor and a pinned CPU tensor, in this process.
+save_on_cpu's M is taken as the eligible saved bytes of torchmem's measuring
+step (it moves at least those). JSON: top-level t_fwd_ms, t_bwd_ms, t_opt_ms,
+d2h_gbps, h2d_gbps (GB/s, 1e9 bytes/s); per offload row bound_ms, estimate_ms,
+step_over_bound, lowered_bytes, estimate_moved_bytes.
+
     python bench/offload_bench.py [--model gpt2|llama] [--batch 8] [--keep 0 0.5] [--steps 6] [--out offload.json]
 """
 
@@ -21,6 +38,62 @@ import time
 
 # This checkout's torchmem, not whichever one is installed.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+GiB = 1 << 30
+
+
+def pcie_bound(t_none, t_fwd, t_bwd, lowered_bytes, moved_bytes, d2h, h2d):
+    """The PCIe lower bound on an offload step and the two-sided estimate, in
+    seconds. t_none, t_fwd, t_bwd: the no-offload step, its forward and its
+    backward (s); lowered_bytes: how far the row's peak is below no offload's
+    (<= 0: not lowered, nothing had to leave); moved_bytes: what came back for
+    backward; d2h, h2d: pinned copy bandwidths (bytes/s). No torch here."""
+    if d2h <= 0 or h2d <= 0:
+        raise ValueError("bandwidths must be positive")
+    bound = t_none + max(0.0, max(0, lowered_bytes) / d2h - t_fwd)
+    estimate = bound + max(0.0, max(0, moved_bytes) / h2d - t_bwd)
+    return bound, estimate
+
+
+def bound_fields(row, none_row, split, bw, moved_bytes):
+    """The per-row JSON fields of the bound: row and none_row have step_s and
+    peak_bytes; split has t_fwd_s and t_bwd_s; bw has d2h and h2d (bytes/s)."""
+    lowered = none_row["peak_bytes"] - row["peak_bytes"]
+    bound, estimate = pcie_bound(none_row["step_s"], split["t_fwd_s"], split["t_bwd_s"],
+                                 lowered, moved_bytes, bw["d2h"], bw["h2d"])
+    return {"bound_ms": bound * 1e3, "estimate_ms": estimate * 1e3, "step_over_bound": row["step_s"] / bound,
+            "lowered_bytes": lowered, "estimate_moved_bytes": moved_bytes}
+
+
+def bound_text(fields):
+    """What the summary line appends for the bound (no ';': the log is joined on it)."""
+    return (f"   bound {fields['bound_ms']:.1f} ms (x{fields['step_over_bound']:.2f})"
+            f", estimate {fields['estimate_ms']:.1f} ms")
+
+
+def pinned_bandwidth(torch, nbytes=GiB, repeats=3):
+    """Device-to-host and host-to-device bytes/s of one non_blocking copy of
+    nbytes between a CUDA tensor and a pinned CPU tensor, best of `repeats`
+    after one warm-up copy each way."""
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def best(dst, src):
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            dst.copy_(src, non_blocking=True)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        return nbytes / min(times)
+
+    d2h = best(host, dev)
+    h2d = best(dev, host)
+    del dev, host
+    torch.cuda.empty_cache()
+    return {"d2h": d2h, "h2d": h2d}
 
 
 def main(argv=None):
@@ -40,6 +113,8 @@ def main(argv=None):
         print("offload_bench: no CUDA GPU here", file=sys.stderr)
         return 2
     import torchmem
+    bw = pinned_bandwidth(torch)  # before the model: the 1 GiB on the device is free again
+    print(f"pcie pinned copy 1 GiB: d2h {bw['d2h'] / 1e9:.1f} GB/s, h2d {bw['h2d'] / 1e9:.1f} GB/s", flush=True)
     torch.manual_seed(0)
     if args.model == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
@@ -53,15 +128,38 @@ def main(argv=None):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.seq), device="cuda")
 
-    def step(ctx):
+    def step(ctx, marks=None):
         with ctx:
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 loss = model(input_ids=ids, labels=ids).loss
+        if marks is not None:  # the forward / backward split: synchronize at each end
+            torch.cuda.synchronize()
+            marks.append(time.perf_counter())
         loss.backward()
+        if marks is not None:
+            torch.cuda.synchronize()
+            marks.append(time.perf_counter())
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    def measure(name, make_ctx, extra=None):
+    def split_none():
+        """Medians of the no-offload forward, backward and optimizer step (s), over
+        args.steps extra steps that synchronize between them (the model is warm)."""
+        fwd, bwd, rest = [], [], []
+        for _ in range(args.steps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            marks = []
+            step(contextlib.nullcontext(), marks)
+            torch.cuda.synchronize()
+            t3 = time.perf_counter()
+            fwd.append(marks[0] - t0)
+            bwd.append(marks[1] - marks[0])
+            rest.append(t3 - marks[1])
+        return {"t_fwd_s": statistics.median(fwd), "t_bwd_s": statistics.median(bwd),
+                "t_opt_s": statistics.median(rest)}
+
+    def measure(name, make_ctx, extra=None, moved_for_bound=None):
         for _ in range(2):
             step(make_ctx())
         torch.cuda.synchronize()
@@ -74,12 +172,21 @@ def main(argv=None):
             times.append(time.perf_counter() - t0)
         row = {"mode": name, "step_s": statistics.median(times), "peak_bytes": torch.cuda.max_memory_allocated()}
         row.update(extra() if extra else {})
+        tail = ""
+        if rows:  # an offload row: its bound against the no-offload row
+            moved = row["moved_bytes"] if moved_for_bound is None else moved_for_bound
+            row.update(bound_fields(row, rows[0], split, bw, moved))
+            tail = bound_text(row)
         print(f"{name:28s} step {row['step_s'] * 1e3:8.1f} ms   peak {row['peak_bytes'] / 2**30:6.2f} GiB"
               + (f"   moved {row['moved_bytes'] / 2**30:.2f} of {row['saved_bytes'] / 2**30:.2f} GiB"
-                 if "moved_bytes" in row else ""), flush=True)
+                 if "moved_bytes" in row else "") + tail, flush=True)
         return row
 
-    rows = [measure("none", contextlib.nullcontext)]
+    rows = []
+    rows.append(measure("none", contextlib.nullcontext))
+    split = split_none()
+    print(f"no offload split: forward {split['t_fwd_s'] * 1e3:.1f} ms, backward {split['t_bwd_s'] * 1e3:.1f} ms,"
+          f" optimizer {split['t_opt_s'] * 1e3:.1f} ms", flush=True)
     offload = torchmem.offload_activations(None)
     step(offload)  # the measuring step
     saved = offload.last_step["saved_bytes"]
@@ -89,7 +196,7 @@ def main(argv=None):
                          "saved_bytes": offload.last_step["saved_bytes"], "keep": keep}
         rows.append(measure(f"torchmem keep {keep:.2f}", lambda: offload, stats))
     rows.append(measure("save_on_cpu(pin_memory=True)",
-                        lambda: torch.autograd.graph.save_on_cpu(pin_memory=True)))
+                        lambda: torch.autograd.graph.save_on_cpu(pin_memory=True), moved_for_bound=saved))
     base = rows[0]["step_s"]
     soc = rows[-1]
     for row in rows:
@@ -97,7 +204,10 @@ def main(argv=None):
         row["save_on_cpu_over_this"] = soc["step_s"] / row["step_s"]
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
               "batch": args.batch,
-              "seq": args.seq, "rows": rows, "host_pool": torchmem.host.stats()}
+              "seq": args.seq, "rows": rows, "host_pool": torchmem.host.stats(),
+              "t_fwd_ms": split["t_fwd_s"] * 1e3, "t_bwd_ms": split["t_bwd_s"] * 1e3,
+              "t_opt_ms": split["t_opt_s"] * 1e3,
+              "d2h_gbps": bw["d2h"] / 1e9, "h2d_gbps": bw["h2d"] / 1e9}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1, default=str)
