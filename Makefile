@@ -9,7 +9,8 @@ TORCH_SPEC ?= torch==2.14.1
 TORCH_PIP_ARGS ?=
 PIP := $(PYTHON) -m pip
 
-.PHONY: setup setup-test build demo test test-gpu bench-micro bench-host-micro clean
+.PHONY: setup setup-test build demo test test-gpu bench-micro bench-host-micro clean \
+	bench-vmm-chunks bench-vmm-chunks-build
 
 setup:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
@@ -48,6 +49,28 @@ bench-host-micro:
 	$(CXX) -std=c++17 -O3 -DNDEBUG -pthread -Icsrc csrc/host/host_pool.cpp csrc/host/host_system.cpp \
 	  csrc/host/sim_host_backend.cpp bench/host_microbench.cpp -o build/bench/host_microbench
 	./build/bench/host_microbench
+
+# Standalone CUDA driver-API probe of pool-growth cost per granule by chunking design
+# (bench/vmm_chunk_probe.cpp; no torch). -build always compiles; it links only where a
+# libcuda.so (or the toolkit's stub next to nvcc) exists, so it is checkable without a GPU.
+# Run on a GPU: make bench-vmm-chunks VMM_CHUNK_ARGS="--granules 1 4 16 64 256 --repeats 10"
+NVCC ?= nvcc
+VMM_CHUNK_ARGS ?=
+CUDA_STUBS := $(firstword $(wildcard $(dir $(shell command -v $(NVCC) 2>/dev/null))../lib64/stubs \
+	/usr/local/cuda/lib64/stubs))
+
+bench-vmm-chunks-build:
+	@mkdir -p build
+	$(NVCC) -O2 -std=c++17 -c bench/vmm_chunk_probe.cpp -o build/vmm_chunk_probe.o
+	@if [ -e "$(CUDA_STUBS)/libcuda.so" ] || ldconfig -p 2>/dev/null | grep -q 'libcuda\.so '; then \
+	  echo "$(NVCC) build/vmm_chunk_probe.o $(if $(CUDA_STUBS),-L$(CUDA_STUBS)) -lcuda -o build/vmm_chunk_probe"; \
+	  $(NVCC) build/vmm_chunk_probe.o $(if $(CUDA_STUBS),-L$(CUDA_STUBS)) -lcuda -o build/vmm_chunk_probe; \
+	else \
+	  echo "bench-vmm-chunks-build: compiled build/vmm_chunk_probe.o; no libcuda.so here, not linked"; \
+	fi
+
+bench-vmm-chunks: bench-vmm-chunks-build
+	./build/vmm_chunk_probe $(VMM_CHUNK_ARGS)
 
 clean:
 	rm -rf build torchmem/_C*.so *.egg-info
