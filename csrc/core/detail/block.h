@@ -26,23 +26,28 @@ struct Segment;
 // any stream needs every stream's fence (Note [Fences] in pool.h).
 constexpr StreamId kMixedStreams = ~StreamId{0};
 
-struct Block {
+// Field order and alignment: best fit, split and merge read only the first
+// cache line (address, size, links, state, fence tag) of a candidate block
+// and of its neighbours; the live-block fields share the second line. With
+// the 120-byte record packed at any offset, best fit touched two lines per
+// candidate.
+struct alignas(64) Block {
   Addr addr = 0;
   std::size_t size = 0;         // rounded, a multiple of kMinBlockSize
   Block* prev = nullptr;        // address neighbours in the same range
   Block* next = nullptr;
   Heap* heap = nullptr;
-  Segment* segment = nullptr;   // cuda_malloc mode: the segment it lies in
+  // Free blocks: the stream that last freed (part of) it and the pool sequence
+  // number of that free; free_seq == 0 means never used (no fence needed).
+  StreamId free_stream = 0;
+  std::uint64_t free_seq = 0;
   BlockState state = BlockState::kInactive;
   // Live blocks: what allocate() was told.
   std::size_t requested = 0;
   StreamId stream = 0;          // the allocating stream
   std::uint64_t context = 0;
   std::vector<StreamId> uses;   // record_stream() streams other than `stream`
-  // Free blocks: the stream that last freed (part of) it and the pool sequence
-  // number of that free; free_seq == 0 means never used (no fence needed).
-  StreamId free_stream = 0;
-  std::uint64_t free_seq = 0;
+  Segment* segment = nullptr;   // cuda_malloc mode: the segment it lies in
 
   bool is_free() const { return state == BlockState::kInactive; }
   Addr end() const { return addr + size; }
