@@ -516,21 +516,9 @@ class BatchSizeController:
         self._last_clean_end = now if clean else None
 
     def _returnable(self, micro):
-        """`micro`, or the largest size whose borrowed memory comes back within
-        _BORROWED_MICRO_STEP_S (Note [Borrowed memory comes back fast])."""
-        owned = self.probe.owned_bytes()
-        if owned is None or self._seconds_per_sample is None or micro <= 1:
-            return micro
-        fits_owned = self.policy.memory_model.largest_under(self.policy.target(owned))
-        if fits_owned is None or micro <= fits_owned:
-            return micro
-        quick = self.policy.quantize(max(1, int(_BORROWED_MICRO_STEP_S / self._seconds_per_sample)), self._cap())
-        allowed = max(quick, self.policy.quantize(max(1, fits_owned), self._cap()))
-        if allowed >= micro:
-            return micro
-        self.policy.last_reason = (f"borrowed memory: a micro-step of {micro} takes ~"
-                                   f"{micro * self._seconds_per_sample:.2f} s, over {_BORROWED_MICRO_STEP_S} s")
-        return allowed
+        """Note [Borrowed memory comes back fast]: the policy's cap for a size that borrows."""
+        return self.policy.returnable(micro, self.probe.owned_bytes(), self._seconds_per_sample,
+                                      _BORROWED_MICRO_STEP_S, self._cap())
 
     def _follow_global(self, micro):
         new_global = min(self.max_global, max(self.min_global, micro * self.world))

@@ -131,6 +131,24 @@ class SizingPolicy:
             return max(1, candidate)
         return micro
 
+    def returnable(self, micro, owned, seconds_per_sample, max_step_s, cap):
+        """`micro`, or the largest size whose micro-step lasts <= max_step_s when `micro`
+        needs more than `owned` bytes (borrowed memory: Note [Borrowed memory comes back
+        fast] in controller.py). Sizes that fit `owned` are never capped; without a
+        guarantee, a pace or a ready model, `micro` stands."""
+        if owned is None or seconds_per_sample is None or micro <= 1:
+            return micro
+        fits_owned = self.memory_model.largest_under(self.target(owned))
+        if fits_owned is None or micro <= fits_owned:
+            return micro
+        quick = self.quantize(max(1, int(max_step_s / seconds_per_sample)), cap)
+        allowed = max(quick, self.quantize(max(1, fits_owned), cap))
+        if allowed >= micro:
+            return micro
+        self.last_reason = (f"borrowed memory: a micro-step of {micro} takes ~{micro * seconds_per_sample:.2f} s, "
+                            f"over {max_step_s} s")
+        return allowed
+
     def probe_up(self, micro, cap):
         """Without memory figures: a size above `micro` to try after enough clean steps, else
         `micro` (Note [Probing without figures])."""
