@@ -493,7 +493,9 @@ class BatchSizeController:
         self.last_micro_steps = outcome["micro_steps"]
         peak = outcome["peak"]
         self.policy.note_success(micro, None if peak is None else peak - (outcome["baseline"] or 0))
-        proposal = self._returnable(self.policy.grow_or_keep(self._micro, peak, self._budget(), self._cap()))
+        proposal = self.policy.grow_or_keep(self._micro, peak, self._budget(), self._cap())
+        proposal = self.policy.returnable(proposal, self.probe.owned_bytes(), self._seconds_per_sample,
+                                          _BORROWED_MICRO_STEP_S, self._cap())  # Note [Borrowed memory comes back fast]
         if self.world == 1:
             chosen = proposal
         else:
@@ -514,11 +516,6 @@ class BatchSizeController:
             old = self._seconds_per_sample
             self._seconds_per_sample = pace if old is None else _PACE_WEIGHT * pace + (1 - _PACE_WEIGHT) * old
         self._last_clean_end = now if clean else None
-
-    def _returnable(self, micro):
-        """Note [Borrowed memory comes back fast]: the policy's cap for a size that borrows."""
-        return self.policy.returnable(micro, self.probe.owned_bytes(), self._seconds_per_sample,
-                                      _BORROWED_MICRO_STEP_S, self._cap())
 
     def _follow_global(self, micro):
         new_global = min(self.max_global, max(self.min_global, micro * self.world))
