@@ -19,7 +19,7 @@ DEFAULT, SIDE = 1, 2
 
 def make(limit, event_delay=0, **config):
     sim = _C.SimBackend(capacity=64 * MiB, event_delay=event_delay)
-    pool = _C.Pool(sim, dict(dict(stitch_above=0.0, debug_checks=True), limit_bytes=limit, **config))
+    pool = _C.Pool(sim, dict(dict(stitch_above=0.0, run_below=0.0, debug_checks=True), limit_bytes=limit, **config))
     return sim, pool
 
 

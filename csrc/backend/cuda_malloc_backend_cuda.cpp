@@ -24,6 +24,9 @@ GranuleHandle CudaMallocBackend::create_granule() { no_vmm("create_granule"); }
 void CudaMallocBackend::release_granule(GranuleHandle) { no_vmm("release_granule"); }
 void CudaMallocBackend::map(Addr, const GranuleHandle*, std::size_t) { no_vmm("map"); }
 void CudaMallocBackend::unmap(Addr, std::size_t) { no_vmm("unmap"); }
+GranuleHandle CudaMallocBackend::create_run(std::size_t) { no_vmm("create_run"); }
+void CudaMallocBackend::map_run(Addr, GranuleHandle, std::size_t) { no_vmm("map_run"); }
+void CudaMallocBackend::unmap_run(Addr, std::size_t) { no_vmm("unmap_run"); }
 
 Addr CudaMallocBackend::allocate_segment(std::size_t bytes) {
   cuda::RelaxedCaptureGuard relaxed;

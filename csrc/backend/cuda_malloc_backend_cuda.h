@@ -28,6 +28,9 @@ class CudaMallocBackend final : public CudaDeviceBackend {
   void release_granule(GranuleHandle handle) override;
   void map(Addr at, const GranuleHandle* handles, std::size_t count) override;
   void unmap(Addr at, std::size_t count) override;
+  GranuleHandle create_run(std::size_t granules) override;
+  void map_run(Addr at, GranuleHandle handle, std::size_t granules) override;
+  void unmap_run(Addr at, std::size_t granules) override;
 
   Addr allocate_segment(std::size_t bytes) override;
   void free_segment(Addr base, std::size_t bytes) override;

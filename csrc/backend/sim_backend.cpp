@@ -102,14 +102,26 @@ void SimBackend::unreserve(Addr base, std::size_t bytes) {
 
 GranuleHandle SimBackend::create_granule() {
   std::lock_guard<std::mutex> lock(mutex_);
-  require_vmm("create_granule");
+  return create_handle("create_granule", 1);
+}
+
+GranuleHandle SimBackend::create_run(std::size_t granules) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (granules < 2) misuse("create_run", "a run needs at least 2 granules, got " + std::to_string(granules));
+  return create_handle("create_run", granules);
+}
+
+GranuleHandle SimBackend::create_handle(const char* call, std::size_t granules) {
+  require_vmm(call);
+  const std::size_t bytes = granules * config_.granularity;
   modeled_us_ += config_.costs.create_us;
-  if (device_used_ + config_.granularity > config_.capacity_bytes) return 0;
+  if (device_used_ + bytes > config_.capacity_bytes) return 0;
   ++counters_.create_calls;
   GranuleHandle h = next_handle_++;
   GranuleState& state = granules_[h];
-  if (config_.host_memory) state.host.reset(new unsigned char[config_.granularity]);
-  device_used_ += config_.granularity;
+  state.granules = granules;
+  if (config_.host_memory) state.host.reset(new unsigned char[bytes]);
+  device_used_ += bytes;
   return h;
 }
 
@@ -124,8 +136,14 @@ void SimBackend::release_granule(GranuleHandle handle) {
   }
   ++counters_.release_calls;
   modeled_us_ += config_.costs.release_us;
-  device_used_ -= config_.granularity;
+  device_used_ -= it->second.granules * config_.granularity;
   granules_.erase(it);
+}
+
+std::pair<GranuleHandle, SimBackend::GranuleState*> SimBackend::mapping_at(const char* call, Addr at) {
+  auto it = mappings_.find(at);
+  if (it == mappings_.end()) misuse(call, "granule " + hex(at) + " is not mapped");
+  return {it->second, &granules_.at(it->second)};
 }
 
 void SimBackend::map(Addr at, const GranuleHandle* handles, std::size_t count) {
@@ -138,7 +156,9 @@ void SimBackend::map(Addr at, const GranuleHandle* handles, std::size_t count) {
   // is mapped elsewhere already is fine (an alias, as CUDA allows).
   for (std::size_t i = 0; i < count; ++i) {
     if (mappings_.count(at + i * g)) misuse("map", "granule " + hex(at + i * g) + " is already mapped");
-    if (!granules_.count(handles[i])) misuse("map", "unknown handle " + std::to_string(handles[i]));
+    auto h = granules_.find(handles[i]);
+    if (h == granules_.end()) misuse("map", "unknown handle " + std::to_string(handles[i]));
+    if (h->second.granules > 1) misuse("map", "handle " + std::to_string(handles[i]) + " is a run; use map_run");
   }
   for (std::size_t i = 0; i < count; ++i) {
     mappings_[at + i * g] = handles[i];
@@ -148,13 +168,53 @@ void SimBackend::map(Addr at, const GranuleHandle* handles, std::size_t count) {
   modeled_us_ += count * (config_.costs.map_us + config_.costs.set_access_us);
 }
 
+void SimBackend::map_run(Addr at, GranuleHandle handle, std::size_t granules) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  require_vmm("map_run");
+  const std::size_t g = config_.granularity;
+  if (at % g != 0) misuse("map_run", "address " + hex(at) + " is not granule-aligned");
+  auto h = granules_.find(handle);
+  if (h == granules_.end()) misuse("map_run", "unknown handle " + std::to_string(handle));
+  if (h->second.granules != granules) {
+    misuse("map_run", "handle " + std::to_string(handle) + " has " + std::to_string(h->second.granules) +
+                          " granules; a run maps whole (" + std::to_string(granules) + " asked)");
+  }
+  if (!h->second.mapped_at.empty()) misuse("map_run", "run handle " + std::to_string(handle) + " is mapped already");
+  require_reserved("map_run", at, granules * g);
+  for (std::size_t i = 0; i < granules; ++i) {
+    if (mappings_.count(at + i * g)) misuse("map_run", "granule " + hex(at + i * g) + " is already mapped");
+  }
+  for (std::size_t i = 0; i < granules; ++i) mappings_[at + i * g] = handle;
+  h->second.mapped_at.push_back(at);
+  counters_.map_calls += 1;
+  modeled_us_ += config_.costs.map_us + config_.costs.set_access_us + granules * config_.costs.run_granule_us;
+}
+
+void SimBackend::unmap_run(Addr at, std::size_t granules) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  require_vmm("unmap_run");
+  auto [handle, state] = mapping_at("unmap_run", at);
+  if (state->granules != granules || state->mapped_at.empty() || state->mapped_at.front() != at) {
+    misuse("unmap_run", "no run of " + std::to_string(granules) + " granules is mapped at " + hex(at) +
+                            " (a run unmaps whole, from its first granule)");
+  }
+  const std::size_t g = config_.granularity;
+  require_untouched("unmap_run", at, granules * g);
+  for (std::size_t i = 0; i < granules; ++i) mappings_.erase(at + i * g);
+  state->mapped_at.clear();
+  counters_.unmap_calls += 1;
+  modeled_us_ += config_.costs.unmap_us + granules * config_.costs.run_unmap_granule_us;
+}
+
 void SimBackend::unmap(Addr at, std::size_t count) {
   std::lock_guard<std::mutex> lock(mutex_);
   require_vmm("unmap");
   const std::size_t g = config_.granularity;
   if (count == 0 || at % g != 0) misuse("unmap", "bad run " + hex(at) + " x" + std::to_string(count));
   for (std::size_t i = 0; i < count; ++i) {
-    if (!mappings_.count(at + i * g)) misuse("unmap", "granule " + hex(at + i * g) + " is not mapped");
+    if (mapping_at("unmap", at + i * g).second->granules > 1) {
+      misuse("unmap", "granule " + hex(at + i * g) + " belongs to a run handle; unmap_run unmaps it whole");
+    }
   }
   require_untouched("unmap", at, count * g);
   for (std::size_t i = 0; i < count; ++i) {
@@ -307,8 +367,11 @@ unsigned char* SimBackend::host_at(Addr addr, std::size_t* contiguous) {
     Addr granule = addr / g * g;
     auto it = mappings_.find(granule);
     if (it == mappings_.end()) misuse("pattern", "address " + hex(addr) + " is not mapped");
+    const GranuleState& state = granules_[it->second];
+    // A run's bytes lie in one buffer from its (only) place on.
+    const Addr start = state.granules > 1 ? state.mapped_at.front() : granule;
     *contiguous = granule + g - addr;
-    return granules_[it->second].host.get() + (addr - granule);
+    return state.host.get() + (addr - start);
   }
   auto it = segments_.upper_bound(addr);
   if (it == segments_.begin()) misuse("pattern", "address " + hex(addr) + " is in no segment");

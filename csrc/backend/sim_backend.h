@@ -14,6 +14,10 @@
 // one owner and overwritten by another) and stitching bugs (the data of a
 // live block must not move when granules are remapped elsewhere).
 //
+// A run handle (create_run) backs several granules and is mapped and
+// unmapped whole, at one place (map_run / unmap_run); the driver refuses
+// slices, so the simulator does too.
+//
 // Like CUDA, one granule handle may be mapped at several addresses at once
 // (the pool's alias reclaim does so); every mapping of a handle sees the same
 // bytes. Real misuse still throws: mapping over a mapped address, unmapping
@@ -51,16 +55,24 @@
 
 namespace torchmem {
 
-// Microseconds per call (per granule for create/release/map/unmap), declared
-// once (the bindings parse them from a dict by this list). device_sync_us is
-// the host's wait plus the bubble of a drained GPU, a rough figure.
+// Microseconds per call, declared once (the bindings parse them from a dict
+// by this list), fitted to the H200 (BENCHMARKS.md sections 5 and 9): growing
+// by a handle per granule costs create + map + set_access ~29 us per granule
+// (access is charged per handle it covers: the driver's cost follows handles,
+// not calls); a run handle of N granules costs the same once plus
+// run_granule_us per granule (28.6 us at N = 1, 82 us at N = 256 measured),
+// and tearing it down unmap + release plus run_unmap_granule_us per granule
+// (77 us at N = 64). device_sync_us is the host's wait plus the bubble of a
+// drained GPU, a rough figure.
 #define TORCHMEM_SIM_COSTS(X) \
   X(reserve_us, 20)           \
   X(create_us, 9.6)           \
   X(release_us, 10.7)         \
   X(map_us, 1.1)              \
-  X(set_access_us, 0.5)       \
-  X(unmap_us, 16.3)           \
+  X(set_access_us, 18.5)      \
+  X(unmap_us, 13.3)           \
+  X(run_granule_us, 0.2)      \
+  X(run_unmap_granule_us, 0.8) \
   X(segment_alloc_us, 60)     \
   X(segment_free_us, 100)     \
   X(event_record_us, 1.0)     \
@@ -115,9 +127,12 @@ class SimBackend final : public Backend {
   Addr reserve(std::size_t bytes) override;
   void unreserve(Addr base, std::size_t bytes) override;
   GranuleHandle create_granule() override;
+  GranuleHandle create_run(std::size_t granules) override;
   void release_granule(GranuleHandle handle) override;
   void map(Addr at, const GranuleHandle* handles, std::size_t count) override;
   void unmap(Addr at, std::size_t count) override;
+  void map_run(Addr at, GranuleHandle handle, std::size_t granules) override;
+  void unmap_run(Addr at, std::size_t granules) override;
   Addr allocate_segment(std::size_t bytes) override;
   void free_segment(Addr base, std::size_t bytes) override;
   EventHandle record_event(StreamId stream) override;
@@ -128,9 +143,13 @@ class SimBackend final : public Backend {
 
  private:
   struct GranuleState {
+    std::size_t granules = 1;     // > 1: a run handle (create_run), mapped whole only
     std::vector<Addr> mapped_at;  // every address it is mapped at (usually 0 or 1)
     std::unique_ptr<unsigned char[]> host;  // host_memory only
   };
+  GranuleHandle create_handle(const char* call, std::size_t granules);
+  // The handle mapped at granule address `at` and that handle's state, or throws.
+  std::pair<GranuleHandle, GranuleState*> mapping_at(const char* call, Addr at);
   struct SegmentState {
     std::size_t bytes = 0;
     std::unique_ptr<unsigned char[]> host;

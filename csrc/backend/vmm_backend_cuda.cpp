@@ -103,6 +103,16 @@ CUmemAllocationProp granule_properties(int device) {
 
 bool is_out_of_memory(CUresult status) { return status == CUDA_ERROR_OUT_OF_MEMORY; }
 
+// Read and write access for `device` over [at, at + bytes), one call however
+// many handles the range covers.
+CUresult grant_access(const DriverApi& api, int device, Addr at, std::size_t bytes) {
+  CUmemAccessDesc access = {};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return api.set_access(static_cast<CUdeviceptr>(at), bytes, &access, 1);
+}
+
 }  // namespace
 
 bool VmmBackend::device_supports_vmm(int device) {
@@ -154,12 +164,19 @@ void VmmBackend::unreserve(Addr base, std::size_t bytes) {
   check_driver(api_, api_.address_free(static_cast<CUdeviceptr>(base), bytes), "cuMemAddressFree");
 }
 
-GranuleHandle VmmBackend::create_granule() {
+GranuleHandle VmmBackend::create_granule() { return create_handle(1); }
+
+GranuleHandle VmmBackend::create_run(std::size_t granules) {
+  if (granules < 2) throw std::invalid_argument("torchmem: create_run needs at least 2 granules");
+  return create_handle(granules);
+}
+
+GranuleHandle VmmBackend::create_handle(std::size_t granules) {
   cuda::RelaxedCaptureGuard relaxed;
   cuda::DeviceGuard on_device(device_);
   CUmemAllocationProp prop = granule_properties(device_);
   CUmemGenericAllocationHandle handle = 0;
-  CUresult status = api_.create(&handle, granularity_, &prop, 0);
+  CUresult status = api_.create(&handle, granules * granularity_, &prop, 0);
   if (is_out_of_memory(status)) {
     (void)cudaGetLastError();
     return 0;
@@ -194,11 +211,7 @@ void VmmBackend::map(Addr at, const GranuleHandle* handles, std::size_t count) {
   }
   // One access call over the whole run: its cost is per call plus per granule,
   // and a run set in one call is cheaper than granule by granule.
-  CUmemAccessDesc access = {};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = device_;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  CUresult status = api_.set_access(static_cast<CUdeviceptr>(at), count * granularity_, &access, 1);
+  CUresult status = grant_access(api_, device_, at, count * granularity_);
   if (status != CUDA_SUCCESS) {
     undo();
     throw_driver_error(api_, "cuMemSetAccess", status);
@@ -214,6 +227,27 @@ void VmmBackend::unmap(Addr at, std::size_t count) {
     check_driver(api_, api_.unmap(static_cast<CUdeviceptr>(at + i * granularity_), granularity_), "cuMemUnmap");
   }
   counters_.unmap_calls += count;
+}
+
+void VmmBackend::map_run(Addr at, GranuleHandle handle, std::size_t granules) {
+  cuda::RelaxedCaptureGuard relaxed;
+  cuda::DeviceGuard on_device(device_);
+  const std::size_t bytes = granules * granularity_;
+  CUresult status = api_.map(static_cast<CUdeviceptr>(at), bytes, 0, static_cast<CUmemGenericAllocationHandle>(handle), 0);
+  if (status != CUDA_SUCCESS) throw_driver_error(api_, "cuMemMap", status);
+  status = grant_access(api_, device_, at, bytes);
+  if (status != CUDA_SUCCESS) {
+    api_.unmap(static_cast<CUdeviceptr>(at), bytes);
+    throw_driver_error(api_, "cuMemSetAccess", status);
+  }
+  counters_.map_calls += 1;
+}
+
+void VmmBackend::unmap_run(Addr at, std::size_t granules) {
+  cuda::RelaxedCaptureGuard relaxed;
+  cuda::DeviceGuard on_device(device_);
+  check_driver(api_, api_.unmap(static_cast<CUdeviceptr>(at), granules * granularity_), "cuMemUnmap");
+  counters_.unmap_calls += 1;
 }
 
 Addr VmmBackend::allocate_segment(std::size_t) {

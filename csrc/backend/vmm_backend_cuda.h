@@ -6,10 +6,12 @@
 // without a driver, e.g. CI). cudaGetDriverEntryPointByVersion hands out the
 // driver's function pointers at run time; <cuda.h> is included for types only.
 //
-// Costs on an H200 (BENCHMARKS.md section 5): cuMemCreate ~10 us, cuMemMap ~1 us,
-// cuMemSetAccess ~27 us per granule on fresh ranges, cuMemUnmap ~16 us. So map()
-// sets access ONCE over the whole run it mapped, and the pool, not this file,
-// decides how rarely granules move.
+// Costs on an H200 (BENCHMARKS.md sections 5 and 9): cuMemCreate ~10 us,
+// cuMemMap ~1 us, cuMemSetAccess ~20-27 us per handle it covers,
+// cuMemUnmap ~16 us: ~30 us per granule to grow with a handle per granule,
+// ~0.3 us per granule with one handle for a run of 256 (create_run). So
+// map() sets access once over the whole run it mapped, and the pool, not
+// this file, decides how rarely granules move and when runs pay.
 #pragma once
 
 #include <memory>
@@ -42,11 +44,16 @@ class VmmBackend final : public CudaDeviceBackend {
   void release_granule(GranuleHandle handle) override;
   void map(Addr at, const GranuleHandle* handles, std::size_t count) override;
   void unmap(Addr at, std::size_t count) override;
+  GranuleHandle create_run(std::size_t granules) override;
+  void map_run(Addr at, GranuleHandle handle, std::size_t granules) override;
+  void unmap_run(Addr at, std::size_t granules) override;
 
   Addr allocate_segment(std::size_t bytes) override;
   void free_segment(Addr base, std::size_t bytes) override;
 
  private:
+  GranuleHandle create_handle(std::size_t granules);  // 0 when the device is full
+
   const DriverApi& api_;
   std::size_t granularity_ = 0;
 };

@@ -139,6 +139,9 @@ void bind_core(py::module_& m) {
            },
            py::arg("at"), py::arg("handles"))
       .def("unmap", &SimBackend::unmap, py::arg("at"), py::arg("count"))
+      .def("create_run", &SimBackend::create_run, py::arg("granules"))
+      .def("map_run", &SimBackend::map_run, py::arg("at"), py::arg("handle"), py::arg("granules"))
+      .def("unmap_run", &SimBackend::unmap_run, py::arg("at"), py::arg("granules"))
       .def("allocate_segment", &SimBackend::allocate_segment, py::arg("bytes"))
       .def("free_segment", &SimBackend::free_segment, py::arg("base"), py::arg("bytes"))
       .def("record_event", &SimBackend::record_event, py::arg("stream"))
@@ -236,6 +239,7 @@ void bind_core(py::module_& m) {
             else if (key == "streams") o.streams = item.second.cast<unsigned>();
             else if (key == "reclaim_slack") o.reclaim_slack = item.second.cast<double>();
             else if (key == "stitch_above") o.stitch_above = item.second.cast<double>();
+            else if (key == "run_below") o.run_below = item.second.cast<double>();
             else if (key == "foreign_readers") o.foreign_readers = item.second.cast<unsigned>();
             else if (key == "alias_reclaim") o.alias_reclaim = item.second.cast<bool>();
             else if (key == "private_pools") o.private_pools = item.second.cast<bool>();

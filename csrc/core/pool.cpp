@@ -103,12 +103,21 @@ void Pool::Impl::teardown() {
   for (auto& heap : heaps) {
     if (!heap) continue;
     if (vmm) {
-      for (std::size_t i = 0; i < heap->granules.size(); ++i) {
+      for (std::size_t i = 0; i < heap->granules.size();) {
         detail::Granule& gr = heap->granules[i];
-        if (!gr.handle) continue;
-        backend.unmap(heap->base + i * gran, 1);
+        if (!gr.handle) {
+          ++i;
+          continue;
+        }
+        const std::size_t n = gr.run_count ? gr.run_count : 1;  // Note [Run handles]
+        if (gr.run_count) {
+          backend.unmap_run(heap->base + i * gran, n);
+        } else {
+          backend.unmap(heap->base + i * gran, 1);
+        }
         backend.release_granule(gr.handle);
-        gr.handle = 0;
+        for (std::size_t k = i; k < i + n; ++k) heap->granules[k].handle = 0;
+        i += n;
       }
       backend.unreserve(heap->base, heap->span);
     } else {
@@ -383,7 +392,7 @@ void Pool::Impl::release_private_pool(PoolId pool) {
     h->frozen = false;
     for (std::size_t i = 0; i < h->granules.size(); ++i) {
       const detail::Granule& g = h->granules[i];
-      if (g.handle && g.live == 0 && !g.on_list) {
+      if (g.handle && g.live == 0 && !g.on_list && !g.run_count) {
         list_push(g.slot, detail::GranuleRef{h->id, static_cast<std::uint32_t>(i)}, /*front=*/false);
       }
     }

@@ -153,6 +153,9 @@ namespace torchmem {
   X(double, stitch_above, 0.95,                                                                      \
     "... and while held < stitch_above x budget: the pool stitches only in the top of its budget, " \
     "where memory is the limit (Note [When to stitch]); 0 = stitch whenever a granule is missing.") \
+  X(double, run_below, 0.5,                                                                          \
+    "Grow by one handle per run of missing granules while held stays under run_below x budget, "  \
+    "a handle per granule above (Note [Run handles]); 0 = a handle per granule always.")            \
   X(bool, alias_reclaim, true,                                                                       \
     "Stitch granules freed on the requesting stream before their fences complete, by mapping the " \
     "handle at a second address (Note [Alias reclaim]).")                                            \

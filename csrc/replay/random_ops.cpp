@@ -80,6 +80,7 @@ class Runner {
     c.limit_bytes = o.limit;
     c.reclaim_slack = o.reclaim_slack;
     c.stitch_above = o.stitch_above;
+    c.run_below = o.run_below;
     c.alias_reclaim = o.alias_reclaim;
     c.trace_capacity = 64;
     return c;

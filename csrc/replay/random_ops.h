@@ -22,6 +22,7 @@ struct RandomOpsOptions {
   unsigned streams = 2;                 // distinct streams used
   double reclaim_slack = 0.0;
   double stitch_above = 0.0;            // PoolConfig.stitch_above (0: stitch as often as possible)
+  double run_below = 0.5;               // PoolConfig.run_below (Note [Run handles])
   // Before one free in `foreign_readers`, a kernel on another stream keeps
   // reading the block (a free without record_stream); any unmap under it
   // fails the run (Note [Device barrier] in pool.h). 0 = never.

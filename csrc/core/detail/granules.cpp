@@ -34,6 +34,38 @@
 // limit: gpt2 at 1.1x makes 1,315 reclaims against 6,207, and llama at 1.2x
 // 337 against 8,579. What 0.95 trades: under a budget the pool may hold up to
 // 95% of it rather than the bare live peak.
+//
+// Note [Run handles]
+// The driver's cost of growing follows handles, not bytes: a handle per
+// 2 MiB granule costs ~30 us to create, map and give access, however the
+// calls are batched; one handle for a run of N granules costs 28.6 us at
+// N = 1 and 82 us at N = 256 (0.32 us per granule, what cudaMalloc pays)
+// (H200, BENCHMARKS.md section 9). Growing GPT-2's varied shapes by 13,000
+// single granules made its steps 15-25% slower than native's. But a bigger
+// handle can only be mapped whole (the driver refuses slices), so its
+// granules can never be stitched one by one. Hence: while held stays under
+// run_below x budget (and under the creation ceiling of Note [When to
+// stitch], where nothing would be stitched anyway), each hole of missing
+// granules a new block needs is filled by ONE handle (grow_by_runs), if the
+// hole has at least 8 granules (16 MiB). Above, and for smaller holes,
+// granules come one handle each, so the top of the budget and the small
+// blocks' granules stay movable.
+// A run granule is never listed as reclaimable; a run whose granules are all
+// free goes back whole (release_free_runs): on empty_cache and
+// release_cached_to, and when a request under the budget finds no room
+// otherwise (behind the device barrier, Note [Device barrier]: on the OOM
+// ladder's step 4 at the latest), and the room it leaves is then filled
+// granule by granule. What it trades: free space inside a partly used run
+// stays where it is, so under a budget the bottom run_below of it packs
+// like expandable_segments rather than by stitching. Replays (2026-12-01):
+// the bundled traces' min-cap went from 1.0015-1.0027 to 1.0011-1.0152 x
+// peak requested, and the modeled driver time of their growth from
+// 45-381 ms to 6-51 ms. Runs of 2 granules and up instead made small
+// patterns (random sizes up to 16 MiB, 200 MiB live) OOM under 1.1 x their
+// peak; from 8 granules on they fit as before. Private pools (graph
+// capture, MemPool) keep a handle per granule: they are never stitched
+// while in use, and a released one must give back what it holds granule by
+// granule.
 #include <algorithm>
 #include <stdexcept>
 
@@ -161,6 +193,10 @@ std::size_t Pool::Impl::pin(Heap& heap, Addr addr, std::size_t size) {
   for (std::size_t i = g0; i < g1; ++i) {
     Granule& g = heap.granules[i];
     if (g.live++ != 0) continue;
+    if (g.run_count) {  // Note [Run handles]
+      if (heap.granules[g.run_first].run_busy++ == 0) --free_runs;
+      continue;
+    }
     if (g.handle) {
       if (g.on_list) list_remove(GranuleRef{heap.id, static_cast<std::uint32_t>(i)});
     } else {
@@ -186,6 +222,11 @@ void Pool::Impl::unpin(Heap& heap, Addr addr, std::size_t size, StreamId stream,
       g.owner = g.owner == 0 ? slot : Granule::kMixedSlot;
     }
     if (--g.live != 0 || !g.handle) continue;
+    if (g.run_count) {  // Note [Run handles]: never listed; the run goes back whole
+      if (!restore) g.seq = at_seq;
+      if (--heap.granules[g.run_first].run_busy == 0) ++free_runs;
+      continue;
+    }
     if (restore) {
       list_push(g.slot, GranuleRef{heap.id, static_cast<std::uint32_t>(i)}, /*front=*/true);
       continue;
@@ -264,13 +305,27 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
   // (Note [Pending unmaps]); the caller looked for a fit that avoids it first.
   if (heap.stale && pending_blocks(heap, addr, size) && !device_barrier()) return false;
   const std::size_t limit = budget();
-  const std::size_t room = held < limit ? (limit - held) / gran : 0;
+  std::size_t room = held < limit ? (limit - held) / gran : 0;
+  // Note [Run handles]: far from the budget, one handle per hole.
+  if (heap.pool == 0 && room >= missing && config.run_below > 0.0) {
+    const double after = double(held + missing * gran);
+    if (after <= config.run_below * double(limit) && after <= create_ceiling(request) &&
+        grow_by_runs(heap, addr, size, missing)) {
+      return true;
+    }
+  }
   std::vector<GranuleRef> victims, aliases;
   if (room < missing) {
     // Creating alone cannot cover the request, so at least missing - room
     // granules are stitched whatever is created: take them first, and give up
     // before creating anything if they are not there (Note [OOM ladder]).
     victims = pop_reclaimable(missing - room, slot_for(stream));
+    if (free_runs && room + victims.size() < missing) {
+      // Whole free runs behind the barrier go back; their room is created
+      // again granule by granule below.
+      release_free_runs((missing - room - victims.size()) * gran);
+      room = held < limit ? (limit - held) / gran : 0;
+    }
     if (config.alias_reclaim && room + victims.size() < missing) {
       aliases = pop_aliasable(slot_for(stream), missing - room - victims.size());
     }
@@ -370,16 +425,152 @@ std::size_t Pool::Impl::release_reclaimable(std::size_t keep_bytes) {
   // Nothing cached, nothing to wait for (PyTorch's empty_cache syncs only
   // when it frees something, too).
   const bool any_listed = std::any_of(slots.begin(), slots.end(), [](const detail::StreamSlot& s) { return s.listed > 0; });
-  if (!any_listed) return 0;
+  if (!any_listed && free_runs == 0) return 0;
   if (barrier_seq < seq) device_barrier();
+  const std::size_t before = held;
   std::vector<GranuleRef> victims = pop_reclaimable((held - keep_bytes) / gran, kNoRequester);
-  if (victims.empty()) return 0;
-  std::vector<GranuleHandle> handles;
-  unmap_granules(victims, &handles);
-  release_handles(handles);
-  held -= handles.size() * gran;
-  stats_.num_device_free += handles.size();
-  return handles.size() * gran;
+  if (!victims.empty()) {
+    std::vector<GranuleHandle> handles;
+    unmap_granules(victims, &handles);
+    release_handles(handles);
+    held -= handles.size() * gran;
+    stats_.num_device_free += handles.size();
+  }
+  if (held > keep_bytes && free_runs) release_free_runs(held - keep_bytes);
+  return before - held;
+}
+
+// ---- run handles (Note [Run handles]) ------------------------------------------
+
+namespace {
+// Holes shorter than this get a handle per granule (Note [Run handles]).
+constexpr std::size_t kMinRunGranules = 8;
+}  // namespace
+
+bool Pool::Impl::grow_by_runs(Heap& heap, Addr addr, std::size_t size, std::size_t missing) {
+  // A hole of kMinRunGranules or more gets one run handle; a smaller one a
+  // handle per granule, still mapped with one call.
+  struct Hole {
+    std::size_t first, count;
+    std::vector<GranuleHandle> handles;  // one (a run) or `count`
+    bool run() const { return count >= kMinRunGranules; }
+  };
+  const std::size_t g0 = first_granule(heap, addr), g1 = end_granule(heap, addr + size);
+  std::vector<Hole> holes;
+  for (std::size_t i = g0; i < g1;) {
+    if (heap.granules[i].handle) {
+      ++i;
+      continue;
+    }
+    std::size_t j = i;
+    while (j < g1 && !heap.granules[j].handle) ++j;
+    holes.push_back(Hole{i, j - i, {}});
+    i = j;
+  }
+  auto release_created = [&] {
+    for (const Hole& h : holes) {
+      for (GranuleHandle made : h.handles) backend.release_granule(made);
+    }
+  };
+  for (Hole& h : holes) {
+    const std::size_t handles = h.run() ? 1 : h.count;
+    for (std::size_t k = 0; k < handles; ++k) {
+      const GranuleHandle made = h.run() ? backend.create_run(h.count) : backend.create_granule();
+      if (!made) {
+        // The device is full (memory outside the pool): give back what this
+        // call created; the caller goes on granule by granule.
+        release_created();
+        return false;
+      }
+      h.handles.push_back(made);
+    }
+  }
+  for (const Hole& h : holes) {
+    for (std::size_t k = h.first; k < h.first + h.count; ++k) {
+      // A pending place is unmapped before anything maps there (acquire took
+      // the barrier if one was in the way, so this never waits).
+      if (heap.granules[k].stale) resolve_stale(GranuleRef{heap.id, static_cast<std::uint32_t>(k)}, /*wait=*/true);
+    }
+    const Addr at = heap.base + h.first * gran;
+    if (h.run()) {
+      backend.map_run(at, h.handles.front(), h.count);
+    } else {
+      backend.map(at, h.handles.data(), h.count);
+    }
+    for (std::size_t k = 0; k < h.count; ++k) {
+      Granule& g = heap.granules[h.first + k];
+      g.owner = 0;
+      if (h.run()) {
+        g.handle = h.handles.front();
+        g.run_first = static_cast<std::uint32_t>(h.first);
+        g.run_count = static_cast<std::uint32_t>(h.count);
+      } else {
+        g.handle = h.handles[k];
+      }
+    }
+    // Every granule of the hole lies under the block being carved: all busy.
+    if (h.run()) heap.granules[h.first].run_busy = static_cast<std::uint32_t>(h.count);
+    trace(TraceAction::kSegmentMap, at, h.count * gran, 0, heap.pool, op_context);
+  }
+  held += missing * gran;
+  heap.mapped += missing;
+  memory_dirty = true;
+  mapped_bytes[heap.small ? 0 : 1] += missing * gran;
+  stats_.num_device_alloc += missing;
+  return true;
+}
+
+std::size_t Pool::Impl::release_free_runs(std::size_t want_bytes) {
+  // Nothing new is behind the barrier since the last pass found nothing.
+  if (runs_checked_at == barrier_seq) return 0;
+  std::size_t released = 0;
+  bool skipped = false;
+  for (auto& hp : heaps) {
+    if (!hp || hp->frozen) continue;
+    Heap& heap = *hp;
+    for (std::size_t i = 0; i < heap.granules.size() && released < want_bytes;) {
+      Granule& head = heap.granules[i];
+      if (!head.run_count) {
+        ++i;
+        continue;
+      }
+      const std::size_t n = head.run_count;
+      if (head.run_busy != 0) {
+        i += n;
+        continue;
+      }
+      // Unmapping follows every stream: each granule's last free must lie
+      // behind the last device barrier (Note [Device barrier]).
+      bool behind = true;
+      for (std::size_t k = i; k < i + n && behind; ++k) behind = behind_barrier(heap.granules[k].seq);
+      if (!behind) {
+        skipped = true;
+        i += n;
+        continue;
+      }
+      const Addr at = heap.base + i * gran;
+      const GranuleHandle handle = head.handle;
+      backend.unmap_run(at, n);
+      backend.release_granule(handle);
+      for (std::size_t k = i; k < i + n; ++k) {
+        Granule& g = heap.granules[k];
+        g.handle = 0;
+        g.owner = 0;
+        g.run_first = g.run_count = g.run_busy = 0;
+      }
+      heap.mapped -= n;
+      mapped_bytes[heap.small ? 0 : 1] -= n * gran;
+      held -= n * gran;
+      released += n * gran;
+      --free_runs;
+      stats_.num_device_free += n;
+      memory_dirty = true;
+      trace(TraceAction::kSegmentUnmap, at, n * gran, 0, heap.pool, op_context);
+      i += n;
+    }
+  }
+  if (released == 0 && skipped) runs_checked_at = barrier_seq;
+  return released;
 }
 
 void Pool::Impl::release_handles(const std::vector<GranuleHandle>& handles) {

@@ -34,6 +34,7 @@ std::string Pool::Impl::check_invariants() const {
   std::size_t active_blocks[2] = {0, 0};
   std::size_t held_seen = 0;
   std::unordered_set<GranuleHandle> handles, stale_handles;
+  std::size_t free_runs_seen = 0;
   std::size_t stale_places = 0;
   std::unordered_set<const Block*> pending;
   for (const Deferred& d : deferred) pending.insert(d.block);
@@ -104,9 +105,22 @@ std::string Pool::Impl::check_invariants() const {
         if (g.live != counts[i]) { err << where(h) << ": granule " << i << " counts " << g.live << " live blocks, found " << counts[i]; return err.str(); }
         if (g.handle) {
           ++mapped;
-          if (!handles.insert(g.handle).second) { err << "granule handle " << g.handle << " is mapped twice"; return err.str(); }
+          const bool run_head = g.run_count && g.run_first == i;
+          if ((!g.run_count || run_head) && !handles.insert(g.handle).second) { err << "granule handle " << g.handle << " is mapped twice"; return err.str(); }
         }
-        const bool reclaimable = g.handle && g.live == 0 && !h.frozen;
+        if (g.run_count) {
+          // Note [Run handles]: the run's granules share its handle, lie
+          // inside it, and its first granule counts the busy ones.
+          const Granule& head = g.run_first < h.granules.size() ? h.granules[g.run_first] : g;
+          if (!g.handle || g.run_first > i || i >= std::size_t{g.run_first} + g.run_count || head.handle != g.handle || head.run_count != g.run_count) { err << where(h) << ": granule " << i << " is not a consistent part of its run"; return err.str(); }
+          if (g.run_first == i) {
+            std::uint32_t busy = 0;
+            for (std::size_t k = i; k < i + g.run_count && k < h.granules.size(); ++k) busy += h.granules[k].live > 0;
+            if (busy != g.run_busy) { err << where(h) << ": run at granule " << i << " counts " << g.run_busy << " busy granules, found " << busy; return err.str(); }
+            if (busy == 0) ++free_runs_seen;
+          }
+        }
+        const bool reclaimable = g.handle && g.live == 0 && !h.frozen && !g.run_count;
         if (g.on_list != reclaimable) { err << where(h) << ": granule " << i << (reclaimable ? " is reclaimable but not listed" : " is listed but not reclaimable"); return err.str(); }
       }
       if (mapped != h.mapped) { err << where(h) << ": " << mapped << " granules mapped, tally says " << h.mapped; return err.str(); }
@@ -153,6 +167,7 @@ std::string Pool::Impl::check_invariants() const {
     if (g.stale == e.handle && g.stale_seq == e.seq) ++pending_live;
   }
   if (pending_live != stale_places) { err << pending_live << " pending unmaps queued, " << stale_places << " places pending"; return err.str(); }
+  if (free_runs_seen != free_runs) { err << free_runs_seen << " free runs found, tally says " << free_runs; return err.str(); }
   if (held_seen != held) { err << "the pool holds " << held_seen << " bytes, tally says " << held; return err.str(); }
   if (live_count != live.size()) { err << live.size() << " blocks in the live map, " << live_count << " in the heaps"; return err.str(); }
   if (pending_count != deferred.size()) { err << deferred.size() << " deferred frees, " << pending_count << " pending blocks"; return err.str(); }

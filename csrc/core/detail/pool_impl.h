@@ -146,6 +146,12 @@ struct Pool::Impl {
   bool fence_done(std::uint32_t slot, std::uint64_t seq, bool may_record);
   void sync_all_fences();
   std::size_t release_reclaimable(std::size_t keep_bytes);  // unmap + release, oldest first
+  // Note [Run handles]: fills each hole of missing granules under the (pinned)
+  // range with one handle; false, with nothing changed, when the device is full.
+  bool grow_by_runs(detail::Heap& heap, Addr addr, std::size_t size, std::size_t missing);
+  // Gives back whole free runs whose frees lie behind the device barrier
+  // until `want_bytes` went; returns the bytes given back.
+  std::size_t release_free_runs(std::size_t want_bytes);
   void premap_reserve();
   // Gives handles back to the device, first unmapping any pending-unmap
   // place they still have (waiting for its fence).
@@ -237,6 +243,10 @@ struct Pool::Impl {
   std::uint64_t pending_checked_at = ~std::uint64_t{0};  // barrier_seq at the last pending-unmap pass
 
   std::size_t held = 0;         // bytes held from the backend
+  std::size_t free_runs = 0;    // run handles with no live block (Note [Run handles])
+  // barrier_seq when release_free_runs last found free runs but none behind
+  // the barrier: until the next barrier another pass would find none either.
+  std::uint64_t runs_checked_at = ~std::uint64_t{0};
   std::size_t active_total = 0; // bytes of live + pending blocks, all heaps
   std::size_t reserve_held = 0; // bytes release_cached() keeps
   std::uint64_t seq = 0;        // operation sequence

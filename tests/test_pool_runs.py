@@ -1,0 +1,147 @@
+"""Run handles (Note [Run handles], csrc/core/detail/granules.cpp): far from its budget
+the pool fills each hole of 8 or more missing granules with one driver handle, keeps a
+handle per granule above run_below x budget and for small holes, never moves a run's
+granules, and gives a run back only whole, once every granule of it is free and behind
+a device barrier."""
+
+import pytest
+
+from torchmem._loader import _C
+
+MiB = 1 << 20
+G = 2 * MiB
+
+
+def make(limit=0, capacity=1 << 30, host_memory=False, **config):
+    sim = _C.SimBackend(capacity=capacity, host_memory=host_memory)
+    pool = _C.Pool(sim, dict(dict(debug_checks=True), **config, limit_bytes=limit))
+    return sim, pool
+
+
+def calls(sim):
+    return sim.counters()
+
+
+def test_a_large_block_far_from_the_budget_takes_one_handle():
+    sim, pool = make()
+    a = pool.allocate(40 * MiB)
+    c = calls(sim)
+    assert c["create_calls"] == 1 and c["map_calls"] == 1  # 20 granules, one handle
+    assert pool.stats()["reserved_bytes"]["all"]["current"] == 40 * MiB
+    pool.free(a)
+    pool.check_invariants()
+
+
+def test_small_holes_and_run_below_zero_take_a_handle_per_granule():
+    sim, pool = make()
+    pool.allocate(14 * MiB)  # 7 granules: under the 8-granule minimum
+    assert calls(sim)["create_calls"] == 7
+    sim, pool = make(run_below=0.0)
+    pool.allocate(40 * MiB)
+    assert calls(sim)["create_calls"] == 20
+
+
+def test_above_run_below_the_pool_grows_granule_by_granule():
+    sim, pool = make(limit=128 * MiB, run_below=0.5)
+    pool.allocate(40 * MiB)   # held 40 of 128: under half, one handle
+    assert calls(sim)["create_calls"] == 1
+    pool.allocate(40 * MiB)   # would hold 80 > 64: 20 single granules
+    assert calls(sim)["create_calls"] == 21
+    pool.check_invariants()
+
+
+def test_a_run_goes_back_whole_and_only_when_wholly_free():
+    sim, pool = make()
+    a = pool.allocate(40 * MiB)
+    pool.free(a)
+    b = pool.allocate(4 * MiB)  # reuses the run's first granules in place
+    assert calls(sim)["create_calls"] == 1
+    assert pool.release_cached() == 0  # the run is partly live: nothing can go
+    assert calls(sim)["release_calls"] == 0
+    pool.free(b)
+    assert pool.release_cached() == 40 * MiB
+    c = calls(sim)
+    assert c["unmap_calls"] == 1 and c["release_calls"] == 1 and sim.device_used() == 0
+    pool.check_invariants()
+
+
+def test_release_cached_to_gives_back_free_runs():
+    sim, pool = make()
+    blocks = [pool.allocate(32 * MiB) for _ in range(4)]  # each its own run (tail growth)
+    assert calls(sim)["create_calls"] == 4
+    for b in blocks[:3]:
+        pool.free(b)
+    assert pool.release_cached_to(64 * MiB) >= 64 * MiB
+    assert sim.device_used() <= 64 * MiB
+    pool.check_invariants()
+
+
+def test_under_the_budget_a_free_run_is_released_and_its_room_refilled_granule_by_granule():
+    sim, pool = make(limit=64 * MiB, run_below=0.5, stitch_above=0.0)
+    a = pool.allocate(20 * MiB)        # a run of 10 granules (held 20 <= 32)
+    c = pool.allocate(40 * MiB)        # above half the budget: 20 single granules
+    pool.free(a)
+    d = pool.allocate(24 * MiB)        # A's 20 MiB hole is too small: the tail needs 12 granules
+    assert d, "the free run should have gone back to make room"
+    s = pool.stats()
+    assert s["num_ooms"] == 0
+    assert s["reserved_bytes"]["all"]["peak"] <= 64 * MiB
+    assert calls(sim)["release_calls"] == 1  # the run, whole
+    pool.free(c)
+    pool.free(d)
+    pool.check_invariants()
+
+
+def test_a_run_is_never_unmapped_under_a_kernel_of_another_stream():
+    # Note [Device barrier]: a tensor freed without record_stream may still be read on a
+    # stream the pool never heard of. The run goes back only behind a device barrier.
+    sim, pool = make(limit=64 * MiB, run_below=0.5, stitch_above=0.0)
+    a = pool.allocate(20 * MiB, 1)
+    sim.launch(2, a, 20 * MiB, 10**9)   # a reader on stream 2 that never finishes by itself
+    c = pool.allocate(40 * MiB, 1)
+    pool.free(a)
+    d = pool.allocate(24 * MiB, 1)       # releasing a's run must wait for the whole device
+    assert d and sim.kernels_in_flight() == 0
+    assert pool.stats()["num_sync_all_streams"] >= 1
+    pool.free(c)
+    pool.free(d)
+
+
+def test_data_in_a_run_stays_put_while_other_runs_come_and_go():
+    sim, pool = make(host_memory=True, capacity=256 * MiB)
+    keep = pool.allocate(30 * MiB)
+    sim.write_pattern(keep, 30 * MiB, 7)
+    for _ in range(3):
+        x = pool.allocate(50 * MiB)
+        sim.write_pattern(x, 50 * MiB, 9)
+        pool.free(x)
+        pool.release_cached()
+    assert sim.check_pattern(keep, 30 * MiB, 7)
+    pool.check_invariants()
+
+
+def test_sim_refuses_what_the_driver_refuses_of_a_run():
+    sim = _C.SimBackend(capacity=1 << 30)
+    base = sim.reserve(64 * MiB)
+    h = sim.create_run(4)
+    with pytest.raises(RuntimeError, match="map_run"):
+        sim.map_run(base, h, 2)               # a run maps whole
+    with pytest.raises(RuntimeError, match="use map_run"):
+        sim.map(base, [h])
+    sim.map_run(base, h, 4)
+    with pytest.raises(RuntimeError, match="unmap_run unmaps it whole"):
+        sim.unmap(base + G, 1)                # no slices
+    with pytest.raises(RuntimeError, match="still mapped"):
+        sim.release_granule(h)
+    with pytest.raises(RuntimeError, match="no run of 4 granules"):
+        sim.unmap_run(base + G, 4)            # only from its first granule
+    sim.unmap_run(base, 4)
+    sim.release_granule(h)
+    assert sim.device_used() == 0
+    with pytest.raises(RuntimeError, match="at least 2 granules"):
+        sim.create_run(1)
+
+
+def test_bad_run_below_is_refused_with_the_field_named():
+    with pytest.raises(ValueError, match="run_below"):
+        make(run_below=1.5)
