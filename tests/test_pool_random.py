@@ -21,9 +21,9 @@ CASES = [
     (3, 250_000, {"event_delay": 3, "streams": 3}),             # slow fences, deferred frees
     (4, 200_000, {"reclaim_slack": 0.05, "limit": 256 * MiB}),  # slack and a budget
     (5, 200_000, {"capacity": 2 << 30, "max_live": 2000, "check_every": 500}),
-    # Run handles (Note [Run handles]) under a budget with lagging fences: runs are made
-    # below half of it, released whole when free, and never unmapped under a reader.
-    (6, 200_000, {"stitch_above": 0.95, "limit": 256 * MiB, "event_delay": 2, "streams": 3}),
+    # Run handles (Note [Run handles]) near a small device with lagging fences: runs are
+    # made below half of it, released whole when free, and never unmapped under a reader.
+    (6, 200_000, {"stitch_above": 0.95, "capacity": 256 * MiB, "event_delay": 2, "streams": 3}),
 ]
 
 

@@ -1,8 +1,8 @@
-"""Run handles (Note [Run handles], csrc/core/detail/granules.cpp): far from its budget
-the pool fills each hole of 8 or more missing granules with one driver handle, keeps a
-handle per granule above run_below x budget and for small holes, never moves a run's
-granules, and gives a run back only whole, once every granule of it is free and behind
-a device barrier."""
+"""Run handles (Note [Run handles], csrc/core/detail/granules.cpp): with no limit set and
+far from the device's capacity the pool fills each hole of 8 or more missing granules
+with one driver handle; it keeps a handle per granule above run_below x capacity, for
+small holes and under any limit; it never moves a run's granules, and gives a run back
+only whole, once every granule of it is free and behind a device barrier."""
 
 import pytest
 
@@ -42,12 +42,22 @@ def test_small_holes_and_run_below_zero_take_a_handle_per_granule():
 
 
 def test_above_run_below_the_pool_grows_granule_by_granule():
-    sim, pool = make(limit=128 * MiB, run_below=0.5)
+    sim, pool = make(capacity=128 * MiB, run_below=0.5)
     pool.allocate(40 * MiB)   # held 40 of 128: under half, one handle
     assert calls(sim)["create_calls"] == 1
     pool.allocate(40 * MiB)   # would hold 80 > 64: 20 single granules
     assert calls(sim)["create_calls"] == 21
     pool.check_invariants()
+
+
+def test_under_a_limit_the_pool_grows_granule_by_granule():
+    # Under a budget packing is the point: no runs, so every cached granule can move.
+    sim, pool = make(limit=512 * MiB)
+    pool.allocate(40 * MiB)
+    assert calls(sim)["create_calls"] == 20
+    pool.set_limit(0)          # the limit lifted: runs again
+    pool.allocate(40 * MiB)
+    assert calls(sim)["create_calls"] == 21
 
 
 def test_a_run_goes_back_whole_and_only_when_wholly_free():
@@ -76,8 +86,8 @@ def test_release_cached_to_gives_back_free_runs():
     pool.check_invariants()
 
 
-def test_under_the_budget_a_free_run_is_released_and_its_room_refilled_granule_by_granule():
-    sim, pool = make(limit=64 * MiB, run_below=0.5, stitch_above=0.0)
+def test_near_capacity_a_free_run_is_released_and_its_room_refilled_granule_by_granule():
+    sim, pool = make(capacity=64 * MiB, run_below=0.5, stitch_above=0.0)
     a = pool.allocate(20 * MiB)        # a run of 10 granules (held 20 <= 32)
     c = pool.allocate(40 * MiB)        # above half the budget: 20 single granules
     pool.free(a)
@@ -95,7 +105,7 @@ def test_under_the_budget_a_free_run_is_released_and_its_room_refilled_granule_b
 def test_a_run_is_never_unmapped_under_a_kernel_of_another_stream():
     # Note [Device barrier]: a tensor freed without record_stream may still be read on a
     # stream the pool never heard of. The run goes back only behind a device barrier.
-    sim, pool = make(limit=64 * MiB, run_below=0.5, stitch_above=0.0)
+    sim, pool = make(capacity=64 * MiB, run_below=0.5, stitch_above=0.0)
     a = pool.allocate(20 * MiB, 1)
     sim.launch(2, a, 20 * MiB, 10**9)   # a reader on stream 2 that never finishes by itself
     c = pool.allocate(40 * MiB, 1)

@@ -161,11 +161,12 @@ OPTIONS = (
            "(least memory, most driver calls).",
            core="stitch_above"),
     Option("run_below", 0.5, _number(0.0, 1.0),
-           "While the pool holds less than this fraction of its budget it grows by one driver "
-           "handle per run of 8 or more missing granules (one create, map and access for the run: "
+           "With no limit set, while the pool holds less than this fraction of the device it grows "
+           "by one driver handle per run of 8 or more missing granules (one create, map and access for the run: "
            "~0.3 us per 2 MiB at 256 granules against ~30 us with a handle per granule); above, it "
            "grows granule by granule so that it can stitch. A run's memory goes back only when the "
-           "whole run is free. 0 = a handle per granule always.",
+           "whole run is free. Under a limit (or memory fraction, or share) the pool always grows "
+           "granule by granule and packs as tightly as it can. 0 = a handle per granule always.",
            core="run_below"),
     Option("alias_reclaim", True, parse_bool,
            "Stitch granules freed on the requesting stream before the GPU finished with them, by "

@@ -26,7 +26,9 @@
 //   (stitching); with alias_reclaim, granules freed on the requesting stream
 //   alone whose fences are pending (Note [Fences]); new granules under the
 //   budget (Note [When to stitch] in detail/granules.cpp). No unmapped handle
-//   is kept: one that is not mapped again at once is released.
+//   is kept: one that is not mapped again at once is released. With no limit
+//   set and far from the device's capacity, a hole of 8+ missing granules is
+//   filled by one handle for the whole run (Note [Run handles]).
 // - cuda_malloc backend: blocks are carved out of segments (2 MiB for the small
 //   heap, at least 20 MiB for the large one); no stitching.
 //
@@ -154,8 +156,9 @@ namespace torchmem {
     "... and while held < stitch_above x budget: the pool stitches only in the top of its budget, " \
     "where memory is the limit (Note [When to stitch]); 0 = stitch whenever a granule is missing.") \
   X(double, run_below, 0.5,                                                                          \
-    "Grow by one handle per run of missing granules while held stays under run_below x budget, "  \
-    "a handle per granule above (Note [Run handles]); 0 = a handle per granule always.")            \
+    "Without a limit, grow by one handle per run of missing granules while held stays under "      \
+    "run_below x the device's memory, a handle per granule above or under a limit "                \
+    "(Note [Run handles]); 0 = a handle per granule always.")            \
   X(bool, alias_reclaim, true,                                                                       \
     "Stitch granules freed on the requesting stream before their fences complete, by mapping the " \
     "handle at a second address (Note [Alias reclaim]).")                                            \

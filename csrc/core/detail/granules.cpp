@@ -43,29 +43,31 @@
 // (H200, BENCHMARKS.md section 9). Growing GPT-2's varied shapes by 13,000
 // single granules made its steps 15-25% slower than native's. But a bigger
 // handle can only be mapped whole (the driver refuses slices), so its
-// granules can never be stitched one by one. Hence: while held stays under
-// run_below x budget (and under the creation ceiling of Note [When to
-// stitch], where nothing would be stitched anyway), each hole of missing
-// granules a new block needs is filled by ONE handle (grow_by_runs), if the
-// hole has at least 8 granules (16 MiB). Above, and for smaller holes,
-// granules come one handle each, so the top of the budget and the small
-// blocks' granules stay movable.
+// granules can never be stitched one by one. Hence: while the pool has no
+// budget of its own (limit_bytes == 0: the device is the budget) and held
+// stays under run_below x the device's memory (and under the creation
+// ceiling of Note [When to stitch], where nothing would be stitched
+// anyway), each hole of 8 or more missing granules (16 MiB) that a new
+// block needs is filled by ONE handle (grow_by_runs). Smaller holes, and all
+// growth above that line or under a budget, get a handle per granule.
 // A run granule is never listed as reclaimable; a run whose granules are all
 // free goes back whole (release_free_runs): on empty_cache and
-// release_cached_to, and when a request under the budget finds no room
-// otherwise (behind the device barrier, Note [Device barrier]: on the OOM
-// ladder's step 4 at the latest), and the room it leaves is then filled
-// granule by granule. What it trades: free space inside a partly used run
-// stays where it is, so under a budget the bottom run_below of it packs
-// like expandable_segments rather than by stitching. Replays (2026-12-01):
-// the bundled traces' min-cap went from 1.0015-1.0027 to 1.0011-1.0152 x
-// peak requested, and the modeled driver time of their growth from
-// 45-381 ms to 6-51 ms. Runs of 2 granules and up instead made small
-// patterns (random sizes up to 16 MiB, 200 MiB live) OOM under 1.1 x their
-// peak; from 8 granules on they fit as before. Private pools (graph
-// capture, MemPool) keep a handle per granule: they are never stitched
-// while in use, and a released one must give back what it holds granule by
-// granule.
+// release_cached_to, and when a request finds no room otherwise (behind the
+// device barrier, Note [Device barrier]: on the OOM ladder's step 4 at the
+// latest); the room it leaves is then filled granule by granule.
+// Why not under a budget: free space inside a partly used run stays where
+// it is, and under a budget packing is what the pool is for. Replays
+// (2026-12-01) with runs in the bottom half of the budget raised the bundled
+// traces' min-cap from 1.0015-1.0027 to up to 1.0152 x peak requested, and
+// on the H200 a Llama step under a 660 MiB limit (offload="auto") failed
+// with 50 MiB cached in partly used runs where stitching had fitted it. So
+// under a limit, a memory fraction or a share, the pool packs exactly as
+// before. Without one, the bundled traces' growth costs 6-51 ms of modeled
+// driver time instead of 45-381 ms. Why 8 granules: runs of 2 and up made
+// small patterns (sizes up to 16 MiB, 200 MiB live) OOM under 1.1 x their
+// peak; from 8 on they fit as before. Private pools (graph capture,
+// MemPool) keep a handle per granule: they are never stitched while in use,
+// and a released one gives back what it holds granule by granule.
 #include <algorithm>
 #include <stdexcept>
 
@@ -307,7 +309,7 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
   const std::size_t limit = budget();
   std::size_t room = held < limit ? (limit - held) / gran : 0;
   // Note [Run handles]: far from the budget, one handle per hole.
-  if (heap.pool == 0 && room >= missing && config.run_below > 0.0) {
+  if (heap.pool == 0 && config.limit_bytes == 0 && room >= missing && config.run_below > 0.0) {
     const double after = double(held + missing * gran);
     if (after <= config.run_below * double(limit) && after <= create_ceiling(request) &&
         grow_by_runs(heap, addr, size, missing)) {
