@@ -68,7 +68,9 @@ borrowed memory (more than the model says fits the guarantee, probe.owned_bytes)
 is allowed only while one micro-step of it lasts at most
 _BORROWED_MICRO_STEP_S, judged by the seconds per sample of recent steps
 (the time between the ends of consecutive clean steps, which in steady state
-is the GPU's pace). Sizes that fit the guarantee are never capped. A step of
+is the GPU's pace), and not at all before a pace is measured: on the H200 a
+borrower that grew before its second step ended reached micro-batch 224.
+Sizes that fit the guarantee are never capped. A step of
 a big batch then runs as more, shorter micro-steps: on a busy GPU a larger
 micro-batch buys little speed, and the owner's wait is bounded.
 """

@@ -134,13 +134,20 @@ class SizingPolicy:
     def returnable(self, micro, owned, seconds_per_sample, max_step_s, cap):
         """`micro`, or the largest size whose micro-step lasts <= max_step_s when `micro`
         needs more than `owned` bytes (borrowed memory: Note [Borrowed memory comes back
-        fast] in controller.py). Sizes that fit `owned` are never capped; without a
-        guarantee, a pace or a ready model, `micro` stands."""
-        if owned is None or seconds_per_sample is None or micro <= 1:
+        fast] in controller.py). Sizes that fit `owned` are never capped. Before a pace is
+        measured (`seconds_per_sample` None) no size beyond `owned` is allowed: how long its
+        micro-step would hold borrowed memory is unknown. Without a guarantee or a ready
+        model, `micro` stands."""
+        if owned is None or micro <= 1:
             return micro
         fits_owned = self.memory_model.largest_under(self.target(owned))
         if fits_owned is None or micro <= fits_owned:
             return micro
+        if seconds_per_sample is None:
+            allowed = min(micro, self.quantize(max(1, fits_owned), cap))
+            if allowed < micro:
+                self.last_reason = "borrowed memory: no pace measured yet, so no size beyond the guarantee"
+            return allowed
         quick = self.quantize(max(1, int(max_step_s / seconds_per_sample)), cap)
         allowed = max(quick, self.quantize(max(1, fits_owned), cap))
         if allowed >= micro:
