@@ -376,28 +376,16 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
   retire_places(victims, &handles);
   retire_places(aliases, &handles);
   // Map the holes of [addr, addr + size) in runs of consecutive granules.
-  const std::size_t g0 = first_granule(heap, addr), g1 = end_granule(heap, addr + size);
   std::size_t next = 0;
-  for (std::size_t i = g0; i < g1;) {
-    if (heap.granules[i].handle) {
-      ++i;
-      continue;
-    }
-    std::size_t j = i;
-    while (j < g1 && !heap.granules[j].handle) ++j;
-    for (std::size_t k = i; k < j; ++k) {
-      // A pending place is unmapped before anything maps there (behind the
-      // barrier taken above, so this never waits).
-      if (heap.granules[k].stale) resolve_stale(GranuleRef{heap.id, static_cast<std::uint32_t>(k)}, /*wait=*/true);
-    }
-    const Addr at = heap.base + i * gran;
-    backend.map(at, handles.data() + next, j - i);
-    for (std::size_t k = i; k < j; ++k) {
+  for (const Hole& hole : unmapped_holes(heap, addr, size)) {
+    clear_pending_places(heap, hole);
+    const Addr at = heap.base + hole.first * gran;
+    backend.map(at, handles.data() + next, hole.count);
+    for (std::size_t k = hole.first; k < hole.first + hole.count; ++k) {
       heap.granules[k].handle = handles[next++];
       heap.granules[k].owner = 0;
     }
-    trace(TraceAction::kSegmentMap, at, (j - i) * gran, 0, heap.pool, op_context);
-    i = j;
+    trace(TraceAction::kSegmentMap, at, hole.count * gran, 0, heap.pool, op_context);
   }
   heap.mapped += missing;
   memory_dirty = true;
@@ -405,6 +393,30 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
   stats_.num_device_alloc += created;
   stats_.num_reclaims += reclaimed;
   return true;
+}
+
+std::vector<Pool::Impl::Hole> Pool::Impl::unmapped_holes(const Heap& heap, Addr addr, std::size_t size) const {
+  const std::size_t g0 = first_granule(heap, addr), g1 = end_granule(heap, addr + size);
+  std::vector<Hole> holes;
+  for (std::size_t i = g0; i < g1;) {
+    if (heap.granules[i].handle) {
+      ++i;
+      continue;
+    }
+    std::size_t j = i;
+    while (j < g1 && !heap.granules[j].handle) ++j;
+    holes.push_back(Hole{i, j - i});
+    i = j;
+  }
+  return holes;
+}
+
+void Pool::Impl::clear_pending_places(Heap& heap, const Hole& hole) {
+  for (std::size_t k = hole.first; k < hole.first + hole.count; ++k) {
+    // A pending place is unmapped before anything maps there (acquire took
+    // the barrier if one was in the way, so this never waits).
+    if (heap.granules[k].stale) resolve_stale(GranuleRef{heap.id, static_cast<std::uint32_t>(k)}, /*wait=*/true);
+  }
 }
 
 void Pool::Impl::retire_places(std::vector<GranuleRef>& refs, std::vector<GranuleHandle>* handles) {
@@ -452,32 +464,22 @@ constexpr std::size_t kMinRunGranules = 8;
 bool Pool::Impl::grow_by_runs(Heap& heap, Addr addr, std::size_t size, std::size_t missing) {
   // A hole of kMinRunGranules or more gets one run handle; a smaller one a
   // handle per granule, still mapped with one call.
-  struct Hole {
-    std::size_t first, count;
-    std::vector<GranuleHandle> handles;  // one (a run) or `count`
-    bool run() const { return count >= kMinRunGranules; }
+  struct Grown {
+    Hole hole;
+    std::vector<GranuleHandle> handles;  // one (a run) or hole.count
+    bool run() const { return hole.count >= kMinRunGranules; }
   };
-  const std::size_t g0 = first_granule(heap, addr), g1 = end_granule(heap, addr + size);
-  std::vector<Hole> holes;
-  for (std::size_t i = g0; i < g1;) {
-    if (heap.granules[i].handle) {
-      ++i;
-      continue;
-    }
-    std::size_t j = i;
-    while (j < g1 && !heap.granules[j].handle) ++j;
-    holes.push_back(Hole{i, j - i, {}});
-    i = j;
-  }
+  std::vector<Grown> holes;
+  for (const Hole& hole : unmapped_holes(heap, addr, size)) holes.push_back(Grown{hole, {}});
   auto release_created = [&] {
-    for (const Hole& h : holes) {
+    for (const Grown& h : holes) {
       for (GranuleHandle made : h.handles) backend.release_granule(made);
     }
   };
-  for (Hole& h : holes) {
-    const std::size_t handles = h.run() ? 1 : h.count;
+  for (Grown& h : holes) {
+    const std::size_t handles = h.run() ? 1 : h.hole.count;
     for (std::size_t k = 0; k < handles; ++k) {
-      const GranuleHandle made = h.run() ? backend.create_run(h.count) : backend.create_granule();
+      const GranuleHandle made = h.run() ? backend.create_run(h.hole.count) : backend.create_granule();
       if (!made) {
         // The device is full (memory outside the pool): give back what this
         // call created; the caller goes on granule by granule.
@@ -487,32 +489,29 @@ bool Pool::Impl::grow_by_runs(Heap& heap, Addr addr, std::size_t size, std::size
       h.handles.push_back(made);
     }
   }
-  for (const Hole& h : holes) {
-    for (std::size_t k = h.first; k < h.first + h.count; ++k) {
-      // A pending place is unmapped before anything maps there (acquire took
-      // the barrier if one was in the way, so this never waits).
-      if (heap.granules[k].stale) resolve_stale(GranuleRef{heap.id, static_cast<std::uint32_t>(k)}, /*wait=*/true);
-    }
-    const Addr at = heap.base + h.first * gran;
+  for (const Grown& h : holes) {
+    const std::size_t first = h.hole.first, count = h.hole.count;
+    clear_pending_places(heap, h.hole);
+    const Addr at = heap.base + first * gran;
     if (h.run()) {
-      backend.map_run(at, h.handles.front(), h.count);
+      backend.map_run(at, h.handles.front(), count);
     } else {
-      backend.map(at, h.handles.data(), h.count);
+      backend.map(at, h.handles.data(), count);
     }
-    for (std::size_t k = 0; k < h.count; ++k) {
-      Granule& g = heap.granules[h.first + k];
+    for (std::size_t k = 0; k < count; ++k) {
+      Granule& g = heap.granules[first + k];
       g.owner = 0;
       if (h.run()) {
         g.handle = h.handles.front();
-        g.run_first = static_cast<std::uint32_t>(h.first);
-        g.run_count = static_cast<std::uint32_t>(h.count);
+        g.run_first = static_cast<std::uint32_t>(first);
+        g.run_count = static_cast<std::uint32_t>(count);
       } else {
         g.handle = h.handles[k];
       }
     }
     // Every granule of the hole lies under the block being carved: all busy.
-    if (h.run()) heap.granules[h.first].run_busy = static_cast<std::uint32_t>(h.count);
-    trace(TraceAction::kSegmentMap, at, h.count * gran, 0, heap.pool, op_context);
+    if (h.run()) heap.granules[first].run_busy = static_cast<std::uint32_t>(count);
+    trace(TraceAction::kSegmentMap, at, count * gran, 0, heap.pool, op_context);
   }
   held += missing * gran;
   heap.mapped += missing;

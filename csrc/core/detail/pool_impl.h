@@ -146,6 +146,14 @@ struct Pool::Impl {
   bool fence_done(std::uint32_t slot, std::uint64_t seq, bool may_record);
   void sync_all_fences();
   std::size_t release_reclaimable(std::size_t keep_bytes);  // unmap + release, oldest first
+  // A maximal stretch of unmapped granules: `count` from index `first`.
+  struct Hole {
+    std::size_t first, count;
+  };
+  std::vector<Hole> unmapped_holes(const detail::Heap& heap, Addr addr, std::size_t size) const;
+  // Unmaps the pending places (Note [Pending unmaps]) inside `hole` before
+  // anything is mapped there.
+  void clear_pending_places(detail::Heap& heap, const Hole& hole);
   // Note [Run handles]: fills each hole of missing granules under the (pinned)
   // range with one handle; false, with nothing changed, when the device is full.
   bool grow_by_runs(detail::Heap& heap, Addr addr, std::size_t size, std::size_t missing);
