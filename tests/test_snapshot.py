@@ -113,6 +113,20 @@ def test_converter_rejects_blocks_that_do_not_tile():
     assert snap["segments"][0]["requested_size"] == 100
 
 
+def test_a_parked_block_reads_as_part_of_its_free_neighbours():
+    # A private pool's parked block (free to torch, live to the core) next to free space: torch
+    # sees one free block, as its own allocator would show it after a checkpoint restore.
+    blocks = [{"address": 4096, "size": 512, "requested_size": 512, "state": "active_allocated"},
+              {"address": 4608, "size": 512, "requested_size": 0, "state": "inactive", "parked": True},
+              {"address": 5120, "size": 1024, "requested_size": 0, "state": "inactive"}]
+    core = {"segments": [{"address": 4096, "total_size": 2048, "small_heap": True, "pool": 3, "stream": 0,
+                          "blocks": blocks}]}
+    segment = snapshot_format.to_torch_snapshot(core)["segments"][0]
+    assert [(b["address"], b["size"], b["state"]) for b in segment["blocks"]] == [
+        (4096, 512, "active_allocated"), (4608, 1536, "inactive")]
+    assert segment["allocated_size"] == segment["active_size"] == 512 and segment["total_size"] == 2048
+
+
 def test_oom_entries_have_device_free():
     core = {"segments": [], "trace": [{"action": "oom", "addr": 0, "size": 5, "stream": 0, "pool": 0,
                                        "context": 0, "sequence": 9}]}
