@@ -1,4 +1,4 @@
-"""Run handles (Note [Run handles], csrc/core/detail/granules.cpp): with no limit set and
+"""Run handles (Note [Run handles], csrc/core/detail/runs.cpp): with no limit set and
 far from the device's capacity the pool fills each hole of 8 or more missing granules
 with one driver handle; it keeps a handle per granule above run_below x capacity, for
 small holes and under any limit; it never moves a run's granules, and gives a run back

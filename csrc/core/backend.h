@@ -79,7 +79,7 @@ class Backend {
   // It can only be mapped whole, at one place, and so never moves granule by
   // granule; what it buys is the driver's cost: one create, map and access
   // for the whole run, ~0.3 us per granule at 256 granules against ~30 us
-  // with a handle per granule (Note [Run handles] in detail/granules.cpp).
+  // with a handle per granule (Note [Run handles] in detail/runs.cpp).
   // Returns 0 when the device is out of memory.
   virtual GranuleHandle create_run(std::size_t granules) = 0;
   // Give a handle (a granule or a run) back to the device. It must not be

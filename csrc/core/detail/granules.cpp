@@ -34,40 +34,6 @@
 // limit: gpt2 at 1.1x makes 1,315 reclaims against 6,207, and llama at 1.2x
 // 337 against 8,579. What 0.95 trades: under a budget the pool may hold up to
 // 95% of it rather than the bare live peak.
-//
-// Note [Run handles]
-// The driver's cost of growing follows handles, not bytes: a handle per
-// 2 MiB granule costs ~30 us to create, map and give access, however the
-// calls are batched; one handle for a run of N granules costs 28.6 us at
-// N = 1 and 82 us at N = 256 (0.32 us per granule, what cudaMalloc pays)
-// (H200, BENCHMARKS.md section 9). Growing GPT-2's varied shapes by 13,000
-// single granules made its steps 15-25% slower than native's. But a bigger
-// handle can only be mapped whole (the driver refuses slices), so its
-// granules can never be stitched one by one. Hence: while the pool has no
-// budget of its own (limit_bytes == 0: the device is the budget) and held
-// stays under run_below x the device's memory (and under the creation
-// ceiling of Note [When to stitch], where nothing would be stitched
-// anyway), each hole of 8 or more missing granules (16 MiB) that a new
-// block needs is filled by ONE handle (grow_by_runs). Smaller holes, and all
-// growth above that line or under a budget, get a handle per granule.
-// A run granule is never listed as reclaimable; a run whose granules are all
-// free goes back whole (release_free_runs): on empty_cache and
-// release_cached_to, and when a request finds no room otherwise (behind the
-// device barrier, Note [Device barrier]: on the OOM ladder's step 4 at the
-// latest); the room it leaves is then filled granule by granule.
-// Why not under a budget: free space inside a partly used run stays where
-// it is, and under a budget packing is what the pool is for. Replays
-// (2026-12-01) with runs in the bottom half of the budget raised the bundled
-// traces' min-cap from 1.0015-1.0027 to up to 1.0152 x peak requested, and
-// on the H200 a Llama step under a 660 MiB limit (offload="auto") failed
-// with 50 MiB cached in partly used runs where stitching had fitted it. So
-// under a limit, a memory fraction or a share, the pool packs exactly as
-// before. Without one, the bundled traces' growth costs 6-51 ms of modeled
-// driver time instead of 45-381 ms. Why 8 granules: runs of 2 and up made
-// small patterns (sizes up to 16 MiB, 200 MiB live) OOM under 1.1 x their
-// peak; from 8 on they fit as before. Private pools (graph capture,
-// MemPool) keep a handle per granule: they are never stitched while in use,
-// and a released one gives back what it holds granule by granule.
 #include <algorithm>
 #include <stdexcept>
 
@@ -195,7 +161,7 @@ std::size_t Pool::Impl::pin(Heap& heap, Addr addr, std::size_t size) {
   for (std::size_t i = g0; i < g1; ++i) {
     Granule& g = heap.granules[i];
     if (g.live++ != 0) continue;
-    if (g.run_count) {  // Note [Run handles]
+    if (g.run_count) {  // Note [Run handles] (runs.cpp)
       if (heap.granules[g.run_first].run_busy++ == 0) --free_runs;
       continue;
     }
@@ -308,7 +274,7 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
   if (heap.stale && pending_blocks(heap, addr, size) && !device_barrier()) return false;
   const std::size_t limit = budget();
   std::size_t room = held < limit ? (limit - held) / gran : 0;
-  // Note [Run handles]: far from the budget, one handle per hole.
+  // Note [Run handles] (runs.cpp): far from the device's capacity, one handle per hole.
   if (heap.pool == 0 && config.limit_bytes == 0 && room >= missing && config.run_below > 0.0) {
     const double after = double(held + missing * gran);
     if (after <= config.run_below * double(limit) && after <= create_ceiling(request) &&
@@ -452,126 +418,6 @@ std::size_t Pool::Impl::release_reclaimable(std::size_t keep_bytes) {
   }
   if (held > keep_bytes && free_runs) release_free_runs(held - keep_bytes);
   return before - held;
-}
-
-// ---- run handles (Note [Run handles]) ------------------------------------------
-
-namespace {
-// Holes shorter than this get a handle per granule (Note [Run handles]).
-constexpr std::size_t kMinRunGranules = 8;
-}  // namespace
-
-bool Pool::Impl::grow_by_runs(Heap& heap, Addr addr, std::size_t size, std::size_t missing) {
-  // A hole of kMinRunGranules or more gets one run handle; a smaller one a
-  // handle per granule, still mapped with one call.
-  struct Grown {
-    Hole hole;
-    std::vector<GranuleHandle> handles;  // one (a run) or hole.count
-    bool run() const { return hole.count >= kMinRunGranules; }
-  };
-  std::vector<Grown> holes;
-  for (const Hole& hole : unmapped_holes(heap, addr, size)) holes.push_back(Grown{hole, {}});
-  auto release_created = [&] {
-    for (const Grown& h : holes) {
-      for (GranuleHandle made : h.handles) backend.release_granule(made);
-    }
-  };
-  for (Grown& h : holes) {
-    const std::size_t handles = h.run() ? 1 : h.hole.count;
-    for (std::size_t k = 0; k < handles; ++k) {
-      const GranuleHandle made = h.run() ? backend.create_run(h.hole.count) : backend.create_granule();
-      if (!made) {
-        // The device is full (memory outside the pool): give back what this
-        // call created; the caller goes on granule by granule.
-        release_created();
-        return false;
-      }
-      h.handles.push_back(made);
-    }
-  }
-  for (const Grown& h : holes) {
-    const std::size_t first = h.hole.first, count = h.hole.count;
-    clear_pending_places(heap, h.hole);
-    const Addr at = heap.base + first * gran;
-    if (h.run()) {
-      backend.map_run(at, h.handles.front(), count);
-    } else {
-      backend.map(at, h.handles.data(), count);
-    }
-    for (std::size_t k = 0; k < count; ++k) {
-      Granule& g = heap.granules[first + k];
-      g.owner = 0;
-      if (h.run()) {
-        g.handle = h.handles.front();
-        g.run_first = static_cast<std::uint32_t>(first);
-        g.run_count = static_cast<std::uint32_t>(count);
-      } else {
-        g.handle = h.handles[k];
-      }
-    }
-    // Every granule of the hole lies under the block being carved: all busy.
-    if (h.run()) heap.granules[first].run_busy = static_cast<std::uint32_t>(count);
-    trace(TraceAction::kSegmentMap, at, count * gran, 0, heap.pool, op_context);
-  }
-  held += missing * gran;
-  heap.mapped += missing;
-  memory_dirty = true;
-  mapped_bytes[heap.small ? 0 : 1] += missing * gran;
-  stats_.num_device_alloc += missing;
-  return true;
-}
-
-std::size_t Pool::Impl::release_free_runs(std::size_t want_bytes) {
-  // Nothing new is behind the barrier since the last pass found nothing.
-  if (runs_checked_at == barrier_seq) return 0;
-  std::size_t released = 0;
-  bool skipped = false;
-  for (auto& hp : heaps) {
-    if (!hp || hp->frozen) continue;
-    Heap& heap = *hp;
-    for (std::size_t i = 0; i < heap.granules.size() && released < want_bytes;) {
-      Granule& head = heap.granules[i];
-      if (!head.run_count) {
-        ++i;
-        continue;
-      }
-      const std::size_t n = head.run_count;
-      if (head.run_busy != 0) {
-        i += n;
-        continue;
-      }
-      // Unmapping follows every stream: each granule's last free must lie
-      // behind the last device barrier (Note [Device barrier]).
-      bool behind = true;
-      for (std::size_t k = i; k < i + n && behind; ++k) behind = behind_barrier(heap.granules[k].seq);
-      if (!behind) {
-        skipped = true;
-        i += n;
-        continue;
-      }
-      const Addr at = heap.base + i * gran;
-      const GranuleHandle handle = head.handle;
-      backend.unmap_run(at, n);
-      backend.release_granule(handle);
-      for (std::size_t k = i; k < i + n; ++k) {
-        Granule& g = heap.granules[k];
-        g.handle = 0;
-        g.owner = 0;
-        g.run_first = g.run_count = g.run_busy = 0;
-      }
-      heap.mapped -= n;
-      mapped_bytes[heap.small ? 0 : 1] -= n * gran;
-      held -= n * gran;
-      released += n * gran;
-      --free_runs;
-      stats_.num_device_free += n;
-      memory_dirty = true;
-      trace(TraceAction::kSegmentUnmap, at, n * gran, 0, heap.pool, op_context);
-      i += n;
-    }
-  }
-  if (released == 0 && skipped) runs_checked_at = barrier_seq;
-  return released;
 }
 
 void Pool::Impl::release_handles(const std::vector<GranuleHandle>& handles) {

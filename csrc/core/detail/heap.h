@@ -50,7 +50,7 @@ struct Granule {
   // (handle == 0).
   GranuleHandle stale = 0;
   std::uint64_t stale_seq = 0;
-  // Note [Run handles] (granules.cpp): run_count > 0 marks a granule of a
+  // Note [Run handles] (runs.cpp): run_count > 0 marks a granule of a
   // run handle shared by the run_count granules from run_first on; such a
   // granule is never listed as reclaimable (it cannot move alone). On the
   // run's first granule, run_busy counts the run's granules with live blocks.

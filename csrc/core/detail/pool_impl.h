@@ -6,6 +6,7 @@
 //   detail/carve.cpp  best fit, split, merge, free, deferred frees (blocks)
 //   detail/granules.cpp  pin/unpin granules, acquire (create / reclaim / map),
 //                     fences and reclaimable lists, releasing cached granules
+//   detail/runs.cpp      run handles: one driver handle per run of missing granules
 //   detail/aliases.cpp   alias reclaim, pending unmaps, the device barrier
 //   detail/segments.cpp  cuda_malloc mode: segments
 //   detail/inspect.cpp   check_invariants, snapshot, largest free block
@@ -154,7 +155,8 @@ struct Pool::Impl {
   // Unmaps the pending places (Note [Pending unmaps]) inside `hole` before
   // anything is mapped there.
   void clear_pending_places(detail::Heap& heap, const Hole& hole);
-  // Note [Run handles]: fills each hole of missing granules under the (pinned)
+  // ---- detail/runs.cpp (Note [Run handles]) ------------------------------------
+  // Fills each hole of missing granules under the (pinned)
   // range with one handle; false, with nothing changed, when the device is full.
   bool grow_by_runs(detail::Heap& heap, Addr addr, std::size_t size, std::size_t missing);
   // Gives back whole free runs whose frees lie behind the device barrier
