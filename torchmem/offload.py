@@ -89,12 +89,13 @@ class _Step:
     """The offloaded tensors of one forward (weakrefs, in save order) and its backward's
     fetch accounting (Note [Offload streams])."""
 
-    __slots__ = ("refs", "ready", "end", "fetched", "freed", "floor", "live", "__weakref__")
+    __slots__ = ("refs", "ready", "end", "cursor", "fetched", "freed", "floor", "live", "__weakref__")
 
     def __init__(self):
         self.refs = []
         self.ready = 0     # refs[:ready] finished their copy to the host
         self.end = None    # refs[end:] are all fetched or used (set when backward begins)
+        self.cursor = None  # refs[cursor:end] are all fetched or used too (None: = end)
         self.fetched = 0   # bytes of offloaded tensors fetched back
         self.freed = 0     # bytes of this step's saved tensors (kept, or fetched back) freed since
         self.floor = 0     # bytes the next-needed fetches may take beyond `freed`
@@ -213,7 +214,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         # Backward starts after forward: fetch the last-saved tensors now.
         step = self._offloaded
         self._backward = step
-        step.end = len(step.refs)
+        step.end, step.cursor = len(step.refs), None
         for ref in reversed(step.refs[-self.prefetch:] if self.prefetch else []):
             h = ref()
             if h is not None:
@@ -223,13 +224,16 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
 
     # ---------------------------------------------------------------- hooks
     def _eligible(self, t):
+        # Runs for every saved tensor of every step: cheapest tests first. isinstance(x,
+        # Parameter) goes through Parameter's metaclass in Python (~10 us on a CPU VM), so only
+        # leaves are asked: a Parameter is always a leaf, and activations never are.
         if t.device.type not in self.devices or t.numel() * t.element_size() < self.min_bytes:
             return False
-        base = t._base if t._base is not None else t  # linear saves weight.t(), a view of the weight
-        if isinstance(base, torch.nn.Parameter) or (base.is_leaf and base.requires_grad):
-            return False  # weights stay where the optimizer updates them
-        if t.is_sparse or t.layout != torch.strided:
+        if t.layout != torch.strided or t.is_sparse:
             return False
+        base = t._base if t._base is not None else t  # linear saves weight.t(), a view of the weight
+        if base.is_leaf and (base.requires_grad or isinstance(base, torch.nn.Parameter)):
+            return False  # weights (frozen ones too) stay where the optimizer updates them
         span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
         return span == t.numel()  # dense, no overlap: a flat copy holds it exactly
 
@@ -242,7 +246,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             # or a recompute): what the earlier backward freed is being allocated again, so it
             # is no longer room for fetches, and the next look starts from the newest save.
             step.freed = min(step.freed, step.fetched)
-            step.end = None
+            step.end = step.cursor = None
         index = len(self._sizes)
         nbytes = t.numel() * t.element_size()
         self._sizes.append(nbytes)
@@ -318,13 +322,19 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             step.ready += 1
         refs = step.refs
         if step.end is None:  # backward inside the context, or a forward since the last look
-            step.end = len(refs)
+            step.end, step.cursor = len(refs), None
         while step.end > 0 and _done(refs[step.end - 1]()):  # backward's order: the last saved go first
             step.end -= 1
+        # Below `end`, tensors fetched ahead but not used yet are done too: start under them, or
+        # every unpack walks all of them again (quadratic in the saved tensors of a step).
+        cursor = step.end if step.cursor is None else min(step.cursor, step.end)
+        while cursor > 0 and _done(refs[cursor - 1]()):
+            cursor -= 1
+        step.cursor = cursor
         # The next tensor backward needs may take the floor only if it is out already; tensors
         # still on their way out (at and past `ready`) are not looked at.
         allowance = step.floor if step.end <= step.ready else 0
-        for i in range(min(step.end, step.ready) - 1, -1, -1):
+        for i in range(min(cursor, step.ready) - 1, -1, -1):
             h = refs[i]()
             if _done(h):
                 continue
