@@ -102,6 +102,24 @@ def test_near_capacity_a_free_run_is_released_and_its_room_refilled_granule_by_g
     pool.check_invariants()
 
 
+def test_on_a_device_full_of_other_processes_a_free_run_makes_room():
+    # No limit: the device itself says no (a neighbour holds the rest). A's free run is given
+    # back (behind a device barrier) so that its memory can be created again where it is needed.
+    sim, pool = make(capacity=128 * MiB)
+    neighbour = _C.Pool(sim, dict(debug_checks=True))
+    a = pool.allocate(40 * MiB)            # a run of 20 granules
+    keep = pool.allocate(4 * MiB)          # after it: a's space cannot grow in place
+    pool.free(a)
+    other = neighbour.allocate(80 * MiB)   # 124 of 128 MiB created now
+    b = pool.allocate(42 * MiB)            # a's 40 MiB hole is too small; the device is full
+    assert b, "the free run should have gone back to the device to make room"
+    assert pool.stats()["num_ooms"] == 0 and sim.device_used() <= 128 * MiB
+    for addr in (b, keep):
+        pool.free(addr)
+    neighbour.free(other)
+    pool.check_invariants()
+
+
 def test_a_run_is_never_unmapped_under_a_kernel_of_another_stream():
     # Note [Device barrier]: a tensor freed without record_stream may still be read on a
     # stream the pool never heard of. The run goes back only behind a device barrier.

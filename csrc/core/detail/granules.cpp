@@ -328,6 +328,13 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
   if (short_by() > 0) append(victims, pop_reclaimable(short_by(), slot_for(stream)));
   if (short_by() > 0 && config.alias_reclaim) append(aliases, pop_aliasable(slot_for(stream), short_by()));
   create_while_below(double(limit));
+  if (short_by() > 0 && free_runs && release_free_runs(short_by() * gran) > 0) {
+    // The device said no (other processes, memory outside the pool): whole
+    // free runs behind the barrier go back to it (Note [Run handles]), and
+    // their room is created again granule by granule.
+    device_full = false;
+    create_while_below(double(limit));
+  }
   if (short_by() > 0) {
     // Not enough: give everything back rather than hold unmapped handles.
     unpop_granules(aliases);

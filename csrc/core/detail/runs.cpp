@@ -18,7 +18,8 @@
 // growth above that line or under a budget, get a handle per granule.
 // A run granule is never listed as reclaimable; a run whose granules are all
 // free goes back whole (release_free_runs): on empty_cache and
-// release_cached_to, and when a request finds no room otherwise (behind the
+// release_cached_to, and when a request finds no room otherwise, under the
+// budget or on a device that other processes filled (behind the
 // device barrier, Note [Device barrier]: on the OOM ladder's step 4 at the
 // latest); the room it leaves is then filled granule by granule.
 // Why not under a budget: free space inside a partly used run stays where
