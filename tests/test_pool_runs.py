@@ -102,20 +102,42 @@ def test_near_capacity_a_free_run_is_released_and_its_room_refilled_granule_by_g
     pool.check_invariants()
 
 
+def full_device_with_a_free_run(run):
+    """A 128 MiB device: the pool's free run of `run` bytes, a 4 MiB block after it (the run
+    cannot grow in place), and a neighbour pool holding all but 4 MiB of the rest."""
+    sim, pool = make(capacity=128 * MiB)
+    neighbour = _C.Pool(sim, dict(debug_checks=True))
+    a = pool.allocate(run)
+    keep = pool.allocate(4 * MiB)
+    pool.free(a)
+    other = neighbour.allocate(128 * MiB - run - 8 * MiB)
+    return sim, pool, neighbour, keep, other
+
+
 def test_on_a_device_full_of_other_processes_a_free_run_makes_room():
     # No limit: the device itself says no (a neighbour holds the rest). A's free run is given
     # back (behind a device barrier) so that its memory can be created again where it is needed.
-    sim, pool = make(capacity=128 * MiB)
-    neighbour = _C.Pool(sim, dict(debug_checks=True))
-    a = pool.allocate(40 * MiB)            # a run of 20 granules
-    keep = pool.allocate(4 * MiB)          # after it: a's space cannot grow in place
-    pool.free(a)
-    other = neighbour.allocate(80 * MiB)   # 124 of 128 MiB created now
+    sim, pool, neighbour, keep, other = full_device_with_a_free_run(run=40 * MiB)
     b = pool.allocate(42 * MiB)            # a's 40 MiB hole is too small; the device is full
     assert b, "the free run should have gone back to the device to make room"
     assert pool.stats()["num_ooms"] == 0 and sim.device_used() <= 128 * MiB
     for addr in (b, keep):
         pool.free(addr)
+    neighbour.free(other)
+    pool.check_invariants()
+
+
+def test_an_oom_that_free_runs_cannot_serve_keeps_them():
+    # Note [OOM ladder]: giving the cache back only to fail anyway would make the next
+    # request create it all again.
+    sim, pool, neighbour, keep, other = full_device_with_a_free_run(run=32 * MiB)
+    before = dict(sim.counters())
+    assert pool.allocate(80 * MiB) == 0    # 32 cached + 4 free < 80
+    after = sim.counters()
+    assert after["unmap_calls"] == before["unmap_calls"]  # the run stayed
+    assert pool.stats()["reserved_bytes"]["all"]["current"] == 36 * MiB
+    assert pool.allocate(30 * MiB)         # and serves what fits in it
+    pool.free(keep)
     neighbour.free(other)
     pool.check_invariants()
 

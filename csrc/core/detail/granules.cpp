@@ -288,14 +288,15 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
     // granules are stitched whatever is created: take them first, and give up
     // before creating anything if they are not there (Note [OOM ladder]).
     victims = pop_reclaimable(missing - room, slot_for(stream));
-    if (free_runs && room + victims.size() < missing) {
-      // Whole free runs behind the barrier go back; their room is created
-      // again granule by granule below.
-      release_free_runs((missing - room - victims.size()) * gran);
-      room = held < limit ? (limit - held) / gran : 0;
-    }
     if (config.alias_reclaim && room + victims.size() < missing) {
       aliases = pop_aliasable(slot_for(stream), missing - room - victims.size());
+    }
+    const std::size_t found = victims.size() + aliases.size();
+    if (free_runs && room + found < missing &&
+        release_free_runs((missing - room - found) * gran, /*all_or_nothing=*/true) > 0) {
+      // Whole free runs behind the barrier went back (Note [Run handles]);
+      // their room is created again granule by granule below.
+      room = held < limit ? (limit - held) / gran : 0;
     }
     if (room + victims.size() + aliases.size() < missing) {
       unpop_granules(aliases);
@@ -328,7 +329,7 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
   if (short_by() > 0) append(victims, pop_reclaimable(short_by(), slot_for(stream)));
   if (short_by() > 0 && config.alias_reclaim) append(aliases, pop_aliasable(slot_for(stream), short_by()));
   create_while_below(double(limit));
-  if (short_by() > 0 && free_runs && release_free_runs(short_by() * gran) > 0) {
+  if (short_by() > 0 && free_runs && release_free_runs(short_by() * gran, /*all_or_nothing=*/true) > 0) {
     // The device said no (other processes, memory outside the pool): whole
     // free runs behind the barrier go back to it (Note [Run handles]), and
     // their room is created again granule by granule.
@@ -423,7 +424,7 @@ std::size_t Pool::Impl::release_reclaimable(std::size_t keep_bytes) {
     held -= handles.size() * gran;
     stats_.num_device_free += handles.size();
   }
-  if (held > keep_bytes && free_runs) release_free_runs(held - keep_bytes);
+  if (held > keep_bytes && free_runs) release_free_runs(held - keep_bytes, /*all_or_nothing=*/false);
   return before - held;
 }
 

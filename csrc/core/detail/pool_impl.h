@@ -160,8 +160,9 @@ struct Pool::Impl {
   // range with one handle; false, with nothing changed, when the device is full.
   bool grow_by_runs(detail::Heap& heap, Addr addr, std::size_t size, std::size_t missing);
   // Gives back whole free runs whose frees lie behind the device barrier
-  // until `want_bytes` went; returns the bytes given back.
-  std::size_t release_free_runs(std::size_t want_bytes);
+  // until `want_bytes` went (none at all, if `all_or_nothing` and they do
+  // not add up to it); returns the bytes given back.
+  std::size_t release_free_runs(std::size_t want_bytes, bool all_or_nothing);
   void premap_reserve();
   // Gives handles back to the device, first unmapping any pending-unmap
   // place they still have (waiting for its fence).

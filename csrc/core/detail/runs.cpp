@@ -107,57 +107,62 @@ bool Pool::Impl::grow_by_runs(Heap& heap, Addr addr, std::size_t size, std::size
   return true;
 }
 
-std::size_t Pool::Impl::release_free_runs(std::size_t want_bytes) {
+std::size_t Pool::Impl::release_free_runs(std::size_t want_bytes, bool all_or_nothing) {
   // Nothing new is behind the barrier since the last pass found nothing.
   if (runs_checked_at == barrier_seq) return 0;
-  std::size_t released = 0;
+  struct Free {
+    Heap* heap;
+    std::size_t first, count;
+  };
+  std::vector<Free> found;
+  std::size_t bytes = 0;
   bool skipped = false;
   for (auto& hp : heaps) {
     if (!hp || hp->frozen) continue;
     Heap& heap = *hp;
-    for (std::size_t i = 0; i < heap.granules.size() && released < want_bytes;) {
-      Granule& head = heap.granules[i];
-      if (!head.run_count) {
-        ++i;
-        continue;
+    for (std::size_t i = 0; i < heap.granules.size() && bytes < want_bytes;) {
+      const Granule& head = heap.granules[i];
+      const std::size_t n = head.run_count ? head.run_count : 1;
+      if (head.run_count && head.run_busy == 0) {
+        // Unmapping follows every stream: each granule's last free must lie
+        // behind the last device barrier (Note [Device barrier]).
+        bool behind = true;
+        for (std::size_t k = i; k < i + n && behind; ++k) behind = behind_barrier(heap.granules[k].seq);
+        if (behind) {
+          found.push_back(Free{&heap, i, n});
+          bytes += n * gran;
+        } else {
+          skipped = true;
+        }
       }
-      const std::size_t n = head.run_count;
-      if (head.run_busy != 0) {
-        i += n;
-        continue;
-      }
-      // Unmapping follows every stream: each granule's last free must lie
-      // behind the last device barrier (Note [Device barrier]).
-      bool behind = true;
-      for (std::size_t k = i; k < i + n && behind; ++k) behind = behind_barrier(heap.granules[k].seq);
-      if (!behind) {
-        skipped = true;
-        i += n;
-        continue;
-      }
-      const Addr at = heap.base + i * gran;
-      const GranuleHandle handle = head.handle;
-      backend.unmap_run(at, n);
-      backend.release_granule(handle);
-      for (std::size_t k = i; k < i + n; ++k) {
-        Granule& g = heap.granules[k];
-        g.handle = 0;
-        g.owner = 0;
-        g.run_first = g.run_count = g.run_busy = 0;
-      }
-      heap.mapped -= n;
-      mapped_bytes[heap.small ? 0 : 1] -= n * gran;
-      held -= n * gran;
-      released += n * gran;
-      --free_runs;
-      stats_.num_device_free += n;
-      memory_dirty = true;
-      trace(TraceAction::kSegmentUnmap, at, n * gran, 0, heap.pool, op_context);
       i += n;
     }
   }
-  if (released == 0 && skipped) runs_checked_at = barrier_seq;
-  return released;
+  if (found.empty() && skipped) runs_checked_at = barrier_seq;
+  // A request that these runs cannot serve in full keeps them: an OOM gives
+  // no cache back only to create it again (Note [OOM ladder]).
+  if (all_or_nothing && bytes < want_bytes) return 0;
+  for (const Free& f : found) {
+    Heap& heap = *f.heap;
+    const Addr at = heap.base + f.first * gran;
+    const GranuleHandle handle = heap.granules[f.first].handle;
+    backend.unmap_run(at, f.count);
+    backend.release_granule(handle);
+    for (std::size_t k = f.first; k < f.first + f.count; ++k) {
+      Granule& g = heap.granules[k];
+      g.handle = 0;
+      g.owner = 0;
+      g.run_first = g.run_count = g.run_busy = 0;
+    }
+    heap.mapped -= f.count;
+    mapped_bytes[heap.small ? 0 : 1] -= f.count * gran;
+    held -= f.count * gran;
+    --free_runs;
+    stats_.num_device_free += f.count;
+    memory_dirty = true;
+    trace(TraceAction::kSegmentUnmap, at, f.count * gran, 0, heap.pool, op_context);
+  }
+  return bytes;
 }
 
 }  // namespace torchmem
