@@ -25,8 +25,9 @@ import subprocess
 import sys
 import time
 
-# torchmem_reuse: park_private_frees=False (blocks freed in the graph pool are reused by it)
-MODES = ("native", "torchmem", "torchmem_reuse")
+# torchmem: the default (park_private_frees=False: blocks freed in a graph pool are reused by
+# that pool, as in PyTorch); torchmem_park: park_private_frees=True (kept until the pool's release)
+MODES = ("native", "torchmem", "torchmem_park")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # torchmem from this checkout
 
 
@@ -53,7 +54,7 @@ def run_child(args):
     if args.child.startswith("torchmem"):
         import torchmem
 
-        torchmem.install(park_private_frees=args.child == "torchmem")
+        torchmem.install(park_private_frees=args.child == "torchmem_park")
     import torch._dynamo.utils as dynamo_utils
     import torch._inductor.cudagraph_trees as trees
     from transformers import GPT2Config, GPT2LMHeadModel

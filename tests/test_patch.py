@@ -81,3 +81,31 @@ def test_snapshot_functions(patched_pool, tmp_path):
     torch.cuda.memory._dump_snapshot(str(path))  # torch's own dumper over our _snapshot
     with open(path, "rb") as f:
         assert pickle.load(f)["segments"] == snap["segments"]
+
+
+def test_memory_snapshot_of_one_pool(patched_pool):
+    # torch.cuda.memory_snapshot(mempool_id) and MemPool.snapshot(): that pool's segments only
+    patched_pool.allocate(5 * MiB)
+    patched_pool.create_private_pool(3)
+    mine = patched_pool.allocate(3 * MiB, 0, 3)
+    everything = torch.cuda.memory_snapshot()
+    assert torch.cuda.memory_snapshot((0, 0)) == everything  # torch's (0, 0): every pool
+    only = torch.cuda.memory_snapshot((0, 3))
+    assert only and all(s["segment_pool_id"] == (0, 3) for s in only)
+    assert any(b["address"] == mine for s in only for b in s["blocks"])
+    assert len(only) < len(everything)
+    assert torch.cuda.memory_snapshot((7, 7)) == []
+
+
+def test_snapshot_augments_fx_frames_with_torchs_own_pass(patched_pool, monkeypatch):
+    calls = []
+
+    def augment(snapshot):
+        calls.append(snapshot)
+        return dict(snapshot, augmented=True)
+
+    monkeypatch.setattr(torch.cuda.memory, "_augment_memory_snapshot_stack_traces", augment, raising=False)
+    patched_pool.allocate(MiB)
+    assert "augmented" not in torch.cuda.memory._snapshot()
+    assert torch.cuda.memory._snapshot(augment_with_fx_traces=True)["augmented"] is True
+    assert len(calls) == 1

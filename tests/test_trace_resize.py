@@ -111,6 +111,9 @@ class _FakeRuntime:
     def runtime_set_context_provider(self, provider):
         self.provider = provider
 
+    def runtime_set_compile_context_recording(self, enabled):
+        self.compile_contexts = enabled
+
 
 @pytest.fixture
 def runtime(monkeypatch):
@@ -131,16 +134,21 @@ def _torch_history(**kwargs):
 
 def test_torch_modes_map_onto_ring_and_stacks(runtime):
     snapshot = sys.modules["torchmem.snapshot"]
-    _torch_history(max_entries=1000)  # torch's defaults: enabled="all", context="all"
+    stacks = sys.modules["torchmem.stacks"]
+    _torch_history(max_entries=1000)  # torch's defaults: enabled="all", context="all", stacks="all"
+    assert runtime.capacity == 1000 and runtime.provider is stacks.capture_stack_with_cpp
+    _torch_history(max_entries=1000, stacks="python")
     assert runtime.capacity == 1000 and runtime.provider is snapshot.capture_stack
-    _torch_history(enabled="state")  # stacks of live blocks, no events
+    _torch_history(enabled="state", stacks="python")  # stacks of live blocks, no events
     assert runtime.capacity == 0 and runtime.provider is snapshot.capture_stack
     _torch_history(enabled="all", context=None, max_entries=7)  # events only
     assert runtime.capacity == 7 and runtime.provider is None
-    _torch_history(enabled=None)
-    assert runtime.capacity == 0 and runtime.provider is None
+    _torch_history(enabled="all", context=None, compile_context=True)  # events tagged, no stacks
+    assert runtime.provider is stacks.capture_compile_context and runtime.compile_contexts is True
+    _torch_history(enabled=None, compile_context=True)
+    assert runtime.capacity == 0 and runtime.provider is None and runtime.compile_contexts is False
     assert snapshot.history_settings() == {"enabled": False, "stacks": None, "max_entries": 0, "context": "all",
-                                           "skip_actions": ()}
+                                           "skip_actions": (), "compile_context": False}
 
 
 def test_only_context_all_asks_for_free_stacks(runtime):

@@ -185,11 +185,12 @@ OPTIONS = (
            core="debug_checks"),
     Option("oom_hook_retries", 3, _number(0, 100, integer=True),
            "How many times OOM hooks (torchmem.on_oom) may free memory and retry one allocation."),
-    Option("park_private_frees", True, parse_bool,
+    Option("park_private_frees", False, parse_bool,
            "Blocks freed in a private pool in use (CUDA graphs, torch.compile mode='reduce-overhead') "
-           "wait until the pool is released (True), or go back to the pool for its own later "
-           "allocations, as in PyTorch (False: a graph tree holds its peak, not the sum of its "
-           "graphs' memory; not yet validated on a GPU)."),
+           "go back to that pool for its own later allocations, as in PyTorch (False, the default: "
+           "a graph tree holds its peak), or wait until the pool is released (True: a tree holds "
+           "the sum of its graphs' memory, and graphs sharing a pool never overwrite each other's "
+           "freed intermediates)."),
     Option("patch_torch", True, parse_bool,
            "Make torch.cuda.memory_stats / memory_allocated / max_memory_* / memory_summary / "
            "reset_peak_memory_stats answer from torchmem instead of raising."),

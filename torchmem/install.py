@@ -34,6 +34,7 @@ import torch
 from torchmem import config as _config
 from torchmem import hooks as _hooks
 from torchmem import patch as _patch
+from torchmem import torch_alloc_conf as _torch_alloc_conf
 from torchmem._loader import _C, is_installed
 
 __all__ = ["install", "is_installed", "mem_pool_allocator"]
@@ -51,16 +52,33 @@ _INIT_ORDER_HELP = (
 )
 
 
-def _runtime_options(cfg):
+def _runtime_options(cfg, initial_fraction=None):
     """The dict _C.runtime_install takes: PoolConfig fields without limit_bytes
-    (the limit is resolved per device in C++), plus limit and oom_hook_retries."""
+    (the limit is resolved per device in C++), plus limit, oom_hook_retries and the
+    fraction every pool starts with (torch's per_process_memory_fraction setting)."""
     options = cfg.core_dict(0)
     del options["limit_bytes"]
     # A sharing process starts at its guarantee until the arbiter's first round (docs/sharing.md).
     options["limit"] = cfg.guarantee if cfg.share else cfg.limit
     options["oom_hook_retries"] = int(cfg.oom_hook_retries)
     options["park_private_frees"] = bool(cfg.park_private_frees)
+    options["initial_fraction"] = initial_fraction
     return options
+
+
+def _torch_fraction(cfg):
+    """torch's PYTORCH_ALLOC_CONF per_process_memory_fraction, applied to torchmem's pools
+    (torchmem/torch_alloc_conf.py); None when it names none, or when torchmem's own budget
+    (limit, share) is set, which wins (with a warning)."""
+    fraction = _torch_alloc_conf.memory_fraction()  # ValueError for a bad value, before any change
+    if fraction is None:
+        return None
+    if cfg.limit is not None or cfg.share:
+        warnings.warn(
+            f"torchmem: PYTORCH_ALLOC_CONF's per_process_memory_fraction:{fraction} is ignored: torchmem's own "
+            "budget (limit / share) is set and wins.", UserWarning, stacklevel=3)
+        return None
+    return fraction
 
 
 def _require_cuda_runtime():
@@ -125,11 +143,12 @@ def install(**options):
                 f"torchmem is already installed with {_installed_config!r}; it cannot be re-installed with "
                 f"{cfg!r} in the same process (its pools hold memory). Install once, with the options you want."
             )
+        fraction = _torch_fraction(cfg)
         _require_cuda_runtime()
         if _C.runtime_allocator_initialized():
             raise RuntimeError("torchmem.install() came too late. " + _INIT_ORDER_HELP)
         try:
-            _C.runtime_install(_runtime_options(cfg), cfg.backend)
+            _C.runtime_install(_runtime_options(cfg, fraction), cfg.backend)
         except ValueError as exc:
             if "already configured" in str(exc):  # mem_pool_allocator() made pools with other options
                 raise RuntimeError(f"torchmem.install() failed: {exc}") from None

@@ -103,15 +103,31 @@ def memory_summary(device=None, abbreviated=False):
 
 
 def _snapshot(device=None, augment_with_fx_traces=False):
-    snapshot = _snapshot_module()
-    del augment_with_fx_traces  # torchmem records no FX traces
-    return snapshot.snapshot(**_device_kwargs(device))
+    result = _snapshot_module().snapshot(**_device_kwargs(device))
+    if augment_with_fx_traces:
+        # torch's own pass: frames in FX-generated files gain fx_node_* fields (the stacks
+        # torchmem records are Python frames, as torch's are)
+        result = _fx_augmenter()(result)
+    return result
+
+
+def _fx_augmenter():
+    import torch
+
+    augment = getattr(torch.cuda.memory, "_augment_memory_snapshot_stack_traces", None)
+    if augment is None:
+        augment = getattr(torch._utils, "_augment_memory_snapshot_stack_traces", None)
+    if augment is None:
+        raise NotImplementedError("_snapshot(augment_with_fx_traces=True): this torch has no FX trace augmentation")
+    return augment
 
 
 def memory_snapshot(mempool_id=None, include_traces=True):
-    snapshot = _snapshot_module()
-    del mempool_id  # torchmem's snapshot covers every pool of the device
-    return snapshot.snapshot(include_traces=include_traces, **_device_kwargs(None))["segments"]
+    segments = _snapshot_module().snapshot(include_traces=include_traces, **_device_kwargs(None))["segments"]
+    if mempool_id is None or tuple(mempool_id) == (0, 0):  # torch's (0, 0): every pool
+        return segments
+    wanted = tuple(mempool_id)
+    return [s for s in segments if tuple(s["segment_pool_id"]) == wanted]
 
 
 def _record_memory_history(enabled="all", *args, **kwargs):

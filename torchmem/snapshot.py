@@ -4,21 +4,10 @@
 the core's own snapshot (snapshot_format.to_torch_snapshot), so PyTorch's
 memory_viz tools read it. `dump_snapshot(path)` pickles it with protocol 4,
 the newest the memory_viz page can read. `record_history()` turns on the
-core's trace ring and, with stacks="python", a context provider that the
-allocator calls before each allocation: it captures the Python stack and
-returns a small integer id that the core stores with the block and the trace
-entry; snapshots turn ids back into frames.
-
-Note [Stack table]
-Stacks repeat: a training loop allocates from the same few hundred call sites.
-The provider walks the frames (sys._getframe, cheaper than
-traceback.extract_stack, which reads source lines) into a flat tuple of
-(id(code), line) ints and looks it up in a dict (hashing code objects
-themselves is slow); only a new stack builds frame dicts, and the table keeps
-its code objects alive so their ids cannot be reused. The table therefore grows with distinct stacks, not with allocations.
-Ids are never reused, so a block allocated long ago still finds its stack.
-Frames are innermost first, as in torch's snapshots; torchmem's own frames are
-dropped and at most MAX_FRAMES kept.
+core's trace ring and, with stacks="python" or "all", a context provider that
+the allocator calls before each allocation: it captures the stack and returns
+an integer id that the core stores with the block and the trace entry;
+snapshots turn ids back into frames (torchmem/stacks.py).
 
 Note [Live trace ring]
 record_history() works at any time, as torch's _record_memory_history does:
@@ -27,7 +16,9 @@ the newest entries that fit, and turning history off empties the ring.
 torch's modes map onto two switches, the ring (trace events) and the context
 provider (stacks): enabled='all' turns on both, enabled='state' only the
 stacks of live blocks (no events), enabled=None neither; context=None records
-no stacks. torch's C++ frames (stacks='all') are not captured: Python only.
+no stacks. stacks='all' records Python, TorchScript and C++ frames (torch's
+CapturedTraceback, Note [C++ stacks] in stacks.py), stacks='python' Python
+frames only; compile_context=True tags events with their torch.compile region.
 torch's context picks which events show stacks, as in torch: 'state' none
 (live blocks only), 'alloc' allocations and the segments they map, 'all' frees
 and empty_cache as well (the allocator then asks the provider at each free:
@@ -55,65 +46,21 @@ import threading
 import types
 import warnings
 
+from torchmem import stacks as _stacks
 from torchmem import stats as _stats
 from torchmem.snapshot_format import to_torch_snapshot
+from torchmem.stacks import MAX_FRAMES, capture_stack, stack_frames  # noqa: F401 (the public names)
 
-MAX_FRAMES = 64
 # The trace ring is capped: torch's default max_entries (sys.maxsize) would ask the core
 # for an unbounded ring. ~100 bytes per entry: the cap costs at most ~100 MB.
 MAX_TRACE_ENTRIES = 1 << 20
 PICKLE_PROTOCOL = 4  # the memory_viz page's unpickler reads protocols 2-4 only
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_table_lock = threading.Lock()
-_stack_ids = {}    # tuple((code, line), ...) -> id
-_stack_frames = {}  # id -> [{"filename", "line", "name"}, ...]
-_stack_codes = {}  # id -> the code objects of the stack (Note [Stack table])
-_recording = {"enabled": False, "stacks": None, "max_entries": 0, "context": "alloc", "skip_actions": ()}
+_recording = {"enabled": False, "stacks": None, "max_entries": 0, "context": "alloc", "skip_actions": (),
+              "compile_context": False}
 _CONTEXTS = ("state", "alloc", "all")
 _metadata_lock = threading.Lock()
 _metadata = {"current": "", "marks": {}}  # marks: device -> [(pool sequence, metadata), ...]
-
-
-def capture_stack():
-    """Captures the calling Python stack into the stack table and returns its id (0 = no
-    Python frames). This is the context provider record_history(stacks="python") installs;
-    pass its result as `context=` to a simulated _C.Pool.allocate to get stacks there."""
-    try:
-        frame = sys._getframe(1)
-    except ValueError:  # called straight from C++ on a thread with no Python frames (autograd's)
-        return 0
-    key = []
-    codes = []
-    while frame is not None and len(codes) < MAX_FRAMES:
-        code = frame.f_code
-        if not code.co_filename.startswith(_PACKAGE_DIR):
-            key.append(id(code))
-            key.append(frame.f_lineno)
-            codes.append(code)
-        frame = frame.f_back
-    if not codes:
-        return 0
-    key = tuple(key)
-    stack_id = _stack_ids.get(key)  # dict reads are atomic under the GIL: the fast path takes no lock
-    if stack_id is None:
-        with _table_lock:
-            stack_id = _stack_ids.get(key)
-            if stack_id is None:
-                stack_id = len(_stack_frames) + 1
-                lines = key[1::2]
-                _stack_frames[stack_id] = [
-                    {"filename": code.co_filename, "line": line, "name": code.co_name}
-                    for code, line in zip(codes, lines)
-                ]
-                _stack_codes[stack_id] = codes  # keeps the ids in `key` from being reused
-                _stack_ids[key] = stack_id
-    return stack_id
-
-
-def stack_frames(stack_id):
-    """The frames ({filename, line, name}, innermost first) of a capture_stack() id, or []."""
-    return _stack_frames.get(stack_id, [])
 
 
 def _is_vmm(raw):
@@ -144,9 +91,16 @@ def snapshot(device=None, pool=None, include_traces=True):
         core = dict(core, trace=[])
     settings = {"torchmem_backend": str(raw.get("backend_name", "")), "limit_bytes": int(raw.get("limit_bytes", 0)),
                 "granularity": int(raw.get("granularity", 0))}
+    _stacks.symbolize(_context_ids(core))  # C++ stacks in one batch (Note [C++ stacks])
     result = to_torch_snapshot(core, device=device_id, frames=stack_frames, expandable=expandable,
-                               allocator_settings=settings)
+                               allocator_settings=settings, compile_contexts=_stacks.compile_context)
     return result if pool is not None else _shape_history(result, core, device_id)
+
+
+def _context_ids(core):
+    ids = {block.get("context", 0) for segment in core["segments"] for block in segment["blocks"]}
+    ids.update(entry.get("context", 0) for entry in core.get("trace", ()))
+    return ids
 
 
 def dump_snapshot(path="dump_snapshot.pickle", device=None, pool=None, snapshot_dict=None):
@@ -159,23 +113,25 @@ def dump_snapshot(path="dump_snapshot.pickle", device=None, pool=None, snapshot_
 
 
 def record_history(enabled=True, stacks="python", max_entries=100_000, trace=True, clear_history=False,
-                   context="alloc", skip_actions=None):
+                   context="alloc", skip_actions=None, compile_context=False):
     """Turns allocation history on or off for the installed allocator: the last `max_entries`
     events (alloc, free, segment map/unmap, oom) go to snapshot()["device_traces"]. With
     stacks="python", each allocation also records its Python stack (see docs/observability.md
-    for the cost per allocation); stacks=None records events only. trace=False keeps stacks
+    for the cost per allocation); stacks="all" adds TorchScript and C++ frames, as torch's
+    default does; stacks=None records events only. trace=False keeps stacks
     for live blocks without recording events (torch's enabled="state"); clear_history=True
     drops the events recorded so far. context ('state', 'alloc' or 'all') picks which events show
-    stacks and skip_actions which actions snapshots leave out, as torch's
-    _record_memory_history does. Works at any time (Note [Live trace ring])."""
+    stacks and skip_actions which actions snapshots leave out, and compile_context=True tags
+    events with their torch.compile region, as torch's _record_memory_history does. Works at
+    any time (Note [Live trace ring])."""
     if context not in _CONTEXTS:
         raise ValueError(f"torchmem.record_history: context must be one of {_CONTEXTS}, got {context!r}")
     if skip_actions is None:
         skip_actions = ()
     if isinstance(skip_actions, str) or not all(isinstance(a, str) for a in skip_actions):
         raise ValueError(f"torchmem.record_history: skip_actions must be a list of action names, got {skip_actions!r}")
-    if stacks not in ("python", None):
-        raise ValueError(f"torchmem.record_history: stacks must be 'python' or None, got {stacks!r}")
+    if stacks not in ("python", "all", None):
+        raise ValueError(f"torchmem.record_history: stacks must be 'python', 'all' or None, got {stacks!r}")
     if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 1:
         raise ValueError(f"torchmem.record_history: max_entries must be an int >= 1, got {max_entries!r}")
     if max_entries > MAX_TRACE_ENTRIES:
@@ -187,11 +143,18 @@ def record_history(enabled=True, stacks="python", max_entries=100_000, trace=Tru
     runtime.runtime_set_trace_capacity(entries)
     if clear_history:
         runtime.runtime_clear_trace()
-    with_stacks = bool(enabled) and stacks == "python"
-    runtime.runtime_set_context_provider(capture_stack if with_stacks else None)
-    runtime.runtime_set_free_context(with_stacks and context == "all")
+    with_stacks = bool(enabled) and stacks is not None
+    with_compile_context = bool(enabled) and bool(compile_context)
+    _stacks.record_compile_contexts(with_compile_context)
+    runtime.runtime_set_compile_context_recording(with_compile_context)
+    if not with_stacks:
+        provider = _stacks.capture_compile_context if with_compile_context else None
+    else:
+        provider = _stacks.capture_stack_with_cpp if stacks == "all" else capture_stack
+    runtime.runtime_set_context_provider(provider)
+    runtime.runtime_set_free_context((with_stacks or with_compile_context) and context == "all")
     _recording.update(enabled=bool(enabled), stacks=stacks if enabled else None, max_entries=entries,
-                      context=context, skip_actions=tuple(skip_actions))
+                      context=context, skip_actions=tuple(skip_actions), compile_context=with_compile_context)
 
 
 def history_settings():
@@ -211,6 +174,7 @@ def torch_record_memory_history(enabled="all", context="all", stacks="all", max_
     naming the accepted ones, as torch does. `device` is accepted and ignored: one history
     covers every device, as torchmem's trace is per process."""
     skip_actions = kwargs.pop("skip_actions", None)
+    compile_context = bool(kwargs.pop("compile_context", False))
     del device, args, kwargs
     if isinstance(enabled, bool):  # the legacy boolean form: True = record events and stacks
         enabled = "all" if enabled else None
@@ -222,9 +186,9 @@ def torch_record_memory_history(enabled="all", context="all", stacks="all", max_
         raise ValueError(f"_record_memory_history: stacks must be one of {_TORCH_STACKS}, got {stacks!r}")
     if not isinstance(max_entries, int) or isinstance(max_entries, bool):
         raise ValueError(f"_record_memory_history: max_entries must be an int, got {max_entries!r}")
-    record_history(enabled=enabled is not None, stacks="python" if context is not None else None,
+    record_history(enabled=enabled is not None, stacks=stacks if context is not None else None,
                    max_entries=max(1, max_entries), trace=enabled == "all", clear_history=bool(clear_history),
-                   context=context or "alloc", skip_actions=skip_actions)
+                   context=context or "alloc", skip_actions=skip_actions, compile_context=compile_context)
 
 
 def set_memory_metadata(metadata):

@@ -99,7 +99,7 @@ def _convert_segment(segment, device, frames, expandable):
     }
 
 
-def _convert_trace_entry(entry, frames):
+def _convert_trace_entry(entry, frames, compile_contexts):
     action = entry["action"]
     if action not in _ACTIONS:
         raise ValueError(f"snapshot trace entry: unknown action {action!r}; expected one of {_ACTIONS}")
@@ -111,18 +111,22 @@ def _convert_trace_entry(entry, frames):
         "time_us": int(entry.get("time_us", entry.get("sequence", 0))),  # Note [Snapshot constraints]
         "frames": _frames_for(entry.get("context", 0), frames),
         "user_metadata": str(entry.get("user_metadata", "")),
+        # torch's tag of the torch.compile region an event ran in ("N/A": none)
+        "compile_context": compile_contexts(entry.get("context", 0)) if compile_contexts else "N/A",
     }
     if action == "oom":
         converted["device_free"] = int(entry.get("device_free", 0))
     return converted
 
 
-def to_torch_snapshot(core_snapshot, device=0, frames=None, expandable=True, allocator_settings=None):
+def to_torch_snapshot(core_snapshot, device=0, frames=None, expandable=True, allocator_settings=None,
+                      compile_contexts=None):
     """Returns `core_snapshot` (the dict of _C.Pool.snapshot() / _C.runtime_snapshot()) in
     PyTorch's memory-snapshot format: {"segments": [...], "device_traces": [[...] per device],
     "allocator_settings": {...}}. `frames` maps a context id (what record_history's stack
     capture returned) to a list of {filename, line, name}: a dict or a callable. `expandable`:
-    whether segments are mapped runs of granules (vmm backend) rather than cudaMalloc segments."""
+    whether segments are mapped runs of granules (vmm backend) rather than cudaMalloc segments.
+    `compile_contexts` maps a context id to its torch.compile region (a callable; "N/A" if none)."""
     if not isinstance(core_snapshot, dict) or "segments" not in core_snapshot:
         raise ValueError("to_torch_snapshot: expected the core's snapshot dict with a 'segments' list")
     if not isinstance(device, int) or device < 0:
@@ -130,7 +134,7 @@ def to_torch_snapshot(core_snapshot, device=0, frames=None, expandable=True, all
     segments = [_convert_segment(s, device, frames, expandable) for s in core_snapshot["segments"]]
     segments.sort(key=lambda s: s["address"])
     traces = [[] for _ in range(device + 1)]
-    traces[device] = [_convert_trace_entry(e, frames) for e in core_snapshot.get("trace", [])]
+    traces[device] = [_convert_trace_entry(e, frames, compile_contexts) for e in core_snapshot.get("trace", [])]
     settings = {"backend": "torchmem", "expandable_segments": bool(expandable)}
     settings.update(allocator_settings or {})
     return {"segments": segments, "device_traces": traces, "allocator_settings": settings}

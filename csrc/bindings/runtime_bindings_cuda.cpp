@@ -101,6 +101,12 @@ RuntimeConfig runtime_config_from(const py::dict& options, const std::string& ba
         throw py::value_error("torchmem config 'park_private_frees': expected True or False");
       }
       config.park_private_frees = value.cast<bool>();
+    } else if (key == "initial_fraction") {
+      const double fraction = value.is_none() ? -1.0 : value.cast<double>();
+      if (!value.is_none() && !(fraction >= 0.0 && fraction <= 1.0)) {
+        throw py::value_error("torchmem runtime config 'initial_fraction': expected None or a fraction in [0, 1]");
+      }
+      config.initial_fraction = fraction;
     } else if (key == "limit_bytes") {
       throw py::value_error("torchmem runtime config: give 'limit' (None, fraction or bytes), not 'limit_bytes'");
     } else {
@@ -234,6 +240,14 @@ void bind_runtime(py::module_& m) {
   m.def("runtime_is_configured", &shim::is_configured);
   m.def("runtime_is_installed", &shim::is_installed);
   m.def("runtime_devices", &shim::devices, "Devices that have a torchmem pool");
+  m.def("runtime_compile_context", &shim::current_compile_context,
+        "The torch.compile region this thread runs (dynamo's compile context), '' outside any");
+  m.def(
+      "runtime_push_compile_context", [](std::string name) { shim::push_compile_context(name); },
+      "Enter a compile context on this thread, as dynamo does through the allocator (tests)");
+  m.def("runtime_pop_compile_context", &shim::pop_compile_context, "Leave this thread's innermost compile context");
+  m.def("runtime_set_compile_context_recording", &shim::set_compile_context_recording,
+        "Follow torch.compile regions (a global RecordFunction callback) for allocation history");
   m.def("runtime_backend_name", &shim::backend_name, py::arg("device"));
   m.def("runtime_stats", &runtime_stats, py::arg("device"),
         "The device pool's stats (the shape of _C.Pool.stats()) plus device_total and device_free");

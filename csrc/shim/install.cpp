@@ -125,6 +125,10 @@ class TorchmemAllocator final : public CUDAPluggableAllocator {
     follow_history(enabled, max_entries, false);
   }
 
+  // Note [Compile context] (runtime.h). No `override`: older torch lacks them.
+  void pushCompileContext(std::string& md) { push_compile_context(md); }
+  void popCompileContext() { pop_compile_context(); }
+
   // Note [Memory fraction] (runtime.h)
   double getMemoryFraction(c10::DeviceIndex device) override { return memory_fraction(device); }
 

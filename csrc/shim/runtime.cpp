@@ -65,7 +65,8 @@ bool same_config(const RuntimeConfig& a, const RuntimeConfig& b) {
   PoolConfig p = a.pool, q = b.pool;
   p.limit_bytes = q.limit_bytes = 0;
   return a.backend == b.backend && a.oom_hook_retries == b.oom_hook_retries &&
-         a.park_private_frees == b.park_private_frees && a.limit.kind == b.limit.kind &&
+         a.park_private_frees == b.park_private_frees && a.initial_fraction == b.initial_fraction &&
+         a.limit.kind == b.limit.kind &&
          a.limit.bytes == b.limit.bytes && a.limit.fraction == b.limit.fraction && p == q;
 }
 
@@ -95,6 +96,15 @@ std::size_t resolve_limit(const LimitSpec& limit, std::size_t total_bytes) {
   return 0;
 }
 
+// Note [Memory fraction]: 1.0 is the whole device, which is also "no limit".
+void apply_memory_fraction(DeviceState& state, double fraction) {
+  const auto bytes = static_cast<std::size_t>(fraction * static_cast<double>(state.total_bytes));
+  const bool zero = fraction < 1.0 && bytes < state.backend->granularity();
+  if (!zero) state.pool->set_limit(fraction < 1.0 ? bytes : 0);
+  state.zero_budget.store(zero);
+  state.fraction.store(fraction);
+}
+
 }  // namespace
 
 DeviceState& state_for(int device) {
@@ -116,6 +126,7 @@ DeviceState& state_for(int device) {
   PoolConfig pool_config = r.config.pool;
   pool_config.limit_bytes = resolve_limit(r.config.limit, fresh->total_bytes);
   fresh->pool = std::make_unique<Pool>(*fresh->backend, pool_config);
+  if (r.config.initial_fraction >= 0.0) apply_memory_fraction(*fresh, r.config.initial_fraction);
   r.configured = true;  // pools exist: the config in force is now fixed
   state = fresh.release();
   r.states[device].store(state, std::memory_order_release);
@@ -476,13 +487,7 @@ void set_memory_fraction(double fraction, int device) {
   if (!(fraction >= 0.0 && fraction <= 1.0)) {
     throw std::invalid_argument("torchmem: memory fraction must be in [0, 1], got " + std::to_string(fraction));
   }
-  DeviceState& state = state_for(device);
-  // Note [Memory fraction]: 1.0 is the whole device, which is also "no limit".
-  const auto bytes = static_cast<std::size_t>(fraction * static_cast<double>(state.total_bytes));
-  const bool zero = fraction < 1.0 && bytes < state.backend->granularity();
-  if (!zero) state.pool->set_limit(fraction < 1.0 ? bytes : 0);
-  state.zero_budget.store(zero);
-  state.fraction.store(fraction);
+  apply_memory_fraction(state_for(device), fraction);
 }
 
 double memory_fraction(int device) {

@@ -47,10 +47,14 @@ struct RuntimeConfig {
   LimitSpec limit;
   int oom_hook_retries = 3;
   // Note [Parked private blocks]: true parks frees of an in-use private pool
-  // until its release; false frees them into the pool, whose own later
-  // allocations reuse them (as PyTorch does; the core keeps the pool's memory
-  // frozen while it is in use: Note [Private pools] in core/pool.h).
-  bool park_private_frees = true;
+  // until its release; false (the default) frees them into the pool, whose own
+  // later allocations reuse them (as PyTorch does; the core keeps the pool's
+  // memory frozen while it is in use: Note [Private pools] in core/pool.h).
+  bool park_private_frees = false;
+  // Note [Memory fraction]: a fraction every device's pool starts with, as if
+  // set_memory_fraction() had been called at its creation (torch's
+  // PYTORCH_CUDA_ALLOC_CONF per_process_memory_fraction); < 0: none.
+  double initial_fraction = -1.0;
   std::string backend = "auto";  // "auto" (vmm where supported), "vmm", "cuda_malloc"
 };
 
@@ -102,6 +106,15 @@ void set_context_provider(ContextProvider provider);
 // Whether frees and empty_cache take a context from the provider as well
 // (torch's context="all"); off by default: a free then costs no provider call.
 void set_free_context(bool enabled);
+// Note [Compile context] (torchmem/stacks.py, compile_context.cpp): the
+// torch.compile region a thread runs; each thread keeps its own stack of them.
+// current_compile_context() is the calling thread's innermost region, "" outside any.
+void push_compile_context(const std::string& name);
+void pop_compile_context();
+std::string current_compile_context();
+// Whether torchmem follows torch.compile regions itself (a global RecordFunction
+// callback, as torch's own _record_memory_history(compile_context=True) adds).
+void set_compile_context_recording(bool enabled);
 // The device pool's operation counter (Pool::sequence), 0 if it has no pool yet.
 std::uint64_t pool_sequence(int device);
 

@@ -34,12 +34,16 @@ struct PrivatePool {
 
 // Note [Parked private blocks] A CUDA graph replays into the addresses its
 // capture used, including those of intermediates freed during the capture.
-// The core pool may reclaim (unmap and move) granules of any free block whose
-// fence completed, and release_cached() returns them, which would pull memory
-// out from under a later replay. So while a private pool is in use, frees of
-// its blocks are parked here (the core still counts them as allocated) and
-// handed to the core only when the pool is released. The cost: blocks freed
-// inside a capture are not reused by the same capture.
+// The core keeps an in-use private pool's free memory frozen (never reclaimed,
+// moved or released: Note [Private pools] in core/pool.h), so by default a
+// block freed in such a pool goes back to that pool and its own later
+// allocations reuse it, as in PyTorch's allocator (graphs that share a pool
+// may then overwrite each other's freed intermediates, as they do natively).
+// With park_private_frees=true, frees of an in-use pool's blocks are parked
+// here instead (the core still counts them as allocated) and handed to the
+// core only when the pool is released: no graph of the pool ever writes into
+// another's freed intermediates, at the cost that blocks freed inside a
+// capture are not reused by the same capture.
 struct Capture {
   MempoolKey key;
   PoolId pool;

@@ -351,6 +351,7 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
   retire_places(aliases, &handles);
   // Map the holes of [addr, addr + size) in runs of consecutive granules.
   std::size_t next = 0;
+  const std::uint32_t group = ++map_groups;  // Note [Map groups]
   for (const Hole& hole : unmapped_holes(heap, addr, size)) {
     clear_pending_places(heap, hole);
     const Addr at = heap.base + hole.first * gran;
@@ -358,6 +359,7 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
     for (std::size_t k = hole.first; k < hole.first + hole.count; ++k) {
       heap.granules[k].handle = handles[next++];
       heap.granules[k].owner = 0;
+      heap.granules[k].group = group;
     }
     trace(TraceAction::kSegmentMap, at, hole.count * gran, 0, heap.pool, op_context);
   }
@@ -458,8 +460,10 @@ void Pool::Impl::premap_reserve() {
   }
   if (n == 0) return;
   backend.map(heap.base, handles.data(), n);
+  const std::uint32_t group = ++map_groups;  // Note [Map groups]
   for (std::size_t i = 0; i < n; ++i) {
     heap.granules[i].handle = handles[i];
+    heap.granules[i].group = group;
     heap.granules[i].seq = 0;
     list_push(0, GranuleRef{heap.id, static_cast<std::uint32_t>(i)}, /*front=*/false);
   }

@@ -57,6 +57,8 @@ struct Granule {
   std::uint32_t run_first = 0;
   std::uint32_t run_count = 0;
   std::uint32_t run_busy = 0;
+  // Note [Map groups] (inspect.cpp): which growth mapped the granule here.
+  std::uint32_t group = 0;
   static constexpr std::uint32_t kMixedSlot = ~std::uint32_t{0};
 };
 

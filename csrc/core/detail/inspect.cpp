@@ -202,6 +202,32 @@ std::string Pool::Impl::check_invariants() const {
   return "";
 }
 
+// Note [Map groups] PyTorch's allocator shows one segment per cudaMalloc, and
+// its tools and tests count segments (a CUDA graph's pool holds one per large
+// allocation it grew by). A mapped run of granules is one stretch of address
+// space, but it was mapped by several growths. Each growth (one request's
+// holes, a reservation) tags the granules it maps with a group, and a
+// snapshot shows a run as one segment per group, split at every group
+// boundary that no live block crosses (a free block there is shown in two
+// pieces). A block served across a boundary (the tail of one growth and the
+// next) holds its groups together, as an expandable segment would.
+std::vector<std::pair<Addr, Addr>> Pool::Impl::map_group_pieces(const Heap& h, std::size_t first, std::size_t end,
+                                                                const Block* b) const {
+  std::vector<std::pair<Addr, Addr>> pieces;
+  Addr lo = h.base + first * gran;
+  for (std::size_t k = first + 1; k < end; ++k) {
+    if (h.granules[k].group == h.granules[k - 1].group) continue;
+    const Addr cut = h.base + k * gran;
+    while (b && b->end() <= cut) b = b->next;
+    const bool crossed = b && b->addr < cut && !b->is_free();  // a live block spans the cut
+    if (crossed) continue;
+    pieces.emplace_back(lo, cut);
+    lo = cut;
+  }
+  pieces.emplace_back(lo, h.base + end * gran);
+  return pieces;
+}
+
 PoolSnapshot Pool::Impl::snapshot() const {
   PoolSnapshot snap;
   auto info = [](const Block* b, Addr lo, Addr hi) {
@@ -227,14 +253,16 @@ PoolSnapshot Pool::Impl::snapshot() const {
         }
         std::size_t j = i;
         while (j < h.granules.size() && h.granules[j].handle) ++j;
-        const Addr lo = h.base + i * gran, hi = h.base + j * gran;
-        SegmentInfo seg{lo, hi - lo, h.small, h.pool, 0, {}};
-        while (b && b->end() <= lo) b = b->next;
-        for (const Block* c = b; c && c->addr < hi; c = c->next) {
-          seg.blocks.push_back(info(c, std::max(c->addr, lo), std::min(c->end(), hi)));
-          if (!c->is_free() && seg.stream == 0) seg.stream = c->stream;
+        while (b && b->end() <= h.base + i * gran) b = b->next;
+        for (const auto& [lo, hi] : map_group_pieces(h, i, j, b)) {
+          SegmentInfo seg{lo, hi - lo, h.small, h.pool, 0, {}};
+          while (b && b->end() <= lo) b = b->next;
+          for (const Block* c = b; c && c->addr < hi; c = c->next) {
+            seg.blocks.push_back(info(c, std::max(c->addr, lo), std::min(c->end(), hi)));
+            if (!c->is_free() && seg.stream == 0) seg.stream = c->stream;
+          }
+          snap.segments.push_back(std::move(seg));
         }
-        snap.segments.push_back(std::move(seg));
         i = j;
       }
     } else {

@@ -18,6 +18,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/detail/addr_map.h"
@@ -158,6 +159,11 @@ struct Pool::Impl {
   // ---- detail/runs.cpp (Note [Run handles]) ------------------------------------
   // Fills each hole of missing granules under the (pinned)
   // range with one handle; false, with nothing changed, when the device is full.
+  // Note [Map groups] (inspect.cpp): [lo, hi) of each segment a snapshot shows
+  // for the mapped granules [first, end) of `h`; `from` is the block at or after
+  // the first granule's start.
+  std::vector<std::pair<Addr, Addr>> map_group_pieces(const detail::Heap& h, std::size_t first, std::size_t end,
+                                                      const detail::Block* from) const;
   bool grow_by_runs(detail::Heap& heap, Addr addr, std::size_t size, std::size_t missing);
   // Gives back whole free runs whose frees lie behind the device barrier
   // until `want_bytes` went (none at all, if `all_or_nothing` and they do
@@ -261,6 +267,7 @@ struct Pool::Impl {
   std::size_t active_total = 0; // bytes of live + pending blocks, all heaps
   std::size_t reserve_held = 0; // bytes release_cached() keeps
   std::uint64_t seq = 0;        // operation sequence
+  std::uint32_t map_groups = 0; // growths so far (Note [Map groups], inspect.cpp)
   // The context of the public operation running now (allocate's, a free's, a
   // release's): segment map/unmap history entries carry it.
   std::uint64_t op_context = 0;

@@ -75,6 +75,7 @@ bool Pool::Impl::grow_by_runs(Heap& heap, Addr addr, std::size_t size, std::size
       h.handles.push_back(made);
     }
   }
+  const std::uint32_t group = ++map_groups;  // Note [Map groups]
   for (const Grown& h : holes) {
     const std::size_t first = h.hole.first, count = h.hole.count;
     clear_pending_places(heap, h.hole);
@@ -87,6 +88,7 @@ bool Pool::Impl::grow_by_runs(Heap& heap, Addr addr, std::size_t size, std::size
     for (std::size_t k = 0; k < count; ++k) {
       Granule& g = heap.granules[first + k];
       g.owner = 0;
+      g.group = group;
       if (h.run()) {
         g.handle = h.handles.front();
         g.run_first = static_cast<std::uint32_t>(first);
