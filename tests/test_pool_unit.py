@@ -63,8 +63,9 @@ def test_split_and_merge():
     s = pool.stats()
     assert cur(s, "inactive_split") == 0  # everything merged back into the tail
     blocks = [blk for seg in pool.snapshot()["segments"] for blk in seg["blocks"]]
-    assert [blk["state"] for blk in blocks] == ["inactive"]
-    assert blocks[0]["size"] == 12 * MiB
+    # one free block in the core; a snapshot shows it in one piece per growth (Note [Map groups])
+    assert [blk["state"] for blk in blocks] == ["inactive"] * 3
+    assert sum(blk["size"] for blk in blocks) == 12 * MiB
     # The merged space is reused in place: no new granules.
     creates = s["backend"]["create_calls"]
     assert pool.allocate(12 * MiB) == a

@@ -186,6 +186,16 @@ std::vector<MempoolKey> private_pool_keys(int device);  // the private pools in 
 void repark_private_blocks(int device, MempoolKey key, const std::vector<Addr>& park, const std::vector<Addr>& hold);
 bool parks_private_frees();
 
+// ---- caching off (uncached.cpp) -------------------------------------------------
+// Note [Caching off]: torch.cuda.caching_allocator_enable(False) makes every
+// later allocation its own cudaMalloc, outside the pool; frees of such blocks
+// go to cudaFree (free_if_uncached: true if `ptr` was one).
+void set_caching_enabled(bool enabled);
+bool caching_enabled();
+void* allocate_uncached(std::size_t size, int device);
+bool free_if_uncached(void* ptr);
+void delete_uncached_block(void* ptr) noexcept;  // a DataPtr deleter
+
 // ---- measurement helpers for bench/gpu_probe.py (runtime_probe.cpp) -----------
 // Times each backend primitive `repeats` times on `device` outside any pool and
 // returns (name, mean microseconds) pairs.
