@@ -1,0 +1,177 @@
+"""GPU checks of torch behaviours the peer suite (PyTorch's test_cuda.py) showed apart, each run
+once natively and once under torchmem in fresh interpreters (tests/support.py run_python):
+C++ frames and compile contexts in memory history, MemPool.snapshot per pool, graph pools
+reusing their own frees, per_process_memory_fraction from PYTORCH_CUDA_ALLOC_CONF, caching off,
+and one segment per growth in snapshots."""
+
+import json
+import os
+import textwrap
+
+import pytest
+
+from support import run_python
+
+pytestmark = pytest.mark.gpu
+
+
+def _last_json(proc):
+    return json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+
+
+def _run(mode, body, env=None, check=True):
+    prelude = "import json, os, sys\nimport torch\n"
+    if mode == "torchmem":
+        prelude += "import torchmem\ntorchmem.install(warn_unsupported=False)\n"
+    body = textwrap.dedent(body)
+    if mode == "torchmem":
+        body += "\nassert torchmem.is_installed()\n"
+    proc = run_python(prelude + body, env=env, check=check)
+    return proc if not check else _last_json(proc)
+
+
+def _both(body, env=None):
+    return _run("native", body, env), _run("torchmem", body, env)
+
+
+def test_history_with_cpp_stacks_shows_cpp_and_python_frames():
+    native, ours = _both("""
+    torch.cuda.memory._record_memory_history("state", stacks="all")
+    def make_it():
+        return torch.rand(311, 411, device="cuda")
+    x = make_it()
+    frames = [str(b["frames"]) for s in torch.cuda.memory._snapshot()["segments"] for b in s["blocks"]
+              if b["requested_size"] == 311 * 411 * 4]
+    torch.cuda.memory._record_memory_history(None)
+    python_only = []
+    torch.cuda.memory._record_memory_history("all", stacks="python")
+    y = make_it()
+    text = json.dumps(torch.cuda.memory._snapshot())
+    torch.cuda.memory._record_memory_history(None)
+    print(json.dumps({"found": len(frames) == 1, "cpp": "::rand" in frames[0], "py": "make_it" in frames[0],
+                      "cpp_when_python": "::rand" in text, "py_when_python": "make_it" in text}))
+    """)
+    assert native == ours
+    assert ours == {"found": True, "cpp": True, "py": True, "cpp_when_python": False, "py_when_python": True}
+
+
+def test_compile_context_tags_allocations_of_compiled_regions():
+    native, ours = _both("""
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(10, 10)
+            self.b = torch.nn.Linear(10, 10)
+        def forward(self, x):
+            x = self.a(x)
+            if x.sum() > 0:  # a graph break: two compiled regions
+                x = x + 1
+            else:
+                x = x - 1
+            return self.b(x)
+    model = Model().cuda()
+    compiled = torch.compile(model, backend="aot_eager")
+    x = torch.randn(1, 10, device="cuda")
+    compiled(x)
+    torch.cuda.memory._record_memory_history(context="all", compile_context=True)
+    compiled(x)
+    trace = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
+    torch.cuda.memory._record_memory_history(None)
+    seen = []
+    for e in trace:
+        c = e["compile_context"]
+        if c != "N/A" and (not seen or seen[-1] != c):
+            seen.append(c)
+    print(json.dumps({"regions": seen}))
+    """)
+    assert native == ours
+    assert ours["regions"] and all(r.startswith("Torch-Compiled Region") for r in ours["regions"])
+
+
+def test_mempool_snapshot_is_that_pools_and_segments_follow_growths():
+    native, ours = _both("""
+    MB = 1 << 20
+    pools = [torch.cuda.MemPool() for _ in range(3)]
+    keep = []
+    def alloc():
+        keep.append(torch.empty(20 * MB // 4, device="cuda"))
+    with torch.cuda.use_mem_pool(pools[0]):
+        alloc()
+        with torch.cuda.use_mem_pool(pools[1]):
+            alloc()
+            with torch.cuda.use_mem_pool(pools[2]):
+                alloc()
+            alloc()
+        alloc()
+    counts = [len(torch.cuda.memory.memory_snapshot(p.id)) for p in pools]
+    print(json.dumps({"counts": counts, "own": [len(p.snapshot()) for p in pools]}))
+    """)
+    assert native == ours
+    assert ours["counts"] == [2, 2, 1]
+
+
+def test_graphs_sharing_a_pool_reuse_each_others_frees_like_native():
+    # PyTorch's test_graph_three_successive: g2's capture reuses what g1's capture freed, so
+    # replaying out of order corrupts e (the documented cost of sharing a pool)
+    native, ours = _both("""
+    size = 1000
+    s = torch.cuda.Stream()
+    a = torch.ones((size,), device="cuda")
+    g0, g1, g2 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        g0.capture_begin()
+        b = a.clone(); c = b + 1; d = b + 2
+        g0.capture_end()
+        g1.capture_begin(g0.pool())
+        e = c + 3
+        del c
+        g1.capture_end()
+        g2.capture_begin(g0.pool())
+        f = d + 4
+        g2.capture_end()
+    torch.cuda.current_stream().wait_stream(s)
+    g0.replay(); g1.replay(); g2.replay()
+    in_order = (e.sum().item(), f.sum().item())
+    g0.replay(); g2.replay(); g1.replay()
+    print(json.dumps({"in_order": in_order, "out_of_order_e": e.sum().item()}))
+    """)
+    assert native == ours
+    assert ours["in_order"] == [5000.0, 7000.0] and ours["out_of_order_e"] == 10000.0
+
+
+@pytest.mark.parametrize("fraction", ["0.0", "0.5", "1.0"])
+def test_per_process_memory_fraction_from_torchs_alloc_conf(fraction):
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=f"per_process_memory_fraction:{fraction}")
+    native, ours = _both("""
+    print(json.dumps({"f": torch.cuda.memory.get_per_process_memory_fraction(torch._C._cuda_getDevice())}))
+    """, env=env)
+    assert native == ours == {"f": float(fraction)}
+
+
+def test_a_bad_per_process_memory_fraction_is_refused():
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="per_process_memory_fraction:1.1")
+    proc = _run("torchmem", "print(json.dumps({}))", env=env, check=False)
+    assert proc.returncode != 0 and "per_process_memory_fraction is invalid" in proc.stderr
+
+
+def test_caching_off_allocates_outside_the_pool_like_native():
+    native, ours = _both("""
+    device = torch._C._cuda_getDevice()
+    stream = torch._C._cuda_getCurrentRawStream(device)
+    def requested_delta(size):
+        start = torch.cuda.memory_stats()["requested_bytes.all.allocated"]
+        ptr = torch._C._cuda_cudaCachingAllocator_raw_alloc(size, stream)
+        finish = torch.cuda.memory_stats()["requested_bytes.all.allocated"]
+        torch._C._cuda_cudaCachingAllocator_raw_delete(ptr)
+        return finish - start
+    torch.cuda.caching_allocator_enable(False)
+    off = requested_delta(1 << 20)
+    t = torch.full((1000,), 3.0, device="cuda")
+    off_tensor = t.sum().item()
+    del t
+    torch.cuda.caching_allocator_enable(True)
+    on = requested_delta(1 << 20)
+    print(json.dumps({"off": off, "on": on, "tensor": off_tensor}))
+    """)
+    assert native == ours == {"off": 0, "on": 1 << 20, "tensor": 3000.0}
