@@ -54,3 +54,19 @@ def test_segments_tile_reserved_memory_in_the_default_pool():
     assert sum(s["total_size"] for s in snap["segments"]) == torchmem.memory_reserved(pool=pool)
     for segment in snap["segments"]:
         assert sum(b["size"] for b in segment["blocks"]) == segment["total_size"]
+
+
+def test_emptying_one_pools_cache_keeps_the_others():
+    # torch.cuda.MemPool's destructor empties its own pool's cache (emptyCache(mempool_id))
+    pool = make_pool(run_below=0.0)
+    kept = pool.allocate(4 * MiB)
+    pool.free(kept)  # cached in the default pool
+    pool.create_private_pool(5)
+    mine = pool.allocate(6 * MiB, 0, 5)
+    pool.free(mine)
+    assert pool.release_pool_cache(5) == 0  # in use: frozen, as PyTorch keeps a pool in use
+    pool.release_private_pool(5)
+    assert pool.release_pool_cache(5) == 6 * MiB
+    assert torchmem.memory_reserved(pool=pool) == 4 * MiB  # the default pool's cache stays
+    assert pool.release_pool_cache(99) == 0  # unknown: nothing
+    assert pool.check_invariants() is None

@@ -41,7 +41,8 @@ def _convert_block(block, frames):
     return {
         "address": int(block["address"]),
         "size": int(block["size"]),
-        "requested_size": int(block.get("requested_size", 0)) if live else 0,
+        # a free block keeps its last request, as PyTorch's snapshots show (its tests look for it)
+        "requested_size": min(int(block.get("requested_size", 0)), int(block["size"])),
         "state": state,
         "frames": _frames_for(block.get("context", 0), frames) if live else [],
     }

@@ -182,6 +182,9 @@ void bind_core(py::module_& m) {
       .def("release_cached_to", &Pool::release_cached_to, py::arg("keep_bytes"),
            py::call_guard<py::gil_scoped_release>(),
            "Return cached memory only down to keep_bytes held; the bytes returned")
+      .def("release_pool_cache", &Pool::release_pool_cache, py::arg("id"),
+           py::call_guard<py::gil_scoped_release>(),
+           "torch's emptyCache(mempool_id): return private pool `id`'s cached memory alone; bytes returned")
       .def("release_cached", &Pool::release_cached, py::arg("context") = 0,
            py::call_guard<py::gil_scoped_release>(),
            "empty_cache: returns the bytes given back to the backend (segment-unmap history entries carry context)")

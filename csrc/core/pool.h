@@ -298,6 +298,11 @@ class Pool {
   // cache. The cuda_malloc backend cannot split a segment's worth and returns
   // every empty segment, like release_cached().
   std::size_t release_cached_to(std::size_t keep_bytes);
+  // torch's emptyCache(mempool_id) (a torch.cuda.MemPool's destructor calls it):
+  // returns the cached memory of private pool `pool` alone, as release_cached()
+  // would; other pools keep theirs. An in-use pool's cache is frozen and stays
+  // (Note [Private pools]); an unknown pool returns nothing. Returns the bytes.
+  std::size_t release_pool_cache(PoolId pool);
   // Changes the budget; 0 = device capacity. Does not free live memory.
   void set_limit(std::size_t bytes);
   std::size_t limit() const;

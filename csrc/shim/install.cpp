@@ -92,6 +92,12 @@ class TorchmemAllocator final : public CUDAPluggableAllocator {
     deallocate(ptr, owning_device(ptr));
   }
 
+  // torch.cuda.MemPool's destructor empties its own pool's cache; (0, 0) is
+  // torch.cuda.empty_cache(). No `override`: older torch has emptyCache() alone.
+  void emptyCache(c10::cuda::MempoolId_t mempool_id = {0, 0}) {
+    empty_pool_cache(MempoolKey(mempool_id.first, mempool_id.second));
+  }
+
   // Note [Caching off] (uncached.cpp): torch.cuda.caching_allocator_enable.
   void enable(bool value) override { set_caching_enabled(value); }
   bool isEnabled() const override { return caching_enabled(); }

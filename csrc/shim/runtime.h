@@ -165,6 +165,10 @@ bool is_external_block(void* ptr);
 int pool_use_count(int device, MempoolKey key);
 void end_allocate_to_pool(int device, MempoolKey key);
 void release_pool(int device, MempoolKey key);
+// torch's emptyCache(mempool_id): (0, 0) empties every pool (empty_cache());
+// another key returns that private pool's cached memory only, on every device,
+// also just after its release (a torch.cuda.MemPool's destructor). Bytes returned.
+std::size_t empty_pool_cache(MempoolKey key);
 
 // ---- private-pool checkpoints (csrc/shim/checkpoint.cpp) ----------------------
 // Note [Parked private blocks] (runtime.cpp) gives an in-use private pool two

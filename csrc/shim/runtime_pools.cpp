@@ -208,6 +208,8 @@ void release_pool(int device, MempoolKey key) {
     if (--found->second.uses > 0) return;             // Note [Private pool uses]
     pool = found->second.id;
     state.private_pools.erase(found);
+    state.released_pools.emplace_back(key, pool);
+    if (state.released_pools.size() > DeviceState::kMaxReleasedKeys) state.released_pools.pop_front();
   }
   std::vector<Addr> parked;
   {
@@ -231,6 +233,29 @@ void release_pool(int device, MempoolKey key) {
     state.pool->deallocate(addr);
   }
   state.pool->release_private_pool(pool);
+}
+
+std::size_t empty_pool_cache(MempoolKey key) {
+  if (key == MempoolKey(0, 0)) return empty_cache();
+  std::size_t returned = 0;
+  for (int d = 0; d < kMaxDevices; ++d) {
+    DeviceState* state = existing_state(d);
+    if (state == nullptr) continue;
+    PoolId pool = 0;
+    {
+      std::lock_guard<std::mutex> lock(state->capture_mutex);
+      auto live = state->private_pools.find(key);
+      if (live != state->private_pools.end()) {
+        pool = live->second.id;
+      } else {
+        for (const auto& [released, id] : state->released_pools) {
+          if (released == key) pool = id;
+        }
+      }
+    }
+    if (pool != 0) returned += state->pool->release_pool_cache(pool);
+  }
+  return returned;
 }
 
 }  // namespace torchmem::shim

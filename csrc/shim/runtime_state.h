@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -75,6 +76,11 @@ struct DeviceState {
   std::vector<Capture> captures;
   std::map<MempoolKey, PrivatePool> private_pools;
   PoolId next_pool_id = 1;
+  // Pools released lately, by torch's key: torch.cuda.MemPool's destructor
+  // releases its pool and then empties its cache by that key (empty_pool_cache).
+  // The newest kMaxReleasedKeys are kept (CUDA graphs release without emptying).
+  std::deque<std::pair<MempoolKey, PoolId>> released_pools;
+  static constexpr std::size_t kMaxReleasedKeys = 256;
 
   // Note [Parked private blocks]
   std::mutex parked_mutex;                            // guards private_live, parked

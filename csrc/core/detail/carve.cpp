@@ -75,7 +75,7 @@ Block* Pool::Impl::release_block(Block* b, StreamId free_stream) {
   slots[slot].last_free_seq = seq;
   if (vmm) unpin(heap, b->addr, b->size, free_stream, seq, /*restore=*/false);
   b->state = BlockState::kInactive;
-  b->requested = 0;
+  // b->requested stays: snapshots show a free block's last request, as PyTorch's do.
   b->context = 0;
   if (!b->uses.empty()) b->uses.clear();
   b->free_stream = free_stream;

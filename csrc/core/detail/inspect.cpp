@@ -236,7 +236,7 @@ PoolSnapshot Pool::Impl::snapshot() const {
     bi.size = hi - lo;
     bi.state = b->state;
     const bool is_live = !b->is_free();
-    bi.requested = is_live ? b->requested : 0;
+    bi.requested = b->requested;  // a free block's is its last request, as in PyTorch's snapshots
     bi.stream = is_live ? b->stream : 0;
     bi.context = is_live ? b->context : 0;
     return bi;

@@ -84,6 +84,7 @@ struct Pool::Impl {
   }
   detail::Heap* private_heap_for(PoolId pool, std::size_t rounded);
   void maybe_drop_released_pools();
+  std::size_t release_pool_cache(PoolId pool);
   // False when no ladder step can make room for a block of `rounded` bytes
   // (Note [OOM ladder]).
   bool could_fit(std::size_t rounded) const;
