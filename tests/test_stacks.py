@@ -89,8 +89,3 @@ def test_record_history_rejects_unknown_stacks():
     with pytest.raises(ValueError, match="stacks must be 'python', 'all' or None"):
         torchmem.record_history(stacks="cpp")
 
-
-def test_turning_history_off_forgets_cpp_stacks():
-    stack_id = stacks.capture_stack_with_cpp()
-    stacks.forget_cpp_stacks()
-    assert stacks.stack_frames(stack_id) == []

@@ -143,8 +143,6 @@ def record_history(enabled=True, stacks="python", max_entries=100_000, trace=Tru
     runtime.runtime_set_trace_capacity(entries)
     if clear_history:
         runtime.runtime_clear_trace()
-    if not enabled:
-        _stacks.forget_cpp_stacks()
     with_stacks = bool(enabled) and stacks is not None
     with_compile_context = bool(enabled) and bool(compile_context)
     _stacks.record_compile_contexts(with_compile_context)

@@ -30,10 +30,10 @@ once it holds more than its threshold, every id that no live block and no
 trace-ring entry of any device still names is dropped, and the threshold
 becomes twice what is left (amortized cost per allocation stays constant). The
 newest KEEP_NEWEST ids always stay: an allocation on another thread may hold
-one that the pool has not stored yet. Turning history off drops them all, as
-torch's allocator then shows no C++ frames of earlier blocks. Tracebacks are
-symbolized (addresses to names: slow, so in one batch) only when a snapshot
-reads them.
+one that the pool has not stored yet. Blocks keep their stacks after history
+is turned off, as in torch's allocator (which reports every block's context).
+Tracebacks are symbolized (addresses to names: slow, so in one batch) only
+when a snapshot reads them.
 
 Note [Compile context]
 torch's _record_memory_history(compile_context=True) tags each event with the
@@ -180,16 +180,6 @@ def prune_cpp_stacks(referenced):
             del _cpp_stacks[stack_id]
             _compile_contexts.pop(stack_id, None)
         _cpp_state["prune_at"] = max(FIRST_PRUNE_AT, 2 * len(_cpp_stacks))
-
-
-def forget_cpp_stacks():
-    """Drops every C++ stack: history was turned off, and torch's allocator then shows no
-    stacks of the blocks recorded before (Note [C++ stacks])."""
-    with _cpp_lock:
-        for stack_id in list(_cpp_stacks):
-            _compile_contexts.pop(stack_id, None)
-        _cpp_stacks.clear()
-        _cpp_state["prune_at"] = FIRST_PRUNE_AT
 
 
 def symbolize(stack_ids):
