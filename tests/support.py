@@ -28,3 +28,29 @@ def run_python(code, env=None, timeout=600, check=True):
             f"subprocess exited {proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
         )
     return proc
+
+
+def last_json(proc):
+    """The last line of `proc`'s stdout that is a JSON object, parsed."""
+    import json
+
+    return json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+
+
+def run_snippet(mode, body, env=None, check=True):
+    """Runs `body` in a fresh interpreter with `import json, os, sys, torch` done, on the native
+    allocator (mode "native") or with torchmem installed ("torchmem"), and returns its last JSON
+    line (check=True) or the CompletedProcess (check=False). The GPU tests compare both modes."""
+    prelude = "import json, os, sys\nimport torch\n"
+    if mode == "torchmem":
+        prelude += "import torchmem\ntorchmem.install(warn_unsupported=False)\n"
+    body = textwrap.dedent(body)
+    if mode == "torchmem":
+        body += "\nassert torchmem.is_installed()\n"
+    proc = run_python(prelude + body, env=env, check=check)
+    return last_json(proc) if check else proc
+
+
+def run_both(body, env=None):
+    """(native result, torchmem result) of the same snippet (run_snippet)."""
+    return run_snippet("native", body, env), run_snippet("torchmem", body, env)

@@ -39,7 +39,6 @@ importlib.import_module("torchmem.snapshot").
 """
 
 import bisect
-import os
 import pickle
 import sys
 import threading
@@ -49,7 +48,7 @@ import warnings
 from torchmem import stacks as _stacks
 from torchmem import stats as _stats
 from torchmem.snapshot_format import to_torch_snapshot
-from torchmem.stacks import MAX_FRAMES, capture_stack, stack_frames  # noqa: F401 (the public names)
+from torchmem.stacks import capture_stack, stack_frames  # noqa: F401 (the public names)
 
 # The trace ring is capped: torch's default max_entries (sys.maxsize) would ask the core
 # for an unbounded ring. ~100 bytes per entry: the cap costs at most ~100 MB.

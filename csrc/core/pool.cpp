@@ -419,22 +419,9 @@ std::size_t Pool::Impl::release_pool_cache(PoolId pool) {
     // Note [Device barrier]: their handles leave the device, so every stream must have caught up.
     if (!victims.empty() && barrier_seq < seq && !device_barrier()) victims.clear();
     for (const detail::GranuleRef& ref : victims) list_remove(ref);
-    if (!victims.empty()) {
-      std::vector<GranuleHandle> handles;
-      unmap_granules(victims, &handles);
-      release_handles(handles);
-      held -= handles.size() * gran;
-      stats_.num_device_free += handles.size();
-    }
+    release_granules(victims);
   } else {
-    for (detail::Heap* h : {heaps_of.small, heaps_of.large}) {
-      if (h->frozen) continue;  // Note [Private pools]
-      for (std::size_t i = h->segments.size(); i-- > 0;) {
-        detail::Segment* s = h->segments[i].get();
-        if (s->pinned || !s->first->is_free() || s->first->next) continue;
-        free_segment(*h, s);
-      }
-    }
+    for (detail::Heap* h : {heaps_of.small, heaps_of.large}) release_empty_segments_of(*h, false);
   }
   maybe_drop_released_pools();
   sync_memory_stats();

@@ -4,34 +4,14 @@ C++ frames and compile contexts in memory history, MemPool.snapshot per pool, gr
 reusing their own frees, per_process_memory_fraction from PYTORCH_CUDA_ALLOC_CONF, caching off,
 and one segment per growth in snapshots."""
 
-import json
 import os
-import textwrap
 
 import pytest
 
-from support import run_python
+from support import run_both as _both
+from support import run_snippet as _run
 
 pytestmark = pytest.mark.gpu
-
-
-def _last_json(proc):
-    return json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
-
-
-def _run(mode, body, env=None, check=True):
-    prelude = "import json, os, sys\nimport torch\n"
-    if mode == "torchmem":
-        prelude += "import torchmem\ntorchmem.install(warn_unsupported=False)\n"
-    body = textwrap.dedent(body)
-    if mode == "torchmem":
-        body += "\nassert torchmem.is_installed()\n"
-    proc = run_python(prelude + body, env=env, check=check)
-    return proc if not check else _last_json(proc)
-
-
-def _both(body, env=None):
-    return _run("native", body, env), _run("torchmem", body, env)
 
 
 @pytest.mark.xfail(strict=False, reason=(

@@ -8,38 +8,19 @@ lists: memory fraction, memory history at any time, memory_stats keys, OOM obser
 user's own allocator, OOM messages, lazy install and fork, graph-pool stats.
 """
 
-import json
 import os
 import shutil
 import subprocess
-import textwrap
 
 import pytest
 
+from support import last_json as _last_json
+from support import run_both as _both
 from support import run_python
 
 pytestmark = pytest.mark.gpu
 
 MiB = 1 << 20
-
-
-def _last_json(proc):
-    return json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
-
-
-def _run(mode, body, env=None):
-    prelude = "import json, os, sys\nimport torch\n"
-    if mode == "torchmem":
-        prelude += "import torchmem\ntorchmem.install(warn_unsupported=False)\n"
-    body = textwrap.dedent(body)
-    if mode == "torchmem":
-        body += "\nassert torchmem.is_installed()\n"
-    return _last_json(run_python(prelude + body, env=env))
-
-
-def _both(body, env=None):
-    """(native result, torchmem result) of the same snippet."""
-    return _run("native", body, env), _run("torchmem", body, env)
 
 
 def test_memory_fraction_answers_what_was_set():

@@ -419,15 +419,18 @@ std::size_t Pool::Impl::release_reclaimable(std::size_t keep_bytes) {
   if (barrier_seq < seq) device_barrier();
   const std::size_t before = held;
   std::vector<GranuleRef> victims = pop_reclaimable((held - keep_bytes) / gran, kNoRequester);
-  if (!victims.empty()) {
-    std::vector<GranuleHandle> handles;
-    unmap_granules(victims, &handles);
-    release_handles(handles);
-    held -= handles.size() * gran;
-    stats_.num_device_free += handles.size();
-  }
+  release_granules(victims);
   if (held > keep_bytes && free_runs) release_free_runs(held - keep_bytes, /*all_or_nothing=*/false);
   return before - held;
+}
+
+void Pool::Impl::release_granules(std::vector<GranuleRef>& victims) {
+  if (victims.empty()) return;
+  std::vector<GranuleHandle> handles;
+  unmap_granules(victims, &handles);
+  release_handles(handles);
+  held -= handles.size() * gran;
+  stats_.num_device_free += handles.size();
 }
 
 void Pool::Impl::release_handles(const std::vector<GranuleHandle>& handles) {

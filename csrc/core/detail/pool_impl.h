@@ -173,6 +173,8 @@ struct Pool::Impl {
   void premap_reserve();
   // Gives handles back to the device, first unmapping any pending-unmap
   // place they still have (waiting for its fence).
+  // Unmaps the listed-and-removed granules `victims` and gives their handles back.
+  void release_granules(std::vector<detail::GranuleRef>& victims);
   void release_handles(const std::vector<GranuleHandle>& handles);
 
   // ---- detail/aliases.cpp (Notes [Alias reclaim], [Pending unmaps]) -----------
@@ -208,6 +210,7 @@ struct Pool::Impl {
   // ---- detail/segments.cpp --------------------------------------------------
   bool grow_segments(detail::Heap& heap, std::size_t size);
   std::size_t release_empty_segments(bool include_pinned);
+  std::size_t release_empty_segments_of(detail::Heap& heap, bool include_pinned);
   void free_segment(detail::Heap& heap, detail::Segment* segment);
 
   // ---- detail/inspect.cpp --------------------------------------------------

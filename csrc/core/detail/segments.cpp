@@ -72,13 +72,19 @@ void Pool::Impl::free_segment(Heap& heap, Segment* seg) {
 std::size_t Pool::Impl::release_empty_segments(bool include_pinned) {
   std::size_t released = 0;
   for (auto& heap : heaps) {
-    if (!heap || heap->frozen) continue;  // Note [Private pools]
-    for (std::size_t i = heap->segments.size(); i-- > 0;) {
-      Segment* s = heap->segments[i].get();
-      if ((s->pinned && !include_pinned) || !s->first->is_free() || s->first->next) continue;
-      released += s->size;
-      free_segment(*heap, s);
-    }
+    if (heap) released += release_empty_segments_of(*heap, include_pinned);
+  }
+  return released;
+}
+
+std::size_t Pool::Impl::release_empty_segments_of(Heap& heap, bool include_pinned) {
+  if (heap.frozen) return 0;  // Note [Private pools]
+  std::size_t released = 0;
+  for (std::size_t i = heap.segments.size(); i-- > 0;) {
+    Segment* s = heap.segments[i].get();
+    if ((s->pinned && !include_pinned) || !s->first->is_free() || s->first->next) continue;
+    released += s->size;
+    free_segment(heap, s);
   }
   return released;
 }
