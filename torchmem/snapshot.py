@@ -90,16 +90,10 @@ def snapshot(device=None, pool=None, include_traces=True):
         core = dict(core, trace=[])
     settings = {"torchmem_backend": str(raw.get("backend_name", "")), "limit_bytes": int(raw.get("limit_bytes", 0)),
                 "granularity": int(raw.get("granularity", 0))}
-    _stacks.symbolize(_context_ids(core))  # C++ stacks in one batch (Note [C++ stacks])
+    _stacks.symbolize(_stacks.context_ids(core))  # C++ stacks in one batch (Note [C++ stacks])
     result = to_torch_snapshot(core, device=device_id, frames=stack_frames, expandable=expandable,
                                allocator_settings=settings, compile_contexts=_stacks.compile_context)
     return result if pool is not None else _shape_history(result, core, device_id)
-
-
-def _context_ids(core):
-    ids = {block.get("context", 0) for segment in core["segments"] for block in segment["blocks"]}
-    ids.update(entry.get("context", 0) for entry in core.get("trace", ()))
-    return ids
 
 
 def dump_snapshot(path="dump_snapshot.pickle", device=None, pool=None, snapshot_dict=None):
@@ -144,8 +138,7 @@ def record_history(enabled=True, stacks="python", max_entries=100_000, trace=Tru
         runtime.runtime_clear_trace()
     with_stacks = bool(enabled) and stacks is not None
     with_compile_context = bool(enabled) and bool(compile_context)
-    _stacks.record_compile_contexts(with_compile_context)
-    runtime.runtime_set_compile_context_recording(with_compile_context)
+    _stacks.record_compile_contexts(with_compile_context, runtime)
     if not with_stacks:
         provider = _stacks.capture_compile_context if with_compile_context else None
     else:

@@ -64,20 +64,43 @@ _compile_contexts = {}  # id -> compile context, where one was recorded (Note [C
 _cpp_lock = threading.Lock()
 _cpp_stacks = {}    # id -> CapturedTraceback, or its frames once symbolized (Note [C++ stacks])
 _cpp_state = {"next": 1, "prune_at": FIRST_PRUNE_AT}
-_options = {"compile_context": False}
+# The compiled module's compile-context query while contexts are recorded, else None
+# (Note [Compile context]); torch's traceback gatherer once first used (Note [C++ stacks]).
+_hooks = {"compile_context": None, "gather": None}
 
 
-def record_compile_contexts(enabled):
-    """Whether the providers keep the compile context of each allocation (Note [Compile context])."""
-    _options["compile_context"] = bool(enabled)
+def record_compile_contexts(enabled, runtime=None):
+    """Whether the providers keep the compile context of each allocation, and whether the
+    installed allocator `runtime` follows torch.compile regions (Note [Compile context])."""
+    if runtime is not None:
+        runtime.runtime_set_compile_context_recording(bool(enabled))
+    if enabled:
+        from torchmem._loader import extension
+
+        _hooks["compile_context"] = extension().runtime_compile_context
+    else:
+        _hooks["compile_context"] = None
 
 
 def _current_compile_context():
-    if not _options["compile_context"]:
-        return None
-    from torchmem._loader import extension
+    query = _hooks["compile_context"]
+    return (query() or None) if query is not None else None
 
-    return extension().runtime_compile_context() or None
+
+def _intern(key, frames, codes, compile_context):
+    """The stack table's id for `key`, adding the entry on first sight (Note [Stack table])."""
+    stack_id = _stack_ids.get(key)  # dict reads are atomic under the GIL: the fast path takes no lock
+    if stack_id is None:
+        with _table_lock:
+            stack_id = _stack_ids.get(key)
+            if stack_id is None:
+                stack_id = len(_stack_frames) + 1
+                _stack_frames[stack_id] = frames()
+                _stack_codes[stack_id] = codes  # keeps the ids in `key` from being reused
+                if compile_context is not None:
+                    _compile_contexts[stack_id] = compile_context
+                _stack_ids[key] = stack_id
+    return stack_id
 
 
 def capture_stack():
@@ -102,22 +125,8 @@ def capture_stack():
         return 0
     key.append(compile_context)
     key = tuple(key)
-    stack_id = _stack_ids.get(key)  # dict reads are atomic under the GIL: the fast path takes no lock
-    if stack_id is None:
-        with _table_lock:
-            stack_id = _stack_ids.get(key)
-            if stack_id is None:
-                stack_id = len(_stack_frames) + 1
-                lines = key[1:-1:2]
-                _stack_frames[stack_id] = [
-                    {"filename": code.co_filename, "line": line, "name": code.co_name}
-                    for code, line in zip(codes, lines)
-                ]
-                _stack_codes[stack_id] = codes  # keeps the ids in `key` from being reused
-                if compile_context is not None:
-                    _compile_contexts[stack_id] = compile_context
-                _stack_ids[key] = stack_id
-    return stack_id
+    return _intern(key, lambda: [{"filename": code.co_filename, "line": line, "name": code.co_name}
+                                 for code, line in zip(codes, key[1:-1:2])], codes, compile_context)
 
 
 def capture_compile_context():
@@ -126,25 +135,18 @@ def capture_compile_context():
     compile_context = _current_compile_context()
     if compile_context is None:
         return 0
-    key = (compile_context,)
-    stack_id = _stack_ids.get(key)
-    if stack_id is None:
-        with _table_lock:
-            stack_id = _stack_ids.get(key)
-            if stack_id is None:
-                stack_id = len(_stack_frames) + 1
-                _stack_frames[stack_id] = []
-                _compile_contexts[stack_id] = compile_context
-                _stack_ids[key] = stack_id
-    return stack_id
+    return _intern((compile_context,), list, [], compile_context)
 
 
 def capture_stack_with_cpp():
     """The context provider of record_history(stacks="all"): Python, TorchScript and C++
     frames of the calling thread (torch's CapturedTraceback), under a fresh id."""
-    import torch
+    gather = _hooks["gather"]
+    if gather is None:
+        import torch
 
-    traceback = torch._C._profiler.gather_traceback(python=True, script=True, cpp=True)
+        gather = _hooks["gather"] = torch._C._profiler.gather_traceback
+    traceback = gather(python=True, script=True, cpp=True)
     compile_context = _current_compile_context()
     with _cpp_lock:
         stack_id = CPP_FLAG | _cpp_state["next"]
@@ -158,6 +160,13 @@ def capture_stack_with_cpp():
     return stack_id
 
 
+def context_ids(core_snapshot):
+    """Every context id a block or a trace entry of a core snapshot names."""
+    ids = {block.get("context", 0) for segment in core_snapshot["segments"] for block in segment["blocks"]}
+    ids.update(entry.get("context", 0) for entry in core_snapshot.get("trace", ()))
+    return ids
+
+
 def _referenced_ids():
     """Every context id a live block or a trace entry of the installed allocator names."""
     from torchmem._loader import extension
@@ -165,10 +174,7 @@ def _referenced_ids():
     runtime = extension()
     ids = set()
     for device in runtime.runtime_devices():
-        snap = runtime.runtime_snapshot(device)
-        for segment in snap["segments"]:
-            ids.update(block.get("context", 0) for block in segment["blocks"])
-        ids.update(entry.get("context", 0) for entry in snap.get("trace", ()))
+        ids |= context_ids(runtime.runtime_snapshot(device))
     return ids
 
 

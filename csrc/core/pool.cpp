@@ -401,39 +401,20 @@ void Pool::Impl::release_private_pool(PoolId pool) {
   sync_memory_stats();
 }
 
-std::size_t Pool::Impl::release_pool_cache(PoolId pool) {
-  auto it = pools.find(pool);
-  if (pool == 0 || it == pools.end()) return 0;
-  const PoolHeaps heaps_of = it->second;
-  poll_deferred(true);
-  sync_all_fences();
-  process_pending_unmaps(/*wait=*/true);
-  const std::size_t before = held;
-  if (vmm) {
-    std::vector<detail::GranuleRef> victims;
-    for (detail::Heap* h : {heaps_of.small, heaps_of.large}) {
-      for (std::size_t i = 0; i < h->granules.size(); ++i) {
-        if (h->granules[i].on_list) victims.push_back(detail::GranuleRef{h->id, static_cast<std::uint32_t>(i)});
-      }
-    }
-    // Note [Device barrier]: their handles leave the device, so every stream must have caught up.
-    if (!victims.empty() && barrier_seq < seq && !device_barrier()) victims.clear();
-    for (const detail::GranuleRef& ref : victims) list_remove(ref);
-    release_granules(victims);
-  } else {
-    for (detail::Heap* h : {heaps_of.small, heaps_of.large}) release_empty_segments_of(*h, false);
+std::size_t Pool::Impl::release_cached(std::size_t keep_bytes, PoolId only) {
+  const PoolHeaps* heaps_of = nullptr;
+  if (only != kAllPools) {
+    auto it = pools.find(only);
+    if (only == 0 || it == pools.end()) return 0;
+    heaps_of = &it->second;
   }
-  maybe_drop_released_pools();
-  sync_memory_stats();
-  return before - held;
-}
-
-std::size_t Pool::Impl::release_cached(std::size_t keep_bytes) {
   poll_deferred(true);
   sync_all_fences();
   process_pending_unmaps(/*wait=*/true);
   const std::size_t before = held;
-  if (vmm) {
+  if (heaps_of != nullptr) {
+    release_pool_reclaimable(*heaps_of);
+  } else if (vmm) {
     release_reclaimable(std::max(reserve_held, keep_bytes));
   } else {
     release_empty_segments(false);
@@ -527,7 +508,7 @@ std::size_t Pool::release_cached(std::uint64_t context) {
 std::size_t Pool::release_pool_cache(PoolId pool) {
   std::lock_guard<std::mutex> lock(mutex_);
   ++impl_->stats_.num_cache_releases;
-  std::size_t freed = impl_->release_pool_cache(pool);
+  std::size_t freed = impl_->release_cached(0, pool);
   impl_->after_op("release_pool_cache");
   return freed;
 }

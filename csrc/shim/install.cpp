@@ -64,32 +64,24 @@ class TorchmemAllocator final : public CUDAPluggableAllocator {
 
   c10::DataPtr allocate(size_t size) override {
     const c10::DeviceIndex device = c10::cuda::current_device();
-    const c10::Device where(c10::DeviceType::CUDA, device);
-    if (!caching_enabled()) {  // Note [Caching off] (uncached.cpp)
-      void* ptr = allocate_uncached(size, device);
-      return {ptr, ptr, &delete_uncached_block, where};
-    }
     void* ptr = allocate_or_throw(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
-    return {ptr, tag_with_device(ptr, device), &delete_tagged_block, where};
+    return {ptr, tag_with_device(ptr, device), &delete_tagged_block, c10::Device(c10::DeviceType::CUDA, device)};
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &delete_tagged_block; }
 
   void* raw_alloc(size_t size) override {
     const c10::DeviceIndex device = c10::cuda::current_device();
-    if (!caching_enabled()) return allocate_uncached(size, device);
     return allocate_or_throw(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
   }
 
   void* raw_alloc_with_stream(size_t size, cudaStream_t stream) override {
-    if (!caching_enabled()) return allocate_uncached(size, c10::cuda::current_device());
     return allocate_or_throw(size, c10::cuda::current_device(), stream);
   }
 
   // Called from Python (torch.cuda.caching_allocator_delete): may raise.
   void raw_delete(void* ptr) override {
-    if (ptr == nullptr || free_if_uncached(ptr)) return;
-    deallocate(ptr, owning_device(ptr));
+    if (ptr != nullptr) deallocate(ptr, owning_device(ptr));
   }
 
   // torch.cuda.MemPool's destructor empties its own pool's cache; (0, 0) is
@@ -98,7 +90,7 @@ class TorchmemAllocator final : public CUDAPluggableAllocator {
     empty_pool_cache(MempoolKey(mempool_id.first, mempool_id.second));
   }
 
-  // Note [Caching off] (uncached.cpp): torch.cuda.caching_allocator_enable.
+  // Note [Caching off] (runtime.h): torch.cuda.caching_allocator_enable.
   void enable(bool value) override { set_caching_enabled(value); }
   bool isEnabled() const override { return caching_enabled(); }
 

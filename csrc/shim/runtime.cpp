@@ -96,6 +96,25 @@ std::size_t resolve_limit(const LimitSpec& limit, std::size_t total_bytes) {
   return 0;
 }
 
+// Note [Caching off] (runtime.h): plain cudaMalloc / cudaFree on `device`;
+// nullptr when the device is full (the caller's OOM path takes over).
+std::shared_ptr<ExternalAllocator> make_uncached_allocator(int device) {
+  auto uncached = std::make_shared<ExternalAllocator>();
+  uncached->allocate = [device](std::size_t size, CudaStream) -> void* {
+    cuda::DeviceGuard guard(device);
+    void* ptr = nullptr;
+    const cudaError_t status = cudaMalloc(&ptr, size);
+    if (status == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // clear the error, as for any OOM
+      return nullptr;
+    }
+    cuda::check(status, "cudaMalloc (caching off)");
+    return ptr;
+  };
+  uncached->free = [](void* ptr) { cuda::check(cudaFree(ptr), "cudaFree (caching off)"); };
+  return uncached;
+}
+
 // Note [Memory fraction]: 1.0 is the whole device, which is also "no limit".
 void apply_memory_fraction(DeviceState& state, double fraction) {
   const auto bytes = static_cast<std::size_t>(fraction * static_cast<double>(state.total_bytes));
@@ -126,6 +145,7 @@ DeviceState& state_for(int device) {
   PoolConfig pool_config = r.config.pool;
   pool_config.limit_bytes = resolve_limit(r.config.limit, fresh->total_bytes);
   fresh->pool = std::make_unique<Pool>(*fresh->backend, pool_config);
+  fresh->uncached = make_uncached_allocator(device);
   if (r.config.initial_fraction >= 0.0) apply_memory_fraction(*fresh, r.config.initial_fraction);
   r.configured = true;  // pools exist: the config in force is now fixed
   state = fresh.release();
@@ -167,6 +187,7 @@ bool run_oom_callback(int device, std::size_t requested) {
 
 void* try_allocate(DeviceState& state, std::size_t size, CudaStream stream) {
   std::size_t request = size == 0 ? 1 : size;  // Note [Zero-size requests]
+  if (!caching_enabled()) return allocate_external(state.uncached, request, stream);  // Note [Caching off]
   Route route = route_to_pool(state, stream);
   if (route.external) return allocate_external(route.external, request, stream);
   if (state.zero_budget.load(std::memory_order_relaxed)) return nullptr;  // Note [Memory fraction]
@@ -283,6 +304,9 @@ bool is_configured() {
 }
 
 bool is_installed() { return registry().installed.load(); }
+
+void set_caching_enabled(bool enabled) { registry().caching.store(enabled, std::memory_order_relaxed); }
+bool caching_enabled() { return registry().caching.load(std::memory_order_relaxed); }
 void mark_installed() { registry().installed.store(true); }
 
 // ---- per-device pools ----------------------------------------------------------

@@ -167,7 +167,8 @@ void end_allocate_to_pool(int device, MempoolKey key);
 void release_pool(int device, MempoolKey key);
 // torch's emptyCache(mempool_id): (0, 0) empties every pool (empty_cache());
 // another key returns that private pool's cached memory only, on every device,
-// also just after its release (a torch.cuda.MemPool's destructor). Bytes returned.
+// once the pool is released (a torch.cuda.MemPool's destructor releases it
+// first; a pool in use keeps its cache, as natively). Bytes returned.
 std::size_t empty_pool_cache(MempoolKey key);
 
 // ---- private-pool checkpoints (csrc/shim/checkpoint.cpp) ----------------------
@@ -190,15 +191,17 @@ std::vector<MempoolKey> private_pool_keys(int device);  // the private pools in 
 void repark_private_blocks(int device, MempoolKey key, const std::vector<Addr>& park, const std::vector<Addr>& hold);
 bool parks_private_frees();
 
-// ---- caching off (uncached.cpp) -------------------------------------------------
-// Note [Caching off]: torch.cuda.caching_allocator_enable(False) makes every
-// later allocation its own cudaMalloc, outside the pool; frees of such blocks
-// go to cudaFree (free_if_uncached: true if `ptr` was one).
+// ---- caching off ----------------------------------------------------------------
+// Note [Caching off] torch.cuda.caching_allocator_enable(False) is PyTorch's
+// switch for debugging memory errors: from then on every allocation is its own
+// cudaMalloc and every free a cudaFree, so a stale pointer faults instead of
+// reading memory someone else now owns, and such blocks stay out of the
+// allocator's pools and statistics. torchmem serves them through the path of
+// a MemPool's own allocator (Note [External pool allocators]): each device
+// has one over cudaMalloc / cudaFree, so their frees find their way back
+// whenever they happen, also after caching is on again.
 void set_caching_enabled(bool enabled);
 bool caching_enabled();
-void* allocate_uncached(std::size_t size, int device);
-bool free_if_uncached(void* ptr);
-void delete_uncached_block(void* ptr) noexcept;  // a DataPtr deleter
 
 // ---- measurement helpers for bench/gpu_probe.py (runtime_probe.cpp) -----------
 // Times each backend primitive `repeats` times on `device` outside any pool and

@@ -241,16 +241,16 @@ std::size_t empty_pool_cache(MempoolKey key) {
   for (int d = 0; d < kMaxDevices; ++d) {
     DeviceState* state = existing_state(d);
     if (state == nullptr) continue;
+    // A pool still in use keeps its cache frozen (Note [Private pools]): only a
+    // released one has anything to give, and it is emptied once.
     PoolId pool = 0;
     {
       std::lock_guard<std::mutex> lock(state->capture_mutex);
-      auto live = state->private_pools.find(key);
-      if (live != state->private_pools.end()) {
-        pool = live->second.id;
-      } else {
-        for (const auto& [released, id] : state->released_pools) {
-          if (released == key) pool = id;
-        }
+      auto& released = state->released_pools;
+      auto found = std::find_if(released.begin(), released.end(), [&](const auto& entry) { return entry.first == key; });
+      if (found != released.end()) {
+        pool = found->second;
+        released.erase(found);
       }
     }
     if (pool != 0) returned += state->pool->release_pool_cache(pool);

@@ -66,6 +66,7 @@ struct DeviceState {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Pool> pool;
   std::size_t total_bytes = 0;
+  std::shared_ptr<ExternalAllocator> uncached;  // Note [Caching off] (runtime.h)
   // Note [Memory fraction]: the fraction last set (< 0: never set), and whether
   // the budget it gave is under one granule (then every allocation is refused).
   std::atomic<double> fraction{-1.0};
@@ -98,6 +99,7 @@ struct Registry {
   RuntimeConfig config;
   bool configured = false;
   std::atomic<bool> installed{false};
+  std::atomic<bool> caching{true};  // Note [Caching off] (runtime.h)
   std::array<std::atomic<DeviceState*>, kMaxDevices> states{};
 
   std::mutex callback_mutex;

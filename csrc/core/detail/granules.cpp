@@ -424,6 +424,23 @@ std::size_t Pool::Impl::release_reclaimable(std::size_t keep_bytes) {
   return before - held;
 }
 
+void Pool::Impl::release_pool_reclaimable(const PoolHeaps& heaps_of) {
+  if (!vmm) {
+    for (Heap* h : {heaps_of.small, heaps_of.large}) release_empty_segments_of(*h, false);
+    return;
+  }
+  std::vector<GranuleRef> victims;
+  for (const Heap* h : {heaps_of.small, heaps_of.large}) {
+    for (std::size_t i = 0; i < h->granules.size(); ++i) {
+      if (h->granules[i].on_list) victims.push_back(GranuleRef{h->id, static_cast<std::uint32_t>(i)});
+    }
+  }
+  // Their handles leave the device: every stream must have caught up (Note [Device barrier]).
+  if (victims.empty() || (barrier_seq < seq && !device_barrier())) return;
+  for (const GranuleRef& ref : victims) list_remove(ref);
+  release_granules(victims);
+}
+
 void Pool::Impl::release_granules(std::vector<GranuleRef>& victims) {
   if (victims.empty()) return;
   std::vector<GranuleHandle> handles;

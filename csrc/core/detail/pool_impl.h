@@ -53,7 +53,10 @@ struct Pool::Impl {
   void record_stream(Addr addr, StreamId stream);
   void create_private_pool(PoolId pool);
   void release_private_pool(PoolId pool);
-  std::size_t release_cached(std::size_t keep_bytes = 0);  // also the OOM ladder's step 5
+  // Also the OOM ladder's step 5. `only`: one private pool's cache alone
+  // (Pool::release_pool_cache; keep_bytes is then unused).
+  static constexpr PoolId kAllPools = ~PoolId{0};
+  std::size_t release_cached(std::size_t keep_bytes = 0, PoolId only = kAllPools);
   PoolStats stats();  // refreshes the derived gauges first
   std::size_t budget() const;    // limit in bytes (device capacity if 0)
   void after_op(const char* what);  // debug checks
@@ -84,7 +87,6 @@ struct Pool::Impl {
   }
   detail::Heap* private_heap_for(PoolId pool, std::size_t rounded);
   void maybe_drop_released_pools();
-  std::size_t release_pool_cache(PoolId pool);
   // False when no ladder step can make room for a block of `rounded` bytes
   // (Note [OOM ladder]).
   bool could_fit(std::size_t rounded) const;
@@ -149,6 +151,9 @@ struct Pool::Impl {
   bool fence_done(std::uint32_t slot, std::uint64_t seq, bool may_record);
   void sync_all_fences();
   std::size_t release_reclaimable(std::size_t keep_bytes);  // unmap + release, oldest first
+  // Pool::release_pool_cache: the reclaimable granules of one private pool's
+  // heaps, or their empty segments (cuda_malloc), go back to the backend.
+  void release_pool_reclaimable(const PoolHeaps& heaps_of);
   // A maximal stretch of unmapped granules: `count` from index `first`.
   struct Hole {
     std::size_t first, count;
@@ -160,21 +165,16 @@ struct Pool::Impl {
   // ---- detail/runs.cpp (Note [Run handles]) ------------------------------------
   // Fills each hole of missing granules under the (pinned)
   // range with one handle; false, with nothing changed, when the device is full.
-  // Note [Map groups] (inspect.cpp): [lo, hi) of each segment a snapshot shows
-  // for the mapped granules [first, end) of `h`; `from` is the block at or after
-  // the first granule's start.
-  std::vector<std::pair<Addr, Addr>> map_group_pieces(const detail::Heap& h, std::size_t first, std::size_t end,
-                                                      const detail::Block* from) const;
   bool grow_by_runs(detail::Heap& heap, Addr addr, std::size_t size, std::size_t missing);
   // Gives back whole free runs whose frees lie behind the device barrier
   // until `want_bytes` went (none at all, if `all_or_nothing` and they do
   // not add up to it); returns the bytes given back.
   std::size_t release_free_runs(std::size_t want_bytes, bool all_or_nothing);
   void premap_reserve();
+  // Unmaps `victims` (granules already off their lists) and gives their handles back.
+  void release_granules(std::vector<detail::GranuleRef>& victims);
   // Gives handles back to the device, first unmapping any pending-unmap
   // place they still have (waiting for its fence).
-  // Unmaps the listed-and-removed granules `victims` and gives their handles back.
-  void release_granules(std::vector<detail::GranuleRef>& victims);
   void release_handles(const std::vector<GranuleHandle>& handles);
 
   // ---- detail/aliases.cpp (Notes [Alias reclaim], [Pending unmaps]) -----------
@@ -216,6 +216,11 @@ struct Pool::Impl {
   // ---- detail/inspect.cpp --------------------------------------------------
   std::string check_invariants() const;
   PoolSnapshot snapshot() const;
+  // Note [Map groups]: [lo, hi) of each segment a snapshot shows for the mapped
+  // granules [first, end) of `h`; `from` is the block at or after the first
+  // granule's start.
+  std::vector<std::pair<Addr, Addr>> map_group_pieces(const detail::Heap& h, std::size_t first, std::size_t end,
+                                                      const detail::Block* from) const;
   std::size_t largest_free_block() const;
 
   // ---- state ----------------------------------------------------------------
