@@ -168,6 +168,30 @@ def test_budget_oom_and_recovery():
     pool.check_invariants()
 
 
+@pytest.mark.parametrize("vmm", [True, False])
+def test_foreign_bytes_count_against_the_budget(vmm):
+    # Note [Foreign bytes]: a MemPool(allocator=X)'s segments share the device's budget
+    _, pool = make(limit=32 * MiB, vmm=vmm)
+    pool.set_foreign_bytes(24 * MiB)
+    small = pool.allocate(6 * MiB)
+    assert small  # 6 of the 8 MiB left
+    assert pool.allocate(6 * MiB) == 0  # 12 > 8: out, though the pool itself holds 6 MiB of 32
+    pool.set_foreign_bytes(40 * MiB)  # more than the limit: nothing new fits
+    assert pool.allocate(512) == 0
+    pool.set_foreign_bytes(0)
+    assert pool.allocate(6 * MiB)  # the whole budget is the pool's again
+    assert pool.limit() == 32 * MiB  # the limit itself is untouched
+    pool.free(small)
+    pool.check_invariants()
+
+
+def test_foreign_bytes_do_not_matter_without_a_limit():
+    _, pool = make(capacity=64 * MiB)
+    pool.set_foreign_bytes(1 << 40)  # the device's free memory already tells, so no effect
+    assert pool.allocate(16 * MiB)
+    pool.check_invariants()
+
+
 def test_oom_is_recorded_in_the_trace():
     _, pool = make(limit=4 * MiB, trace_capacity=16)
     assert pool.allocate(8 * MiB, stream=3, context=42) == 0

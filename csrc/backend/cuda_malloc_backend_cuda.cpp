@@ -2,6 +2,7 @@
 #include "backend/cuda_malloc_backend_cuda.h"
 
 #include <stdexcept>
+#include <utility>
 
 namespace torchmem {
 
@@ -14,7 +15,8 @@ namespace {
 
 }  // namespace
 
-CudaMallocBackend::CudaMallocBackend(int device) : CudaDeviceBackend(device) {}
+CudaMallocBackend::CudaMallocBackend(int device, SegmentSource source)
+    : CudaDeviceBackend(device), source_(std::move(source)) {}
 
 CudaMallocBackend::~CudaMallocBackend() = default;
 
@@ -29,6 +31,11 @@ void CudaMallocBackend::map_run(Addr, GranuleHandle, std::size_t) { no_vmm("map_
 void CudaMallocBackend::unmap_run(Addr, std::size_t) { no_vmm("unmap_run"); }
 
 Addr CudaMallocBackend::allocate_segment(std::size_t bytes) {
+  if (source_.allocate) {
+    void* ptr = source_.allocate(bytes);
+    if (ptr != nullptr) counters_.segment_alloc_calls += 1;
+    return reinterpret_cast<Addr>(ptr);
+  }
   cuda::RelaxedCaptureGuard relaxed;
   cuda::DeviceGuard on_device(device_);
   void* ptr = nullptr;
@@ -42,7 +49,12 @@ Addr CudaMallocBackend::allocate_segment(std::size_t bytes) {
   return reinterpret_cast<Addr>(ptr);
 }
 
-void CudaMallocBackend::free_segment(Addr base, std::size_t) {
+void CudaMallocBackend::free_segment(Addr base, std::size_t bytes) {
+  if (source_.free) {
+    source_.free(reinterpret_cast<void*>(base), bytes);
+    counters_.segment_free_calls += 1;
+    return;
+  }
   cuda::RelaxedCaptureGuard relaxed;
   cuda::DeviceGuard on_device(device_);
   cuda::check(cudaFree(reinterpret_cast<void*>(base)), "cudaFree");

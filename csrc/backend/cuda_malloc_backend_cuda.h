@@ -4,20 +4,33 @@
 // For drivers or devices without virtual memory management, and as a baseline:
 // the pool carves blocks out of segments and frees whole empty ones, but cannot
 // stitch (Backend::supports_vmm() is false).
+//
+// A SegmentSource replaces cudaMalloc / cudaFree with someone else's pair: the
+// pool behind torch.cuda.MemPool(allocator=X) caches X's segments this way
+// (Note [External pool allocators], csrc/shim/runtime.h).
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "backend/cuda_device_backend_cuda.h"
 
 namespace torchmem {
 
+// Where segments come from when not from cudaMalloc. allocate returns nullptr
+// when it has no memory (the pool then climbs its OOM ladder).
+struct SegmentSource {
+  std::string name;
+  std::function<void*(std::size_t bytes)> allocate;
+  std::function<void(void* ptr, std::size_t bytes)> free;
+};
+
 class CudaMallocBackend final : public CudaDeviceBackend {
  public:
-  explicit CudaMallocBackend(int device);
+  explicit CudaMallocBackend(int device, SegmentSource source = {});
   ~CudaMallocBackend() override;
 
-  std::string name() const override { return "cuda_malloc"; }
+  std::string name() const override { return source_.allocate ? source_.name : "cuda_malloc"; }
   bool supports_vmm() const override { return false; }
   // Not a hardware granule: the unit the pool rounds segments to, as PyTorch does.
   std::size_t granularity() const override { return 2 * kMiB; }
@@ -34,6 +47,9 @@ class CudaMallocBackend final : public CudaDeviceBackend {
 
   Addr allocate_segment(std::size_t bytes) override;
   void free_segment(Addr base, std::size_t bytes) override;
+
+ private:
+  SegmentSource source_;
 };
 
 }  // namespace torchmem

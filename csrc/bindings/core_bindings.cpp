@@ -189,6 +189,8 @@ void bind_core(py::module_& m) {
            py::call_guard<py::gil_scoped_release>(),
            "empty_cache: returns the bytes given back to the backend (segment-unmap history entries carry context)")
       .def("set_limit", &Pool::set_limit, py::arg("bytes"), py::call_guard<py::gil_scoped_release>())
+      .def("set_foreign_bytes", &Pool::set_foreign_bytes, py::arg("bytes"),
+           "Bytes held outside this pool that count against its limit (Note [Foreign bytes])")
       .def("limit", &Pool::limit)
       .def("set_trace_capacity", &Pool::set_trace_capacity, py::arg("entries"),
            py::call_guard<py::gil_scoped_release>(), "Resize the trace ring, keeping its newest entries")

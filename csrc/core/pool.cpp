@@ -225,7 +225,9 @@ bool Pool::Impl::could_fit(std::size_t rounded) const {
 }
 
 std::size_t Pool::Impl::budget() const {
-  return config.limit_bytes ? config.limit_bytes : capacity;
+  if (config.limit_bytes == 0) return capacity;  // the device decides: foreign bytes are in its free memory
+  const std::size_t foreign = foreign_bytes.load(std::memory_order_relaxed);  // Note [Foreign bytes]
+  return config.limit_bytes > foreign ? config.limit_bytes - foreign : 0;
 }
 
 // ============================================================================
@@ -530,6 +532,10 @@ void Pool::set_limit(std::size_t bytes) {
                     "); give at least one granule or 0 for no limit");
   }
   config_.limit_bytes = bytes;
+}
+
+void Pool::set_foreign_bytes(std::size_t bytes) {
+  impl_->foreign_bytes.store(bytes, std::memory_order_relaxed);  // no lock: read once per allocation
 }
 
 std::size_t Pool::limit() const {

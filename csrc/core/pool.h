@@ -306,6 +306,12 @@ class Pool {
   // Changes the budget; 0 = device capacity. Does not free live memory.
   void set_limit(std::size_t bytes);
   std::size_t limit() const;
+  // Note [Foreign bytes] Memory the same process holds outside this pool but
+  // charged to the same budget (a torch.cuda.MemPool whose own allocator
+  // serves it through a pool of its own, as PyTorch counts such segments in
+  // its per-process fraction). Under a limit the pool grows only into
+  // limit - foreign; without one the device's free memory already tells.
+  void set_foreign_bytes(std::size_t bytes);
   // The pool's operation counter: history entries recorded from now on carry
   // a larger `sequence` (a mark for annotations such as torch's user metadata).
   std::uint64_t sequence() const;

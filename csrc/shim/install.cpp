@@ -173,13 +173,18 @@ class TorchmemAllocator final : public CUDAPluggableAllocator {
   int getPoolUseCount(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
     return pool_use_count(device, MempoolKey(id.first, id.second));
   }
-  // torch.cuda.MemPool's constructor and destructor call these; torch's base
-  // class raises in them, which aborts the process from a destructor. torchmem
-  // private pools never serve other requests on OOM and never split-limit, so
-  // accepting the flags without effect is the honest answer. Both signatures
-  // (with and without the flag) have existed.
-  void setUseOnOOM(c10::DeviceIndex /*device*/, c10::cuda::MempoolId_t /*id*/, bool /*use_on_oom*/) {}
-  void setUseOnOOM(c10::DeviceIndex /*device*/, c10::cuda::MempoolId_t /*id*/) {}
+  // torch.cuda.MemPool's constructor calls these; torch's base class raises
+  // in them. use_on_oom lends a MemPool(allocator=X)'s cached blocks to the
+  // device pool on OOM (Note [External pool allocators]); a pool without an
+  // allocator of its own lives inside the device pool, which never lends
+  // private memory, and torchmem never split-limits: those flags are accepted
+  // without effect. Both signatures (with and without the flag) have existed.
+  void setUseOnOOM(c10::DeviceIndex device, c10::cuda::MempoolId_t id, bool use_on_oom) {
+    set_use_on_oom(device, MempoolKey(id.first, id.second), use_on_oom);
+  }
+  void setUseOnOOM(c10::DeviceIndex device, c10::cuda::MempoolId_t id) {
+    set_use_on_oom(device, MempoolKey(id.first, id.second), true);
+  }
   void setNoSplit(c10::DeviceIndex /*device*/, c10::cuda::MempoolId_t /*id*/) {}
 
   // CUDA graph trees (torch.compile mode="reduce-overhead"): csrc/shim/checkpoint.cpp.

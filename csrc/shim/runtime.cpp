@@ -115,6 +115,19 @@ std::shared_ptr<ExternalAllocator> make_uncached_allocator(int device) {
   return uncached;
 }
 
+}  // namespace
+
+std::unique_ptr<Backend> make_segment_backend(int device, std::function<void*(std::size_t)> allocate,
+                                              std::function<void(void*, std::size_t)> free,
+                                              const std::atomic<int>* active_captures) {
+  auto backend = std::make_unique<CudaMallocBackend>(
+      device, SegmentSource{"mem_pool_allocator", std::move(allocate), std::move(free)});
+  backend->refuse_device_sync_while(active_captures);
+  return backend;
+}
+
+namespace {
+
 // Note [Memory fraction]: 1.0 is the whole device, which is also "no limit".
 void apply_memory_fraction(DeviceState& state, double fraction) {
   const auto bytes = static_cast<std::size_t>(fraction * static_cast<double>(state.total_bytes));
@@ -187,13 +200,15 @@ bool run_oom_callback(int device, std::size_t requested) {
 
 void* try_allocate(DeviceState& state, std::size_t size, CudaStream stream) {
   std::size_t request = size == 0 ? 1 : size;  // Note [Zero-size requests]
-  if (!caching_enabled()) return allocate_external(state.uncached, request, stream);  // Note [Caching off]
+  if (!caching_enabled()) return allocate_uncached(state.uncached, request, stream);  // Note [Caching off]
   Route route = route_to_pool(state, stream);
-  if (route.external) return allocate_external(route.external, request, stream);
+  if (route.external) return allocate_in_external_pool(route.external, request, stream, current_context());
   if (state.zero_budget.load(std::memory_order_relaxed)) return nullptr;  // Note [Memory fraction]
   const MempoolKey key = route.key;
   const PoolId pool = route.pool;
-  Addr addr = state.pool->allocate(request, reinterpret_cast<StreamId>(stream), pool, current_context());
+  const std::uint64_t context = current_context();
+  Addr addr = state.pool->allocate(request, reinterpret_cast<StreamId>(stream), pool, context);
+  if (addr == 0 && pool == 0) return borrow_from_oom_lenders(state, request, stream, context);
   if (addr != 0 && pool != 0) note_private_block(state, addr, key);
   return reinterpret_cast<void*>(addr);
 }
@@ -329,7 +344,10 @@ std::size_t empty_cache() {
   std::size_t returned = 0;
   const std::uint64_t context = free_context();  // one stack for the call, not one per device
   for (int d = 0; d < kMaxDevices; ++d) {
-    if (DeviceState* state = existing_state(d)) returned += state->pool->release_cached(context);
+    DeviceState* state = existing_state(d);
+    if (state == nullptr) continue;
+    returned += state->pool->release_cached(context);
+    returned += release_external_caches(*state, nullptr);  // Note [External pool allocators]
   }
   return returned;
 }

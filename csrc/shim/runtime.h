@@ -149,11 +149,24 @@ double memory_fraction(int device);
 void begin_allocate_to_pool(int device, MempoolKey key, std::function<bool(CudaStream)> filter);
 
 // Note [External pool allocators] torch.cuda.MemPool(allocator=X) with the
-// user's own allocator X: allocations routed to that pool are X's (one X call
-// per tensor), and their frees go back to X, even after the MemPool and X's
-// Python object are gone (the functions own what they need). torchmem's pool
-// never sees these blocks: they are not in its stats or snapshots, and the
-// budget does not count them.
+// user's own allocator X (NCCL's ncclMemAlloc, say): allocations routed to
+// that pool come from a pool of their own, a core Pool over X's segments (a
+// cuda_malloc-style backend whose cudaMalloc/cudaFree are X's), which caches
+// them as PyTorch's allocator caches a MemPool's segments: X is called when
+// the pool grows, not per tensor, and its frees happen when the cache is
+// emptied. As natively:
+// - X's segments count against the device's budget (the device pool sees them
+//   as foreign bytes: Note [Foreign bytes] in core/pool.h; the external pool
+//   grows only while the two together stay under the limit) and appear in
+//   memory_stats (reserved, segments, allocated, ...);
+// - a released pool (the MemPool is gone) keeps its cache until an
+//   emptyCache of its id or of everything; blocks still live go back to it
+//   when freed, so X and its functions outlive the MemPool (the functions own
+//   what they need);
+// - MemPool(..., use_on_oom=True): a device-pool request that finds no memory
+//   may take a cached block of that pool (never a new segment of X).
+// Not yet: X's segments are not in memory_snapshot(), and use_on_oom has no
+// effect on a MemPool without an allocator of its own (docs/compatibility.md).
 struct ExternalAllocator {
   std::function<void*(std::size_t size, CudaStream stream)> allocate;
   std::function<void(void* ptr)> free;
@@ -163,6 +176,8 @@ void incref_pool(int device, MempoolKey key, std::shared_ptr<ExternalAllocator> 
 // Whether `ptr` is a live block of an external allocator (Note [External pool allocators]).
 bool is_external_block(void* ptr);
 int pool_use_count(int device, MempoolKey key);
+// torch.cuda.MemPool(allocator=X, use_on_oom=True) (Note [External pool allocators]).
+void set_use_on_oom(int device, MempoolKey key, bool use_on_oom);
 void end_allocate_to_pool(int device, MempoolKey key);
 void release_pool(int device, MempoolKey key);
 // torch's emptyCache(mempool_id): (0, 0) empties every pool (empty_cache());

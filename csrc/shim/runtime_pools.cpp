@@ -22,9 +22,106 @@ namespace {
 // Set while an external allocator runs on this thread: an allocator that calls
 // back into torchmem (mem_pool_allocator()) must not be routed to itself again.
 thread_local bool in_external_allocator = false;
+thread_local bool external_reentered = false;  // ...and set if it did
+// The stream of the request an external pool is growing for (X's allocate
+// takes one; the core's segment calls do not).
+thread_local CudaStream growing_for_stream = nullptr;
+// Set while a device-pool request borrows from a pool that lends on OOM: as
+// natively, it may take a cached block there but never a new segment of X.
+thread_local bool borrowing = false;
 
 int stat_kind(const DeviceState& state, std::int64_t bytes) {
   return static_cast<std::size_t>(bytes) <= state.pool->config().small_threshold ? kStatSmallPool : kStatLargePool;
+}
+
+template <typename Fn>
+auto with_flag(bool& flag, Fn&& fn) {
+  flag = true;
+  try {
+    auto result = fn();
+    flag = false;
+    return result;
+  } catch (...) {
+    flag = false;
+    throw;
+  }
+}
+
+void remember_external_block(void* ptr, Registry::ExternalBlock block) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.external_mutex);
+  r.external_live[reinterpret_cast<Addr>(ptr)] = std::move(block);
+  r.external_count.store(r.external_live.size(), std::memory_order_release);
+}
+
+// Note [External pool allocators]: X's segments count against the device's
+// budget as PyTorch counts them in its per-process fraction.
+bool external_may_grow(DeviceState& state, std::size_t bytes) {
+  if (borrowing || state.zero_budget.load(std::memory_order_relaxed)) return false;
+  const std::size_t limit = state.pool->limit();
+  if (limit == 0) return true;  // no budget: X itself says when the device is full
+  const std::size_t held = state.pool->usage().reserved + state.external_reserved.load();
+  return held + bytes <= limit;
+}
+
+void count_external_bytes(DeviceState& state, ExternalPool& external, std::size_t bytes, bool added) {
+  if (added) {
+    external.reserved += bytes;
+  } else {
+    external.reserved -= bytes;
+  }
+  if (external.inside_device_pool) return;  // already the device pool's own
+  if (added) {
+    state.external_reserved += bytes;
+  } else {
+    state.external_reserved -= bytes;
+  }
+  state.pool->set_foreign_bytes(state.external_reserved.load());  // Note [Foreign bytes] in core/pool.h
+}
+
+std::shared_ptr<ExternalPool> make_external_pool(DeviceState& state, MempoolKey key,
+                                                 std::shared_ptr<ExternalAllocator> allocator) {
+  auto external = std::make_shared<ExternalPool>();
+  external->device = state.device;
+  external->key = key;
+  external->allocator = std::move(allocator);
+  ExternalPool* self = external.get();  // the backend lives inside it
+  DeviceState* device = &state;          // never destroyed
+  external->backend = make_segment_backend(
+      state.device,
+      [self, device](std::size_t bytes) -> void* {
+        if (!self->inside_device_pool && !external_may_grow(*device, bytes)) return nullptr;
+        external_reentered = false;
+        void* ptr = with_flag(in_external_allocator,
+                              [&] { return self->allocator->allocate(bytes, growing_for_stream); });
+        if (external_reentered) self->inside_device_pool = true;
+        if (ptr != nullptr) count_external_bytes(*device, *self, bytes, true);
+        return ptr;
+      },
+      [self, device](void* ptr, std::size_t bytes) {
+        with_flag(in_external_allocator, [&] {
+          self->allocator->free(ptr);
+          return true;
+        });
+        count_external_bytes(*device, *self, bytes, false);
+      },
+      &state.active_captures);
+  PoolConfig config = registry().config.pool;
+  config.limit_bytes = 0;  // the device pool's budget decides (external_may_grow)
+  config.reserve_bytes = 0;
+  external->pool = std::make_unique<Pool>(*external->backend, config);
+  return external;
+}
+
+// The external pools of `state` that `pick` selects, under the capture mutex.
+template <typename Pick>
+std::vector<std::shared_ptr<ExternalPool>> external_pools_where(DeviceState& state, Pick&& pick) {
+  std::vector<std::shared_ptr<ExternalPool>> picked;
+  std::lock_guard<std::mutex> lock(state.capture_mutex);
+  for (const auto& external : state.external_pools) {
+    if (pick(*external)) picked.push_back(external);
+  }
+  return picked;
 }
 
 }  // namespace
@@ -32,7 +129,11 @@ int stat_kind(const DeviceState& state, std::int64_t bytes) {
 // The private pool whose filter claims `stream` (pool 0 when none does).
 Route route_to_pool(DeviceState& state, CudaStream stream) {
   Route route;
-  if (state.active_captures.load(std::memory_order_acquire) == 0 || in_external_allocator) return route;
+  if (state.active_captures.load(std::memory_order_acquire) == 0) return route;
+  if (in_external_allocator) {
+    external_reentered = true;
+    return route;
+  }
   std::lock_guard<std::mutex> lock(state.capture_mutex);
   for (auto it = state.captures.rbegin(); it != state.captures.rend(); ++it) {
     if (it->filter && it->filter(stream)) {
@@ -45,40 +146,69 @@ Route route_to_pool(DeviceState& state, CudaStream stream) {
   return route;
 }
 
-// Note [External pool allocators]: the user's allocator serves the request.
-void* allocate_external(const std::shared_ptr<ExternalAllocator>& external, std::size_t size, CudaStream stream) {
-  void* ptr = nullptr;
-  in_external_allocator = true;
-  try {
-    ptr = external->allocate(size, stream);
-  } catch (...) {
-    in_external_allocator = false;
-    throw;
-  }
-  in_external_allocator = false;
-  if (ptr == nullptr) return nullptr;
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.external_mutex);
-  r.external_live[reinterpret_cast<Addr>(ptr)] = external;
-  r.external_count.store(r.external_live.size(), std::memory_order_release);
+// Note [Caching off]: the device's cudaMalloc serves the request.
+void* allocate_uncached(const std::shared_ptr<ExternalAllocator>& uncached, std::size_t size, CudaStream stream) {
+  void* ptr = uncached->allocate(size, stream);
+  if (ptr != nullptr) remember_external_block(ptr, Registry::ExternalBlock{nullptr, uncached});
   return ptr;
 }
 
-// True if `ptr` was an external allocator's block: then that allocator freed it.
+void* allocate_in_external_pool(const std::shared_ptr<ExternalPool>& external, std::size_t size, CudaStream stream,
+                                std::uint64_t context) {
+  growing_for_stream = stream;
+  const Addr addr = external->pool->allocate(size, reinterpret_cast<StreamId>(stream), 0, context);
+  growing_for_stream = nullptr;
+  if (addr == 0) return nullptr;
+  void* ptr = reinterpret_cast<void*>(addr);
+  remember_external_block(ptr, Registry::ExternalBlock{external, nullptr});
+  return ptr;
+}
+
+void* borrow_from_oom_lenders(DeviceState& state, std::size_t size, CudaStream stream, std::uint64_t context) {
+  if (state.oom_lenders.load(std::memory_order_acquire) == 0) return nullptr;
+  auto lenders = external_pools_where(state, [](const ExternalPool& e) { return !e.released && e.use_on_oom; });
+  for (const auto& lender : lenders) {
+    void* ptr = with_flag(borrowing, [&] { return allocate_in_external_pool(lender, size, stream, context); });
+    if (ptr != nullptr) return ptr;
+  }
+  return nullptr;
+}
+
+// True if `ptr` was a block of an external pool or of caching off: then it went back there.
 bool free_if_external(void* ptr) {
   Registry& r = registry();
   if (r.external_count.load(std::memory_order_acquire) == 0) return false;
-  std::shared_ptr<ExternalAllocator> external;
+  Registry::ExternalBlock block;
   {
     std::lock_guard<std::mutex> lock(r.external_mutex);
     auto found = r.external_live.find(reinterpret_cast<Addr>(ptr));
     if (found == r.external_live.end()) return false;
-    external = std::move(found->second);
+    block = std::move(found->second);
     r.external_live.erase(found);
     r.external_count.store(r.external_live.size(), std::memory_order_release);
   }
-  external->free(ptr);  // no lock held: the user's code may call back into torch
+  // No lock held: the user's code may call back into torch.
+  if (block.pool) {
+    block.pool->pool->deallocate(reinterpret_cast<Addr>(ptr));
+  } else {
+    block.uncached->free(ptr);
+  }
   return true;
+}
+
+std::size_t release_external_caches(DeviceState& state, const MempoolKey* key) {
+  auto targets = external_pools_where(state, [key](const ExternalPool& e) {
+    return e.released && (key == nullptr || e.key == *key);
+  });
+  if (targets.empty()) return 0;
+  std::size_t returned = 0;
+  for (const auto& external : targets) returned += external->pool->release_cached();
+  std::lock_guard<std::mutex> lock(state.capture_mutex);
+  auto& pools = state.external_pools;
+  pools.erase(std::remove_if(pools.begin(), pools.end(),
+                             [](const auto& e) { return e->released && e->reserved.load() == 0; }),
+              pools.end());
+  return returned;
 }
 
 void note_private_block(DeviceState& state, Addr addr, MempoolKey key) {
@@ -147,6 +277,22 @@ PoolStats device_stats(int device) {
     stats.inactive_split[kind].current += blocks[kind];
     stats.inactive_split_bytes[kind].current += bytes[kind];
   }
+  // Note [External pool allocators]: X's segments are the device's too, as natively.
+  for (const auto& external :
+       external_pools_where(state, [](const ExternalPool& e) { return !e.inside_device_pool.load(); })) {
+    const PoolStats theirs = external->pool->stats();
+#define TORCHMEM_ADD_STAT_ARRAY(name)                          \
+    for (int kind = 0; kind < kStatKinds; ++kind) {            \
+      stats.name[kind].current += theirs.name[kind].current;   \
+      stats.name[kind].peak += theirs.name[kind].peak;         \
+      stats.name[kind].allocated += theirs.name[kind].allocated; \
+      stats.name[kind].freed += theirs.name[kind].freed;       \
+    }
+    TORCHMEM_STAT_ARRAYS(TORCHMEM_ADD_STAT_ARRAY)
+#undef TORCHMEM_ADD_STAT_ARRAY
+    stats.num_device_alloc += theirs.num_device_alloc;
+    stats.num_device_free += theirs.num_device_free;
+  }
   return stats;
 }
 
@@ -155,11 +301,14 @@ namespace {
 // One more use of the private pool `key`, creating it at the first use (Note
 // [Private pool uses]). Caller holds state.capture_mutex; the core pool's
 // mutex is taken under it (Note [Lock order]).
-PrivatePool& add_pool_use(DeviceState& state, MempoolKey key, std::shared_ptr<ExternalAllocator> external = nullptr) {
+PrivatePool& add_pool_use(DeviceState& state, MempoolKey key, std::shared_ptr<ExternalAllocator> allocator = nullptr) {
   auto found = state.private_pools.find(key);
   if (found == state.private_pools.end()) {
+    // Note [External pool allocators]: X's pool is made first (it may throw), then the core's.
+    std::shared_ptr<ExternalPool> external = allocator ? make_external_pool(state, key, std::move(allocator)) : nullptr;
     PoolId id = state.next_pool_id++;
     state.pool->create_private_pool(id);  // throws before anything is recorded
+    if (external) state.external_pools.push_back(external);
     found = state.private_pools.emplace(key, PrivatePool{id, 0, std::move(external)}).first;
   }
   found->second.uses += 1;
@@ -207,6 +356,10 @@ void release_pool(int device, MempoolKey key) {
     if (found == state.private_pools.end()) return;  // never allocated to: nothing to release
     if (--found->second.uses > 0) return;             // Note [Private pool uses]
     pool = found->second.id;
+    if (const auto& external = found->second.external) {
+      external->released = true;  // its cache goes at emptyCache, as a released pool's natively
+      if (external->use_on_oom.exchange(false)) state.oom_lenders -= 1;
+    }
     state.private_pools.erase(found);
     state.released_pools.emplace_back(key, pool);
     if (state.released_pools.size() > DeviceState::kMaxReleasedKeys) state.released_pools.pop_front();
@@ -254,8 +407,19 @@ std::size_t empty_pool_cache(MempoolKey key) {
       }
     }
     if (pool != 0) returned += state->pool->release_pool_cache(pool);
+    returned += release_external_caches(*state, &key);
   }
   return returned;
+}
+
+void set_use_on_oom(int device, MempoolKey key, bool use_on_oom) {
+  DeviceState& state = state_for(device);
+  std::lock_guard<std::mutex> lock(state.capture_mutex);
+  auto found = state.private_pools.find(key);
+  if (found == state.private_pools.end() || !found->second.external) return;
+  if (found->second.external->use_on_oom.exchange(use_on_oom) != use_on_oom) {
+    state.oom_lenders += use_on_oom ? 1 : -1;
+  }
 }
 
 }  // namespace torchmem::shim

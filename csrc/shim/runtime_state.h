@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/backend.h"
 #include "shim/runtime.h"
 
 namespace torchmem::shim {
@@ -27,10 +28,30 @@ constexpr int kMaxDevices = 64;
 // newer torch's graph capture) counts one use of its pool (graphs may share a
 // pool: torch.cuda.graph(pool=other.pool())), and every release_pool drops
 // one; the core pool is released when the last use is dropped.
+struct ExternalPool;
+
 struct PrivatePool {
   PoolId id = 0;
   int uses = 0;
-  std::shared_ptr<ExternalAllocator> external;  // Note [External pool allocators]
+  std::shared_ptr<ExternalPool> external;  // Note [External pool allocators]
+};
+
+// Note [External pool allocators] (runtime.h): the pool of one
+// torch.cuda.MemPool(allocator=X), caching X's segments.
+// Members are destroyed bottom up: `pool` returns its segments through
+// `backend`, whose functions still use `allocator` and `reserved`.
+struct ExternalPool {
+  int device = 0;
+  MempoolKey key{0, 0};
+  std::shared_ptr<ExternalAllocator> allocator;
+  std::atomic<std::size_t> reserved{0};  // bytes of X's segments held now
+  std::atomic<bool> use_on_oom{false};   // lends its cached blocks when the device pool is out
+  bool released = false;                 // the MemPool is gone; guarded by the capture mutex
+  // X is torchmem itself (mem_pool_allocator()): its segments are blocks of the
+  // device pool, already in its budget and stats.
+  std::atomic<bool> inside_device_pool{false};
+  std::unique_ptr<Backend> backend;      // X's segments (make_segment_backend)
+  std::unique_ptr<Pool> pool;
 };
 
 // Note [Parked private blocks] A CUDA graph replays into the addresses its
@@ -49,14 +70,14 @@ struct Capture {
   MempoolKey key;
   PoolId pool;
   std::function<bool(CudaStream)> filter;
-  std::shared_ptr<ExternalAllocator> external;
+  std::shared_ptr<ExternalPool> external;
 };
 
 // Where route_to_pool sends an allocation.
 struct Route {
   PoolId pool = 0;
   MempoolKey key{0, 0};
-  std::shared_ptr<ExternalAllocator> external;
+  std::shared_ptr<ExternalPool> external;
 };
 
 // Everything torchmem keeps for one device. Never destroyed: torch may free
@@ -77,6 +98,13 @@ struct DeviceState {
   std::vector<Capture> captures;
   std::map<MempoolKey, PrivatePool> private_pools;
   PoolId next_pool_id = 1;
+  // Note [External pool allocators]: every pool of a MemPool(allocator=X), in
+  // use or released with memory left; the bytes of X's segments they hold (the
+  // device pool's foreign bytes: Note [Foreign bytes] in core/pool.h); how many
+  // lend to the device pool on OOM.
+  std::vector<std::shared_ptr<ExternalPool>> external_pools;
+  std::atomic<std::size_t> external_reserved{0};
+  std::atomic<int> oom_lenders{0};
   // Pools released lately, by torch's key: torch.cuda.MemPool's destructor
   // releases its pool and then empties its cache by that key (empty_pool_cache).
   // The newest kMaxReleasedKeys are kept (CUDA graphs release without emptying).
@@ -111,10 +139,15 @@ struct Registry {
   // provider too, so their history entries carry their own stacks.
   std::atomic<bool> free_context{false};
 
-  // Note [External pool allocators]: live blocks of users' allocators, any device.
+  // Note [External pool allocators]: live blocks of external pools and of
+  // caching off, any device: the pool or the allocator their free goes to.
+  struct ExternalBlock {
+    std::shared_ptr<ExternalPool> pool;
+    std::shared_ptr<ExternalAllocator> uncached;  // Note [Caching off]
+  };
   std::mutex external_mutex;
   std::atomic<std::size_t> external_count{0};  // fast-path check for frees
-  std::unordered_map<Addr, std::shared_ptr<ExternalAllocator>> external_live;
+  std::unordered_map<Addr, ExternalBlock> external_live;
 };
 
 Registry& registry();
@@ -122,12 +155,27 @@ Registry& registry();
 DeviceState& state_for(int device);
 DeviceState* existing_state(int device);  // nullptr while the device has no pool
 
+// Note [External pool allocators]: a cuda_malloc-style backend for `device`
+// whose segments come from `allocate` / `free` (runtime.cpp: it needs CUDA).
+std::unique_ptr<Backend> make_segment_backend(int device, std::function<void*(std::size_t)> allocate,
+                                              std::function<void(void*, std::size_t)> free,
+                                              const std::atomic<int>* active_captures);
+
 // ---- runtime_pools.cpp: the private-pool side of allocate and free ----------
-// The private pool (or external allocator) whose capture filter claims `stream`.
+// The private pool (or external pool) whose capture filter claims `stream`.
 Route route_to_pool(DeviceState& state, CudaStream stream);
-// Note [External pool allocators]
-void* allocate_external(const std::shared_ptr<ExternalAllocator>& external, std::size_t size, CudaStream stream);
+// Note [Caching off]: `uncached` serves the request, one call per block.
+void* allocate_uncached(const std::shared_ptr<ExternalAllocator>& uncached, std::size_t size, CudaStream stream);
+// Note [External pool allocators]: a block of `external`'s pool (0 when X has
+// no memory), and, for a device-pool request that found none, a cached block
+// of a pool that lends on OOM (nullptr when none has one).
+void* allocate_in_external_pool(const std::shared_ptr<ExternalPool>& external, std::size_t size, CudaStream stream,
+                                std::uint64_t context);
+void* borrow_from_oom_lenders(DeviceState& state, std::size_t size, CudaStream stream, std::uint64_t context);
 bool free_if_external(void* ptr);
+// Empties released external pools' caches (all of them, or those of `key`) and
+// forgets the ones left empty. Bytes returned.
+std::size_t release_external_caches(DeviceState& state, const MempoolKey* key);
 // Records a live block of private pool `key` (so its free can be parked).
 void note_private_block(DeviceState& state, Addr addr, MempoolKey key);
 // True if `addr` belongs to a private pool still in use: then it is parked

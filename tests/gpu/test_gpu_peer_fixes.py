@@ -160,3 +160,99 @@ def test_caching_off_allocates_outside_the_pool_like_native():
     print(json.dumps({"off": off, "on": on, "tensor": off_tensor}))
     """)
     assert native == ours == {"off": 0, "on": 1 << 20, "tensor": 3000.0}
+
+
+# A MemPool's own allocator, in C with no CUDA headers: the driver's cuMemAlloc / cuMemFree
+# (looked up at run time, so the build needs only a C compiler), counting its calls.
+_COUNTING_ALLOCATOR_C = r"""
+#include <dlfcn.h>
+#include <stddef.h>
+typedef int (*mem_alloc_fn)(unsigned long long*, size_t);
+typedef int (*mem_free_fn)(unsigned long long);
+int allocs = 0, frees = 0;
+static mem_alloc_fn mem_alloc;
+static mem_free_fn mem_free;
+static void load(void) {
+  if (mem_alloc) return;
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW);
+  mem_alloc = (mem_alloc_fn)dlsym(driver, "cuMemAlloc_v2");
+  mem_free = (mem_free_fn)dlsym(driver, "cuMemFree_v2");
+}
+void* counted_alloc(size_t size, int device, void* stream) {
+  unsigned long long ptr = 0;
+  load();
+  if (mem_alloc(&ptr, size) != 0) return NULL;
+  allocs++;
+  return (void*)ptr;
+}
+void counted_free(void* ptr, size_t size, int device, void* stream) {
+  load();
+  mem_free((unsigned long long)ptr);
+  frees++;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def counting_allocator(tmp_path_factory):
+    import subprocess
+
+    folder = tmp_path_factory.mktemp("allocator")
+    source = folder / "counting.c"
+    source.write_text(_COUNTING_ALLOCATOR_C)
+    library = folder / "libcounting.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(source), "-ldl"], check=True)
+    return str(library)
+
+
+def test_mempool_with_its_own_allocator_caches_its_segments_like_native(counting_allocator):
+    # Note [External pool allocators]: X is called when the pool grows, its segments are the
+    # device's (budget, reserved), and a use_on_oom pool lends its cache to the device pool.
+    native, ours = _both(f"""
+    import ctypes
+    path = {counting_allocator!r}
+    lib = ctypes.CDLL(path)
+    allocs, frees = (ctypes.c_int.in_dll(lib, name) for name in ("allocs", "frees"))
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "counted_alloc", "counted_free")
+    MiB = 1 << 20
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_reserved()
+    pool = torch.cuda.MemPool(allocator.allocator())
+    with torch.cuda.use_mem_pool(pool):
+        for _ in range(10):
+            x = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")
+            del x
+        y = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")
+    churn_calls = allocs.value
+    reserved_grew = torch.cuda.memory_reserved() - base >= 4 * MiB
+    del pool  # released; y still lives
+    frees_while_live = frees.value
+    del y
+    torch.cuda.empty_cache()
+    frees_after_empty = frees.value
+
+    # the budget counts X's segments, and a use_on_oom pool lends its cached block
+    torch.cuda.empty_cache()
+    total = torch.cuda.mem_get_info()[1]
+    torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved() + 64 * MiB) / total)
+    lender = torch.cuda.MemPool(allocator.allocator(), use_on_oom=True)
+    with torch.cuda.use_mem_pool(lender):
+        a = torch.empty(48 * MiB, dtype=torch.uint8, device="cuda")
+    a_ptr = a.data_ptr()
+    del a
+    b = torch.empty(32 * MiB, dtype=torch.uint8, device="cuda")  # over the budget: borrowed
+    borrowed = b.data_ptr() == a_ptr
+    try:
+        c = torch.empty(32 * MiB, dtype=torch.uint8, device="cuda")
+        second_oom = False
+    except torch.OutOfMemoryError:
+        second_oom = True
+    del b
+    torch.cuda.set_per_process_memory_fraction(1.0)
+    print(json.dumps({{"churn_calls": churn_calls, "reserved_grew": reserved_grew,
+                      "frees_while_live": frees_while_live, "frees_after_empty": frees_after_empty,
+                      "borrowed": borrowed, "second_oom": second_oom}}))
+    """)
+    assert native == ours
+    assert ours == {"churn_calls": 1, "reserved_grew": True, "frees_while_live": 0, "frees_after_empty": 1,
+                    "borrowed": True, "second_oom": True}

@@ -44,31 +44,52 @@ def test_cublas_threads_freeing_default_stream_tensors_under_a_tight_budget():
         import threading, torch, torchmem
         # 4 cuBLAS workspaces (32 MiB each) + 4 x (result, mm output, 7.5 MiB junk)
         torchmem.install(limit="256MiB", stitch_above=0.0)
-        size, threads, iters = 1024, 4, 60
+        size, threads, iters, trials = 1024, 4, 60, 3
         weight = torch.ones((size, size), device="cuda")
-        # One stream per thread for all trials: cuBLAS keeps a workspace per (handle, stream)
-        # for the life of the process, so fresh streams each trial would need 12 of them.
+        # The same threads and streams for every trial: cuBLAS keeps a workspace per
+        # (handle, stream) for the life of the process, and a new thread may be handed
+        # another thread's handle, so fresh threads could need 16 workspaces (512 MiB).
         streams = [torch.cuda.Stream() for _ in range(threads)]
-        for trial in range(3):
-            results = {t: torch.ones((size, size), device="cuda") for t in range(threads)}
-            barrier = threading.Barrier(threads)
-            def work(t):
-                stream = streams[t]
-                torch.cuda.synchronize()
-                barrier.wait()
-                with torch.cuda.stream(stream):
-                    for _ in range(iters):
-                        # frees, on this stream, tensors allocated on the default one
-                        results[t] = torch.mm(results[t], weight)
-                        results[t].div_(float(size))
-                        junk = torch.empty(int(7.5 * (1 << 20)), dtype=torch.uint8, device="cuda")
-                        del junk
-                torch.cuda.synchronize()
-            pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
-            for th in pool: th.start()
-            for th in pool: th.join()
+        results = {}
+        errors = []
+        start = threading.Barrier(threads + 1, timeout=120)
+        done = threading.Barrier(threads + 1, timeout=120)
+
+        def work(t):
+            try:
+                for _ in range(trials):
+                    start.wait()
+                    with torch.cuda.stream(streams[t]):
+                        for _ in range(iters):
+                            # frees, on this stream, tensors allocated on the default one
+                            results[t] = torch.mm(results[t], weight)
+                            results[t].div_(float(size))
+                            junk = torch.empty(int(7.5 * (1 << 20)), dtype=torch.uint8, device="cuda")
+                            del junk
+                    torch.cuda.synchronize()
+                    done.wait()
+            except threading.BrokenBarrierError:
+                pass
+            except BaseException as error:  # an OOM or a fault: the test must fail, not hang
+                errors.append(repr(error))
+                start.abort()
+                done.abort()
+
+        pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+        for th in pool: th.start()
+        for trial in range(trials):
+            for t in range(threads):
+                results[t] = torch.ones((size, size), device="cuda")
+            torch.cuda.synchronize()
+            try:
+                start.wait()
+                done.wait()
+            except threading.BrokenBarrierError:
+                break
             for t in range(threads):
                 assert torch.equal(results[t].sum().cpu(), torch.tensor(float(size * size))), (trial, t)
+        for th in pool: th.join()
+        assert not errors, errors
         stats = torchmem.memory_stats()
         print("reclaims", stats["torchmem.num_reclaims"], "syncs", stats["torchmem.backend.device_sync_calls"])
     """))

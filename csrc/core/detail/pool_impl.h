@@ -12,6 +12,8 @@
 //   detail/inspect.cpp   check_invariants, snapshot, largest free block
 #pragma once
 
+#include <atomic>
+
 #include <cstddef>
 #include <cstdio>
 #include <cstdint>
@@ -230,6 +232,8 @@ struct Pool::Impl {
   const std::size_t gran;
   const unsigned gran_shift;  // log2(gran)
   std::size_t capacity = 0;      // device total at construction
+  // Note [Foreign bytes] (pool.h): held outside this pool, counted in its budget.
+  std::atomic<std::size_t> foreign_bytes{0};
   std::size_t virtual_span = 0;  // per heap (VMM)
   bool checks = false;
 
