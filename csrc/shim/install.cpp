@@ -62,20 +62,29 @@ class TorchmemAllocator final : public CUDAPluggableAllocator {
  public:
   using CUDAPluggableAllocator::CUDAPluggableAllocator;
 
+  // Note [Zero bytes, no block] As PyTorch's allocator: a 0-byte request gets a
+  // null pointer and touches no pool (an empty tensor holds no memory; inside a
+  // MemPool(allocator=X) it must not make X grow). The extern "C" exports, which
+  // torch's base CUDAPluggableAllocator calls, still get a block (Note
+  // [Zero-size requests], runtime.cpp): its bookkeeping is keyed by pointer.
   c10::DataPtr allocate(size_t size) override {
     const c10::DeviceIndex device = c10::cuda::current_device();
+    const c10::Device where(c10::DeviceType::CUDA, device);
+    if (size == 0) return {nullptr, nullptr, &delete_tagged_block, where};  // never deleted: null context
     void* ptr = allocate_or_throw(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
-    return {ptr, tag_with_device(ptr, device), &delete_tagged_block, c10::Device(c10::DeviceType::CUDA, device)};
+    return {ptr, tag_with_device(ptr, device), &delete_tagged_block, where};
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &delete_tagged_block; }
 
   void* raw_alloc(size_t size) override {
+    if (size == 0) return nullptr;  // Note [Zero bytes, no block]
     const c10::DeviceIndex device = c10::cuda::current_device();
     return allocate_or_throw(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
   }
 
   void* raw_alloc_with_stream(size_t size, cudaStream_t stream) override {
+    if (size == 0) return nullptr;  // Note [Zero bytes, no block]
     return allocate_or_throw(size, c10::cuda::current_device(), stream);
   }
 

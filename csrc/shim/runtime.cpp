@@ -510,6 +510,7 @@ void delete_tagged_block(void* context) noexcept {
 std::uint64_t failed_deleter_frees() { return failed_deleter_free_count.load(std::memory_order_relaxed); }
 
 void record_stream(void* ptr, CudaStream stream) {
+  if (ptr == nullptr) return;  // a 0-byte tensor holds no block (Note [Zero bytes, no block], install.cpp)
   if (is_external_block(ptr)) return;  // the user's allocator frees at once; no stream to track
   // The hook gets no device: the pool that owns the block takes the stream.
   existing_state(owning_device(ptr))->pool->record_stream(reinterpret_cast<Addr>(ptr),

@@ -367,10 +367,13 @@ def test_zero_size_tensors():
     proc = run(
         """
         torchmem.install()
+        before = torch.cuda.memory_allocated()
         empties = [torch.empty(0, device="cuda") for _ in range(100)]
-        # torch may skip the allocator for 0 bytes (null data pointers) or ask for
-        # 0 bytes (torchmem serves a minimum block): either way they must work.
-        assert all(e.numel() == 0 for e in empties)
+        # As PyTorch's allocator: 0 bytes take no block (a null data pointer)
+        assert all(e.numel() == 0 and e.data_ptr() == 0 for e in empties)
+        assert torch.cuda.memory_allocated() == before
+        assert torch.cuda.caching_allocator_alloc(0) == 0
+        empties[0].record_stream(torch.cuda.Stream())  # no block, nothing to track
         a = torch.zeros(0, 5, device="cuda")
         b = a @ torch.zeros(5, 3, device="cuda")
         assert b.shape == (0, 3)
