@@ -14,7 +14,11 @@
 // create a private pool), never the other way round; the parked-blocks mutex
 // and the external-blocks mutex (Note [External pool allocators]) are leaves.
 // No lock is held while user code runs (the OOM callback, torch's OOM
-// observers, the context provider and a MemPool's own allocator).
+// observers, the context provider), except a MemPool's own allocator X: its
+// pool (Note [External pool allocators]) calls X under that pool's mutex, and
+// asks the device pool's usage there (external pool -> device pool, never the
+// reverse), as PyTorch calls a pool's allocator under its own lock. An X that
+// allocates through torchmem is routed to the device pool, never to itself.
 #pragma once
 
 #include <cstddef>
