@@ -192,6 +192,43 @@ def test_foreign_bytes_do_not_matter_without_a_limit():
     pool.check_invariants()
 
 
+def _device_shared_with_a_neighbour():
+    # No limit: the budget is the device's 1 GiB, of which another pool (process) holds 400 MiB
+    sim = _C.SimBackend(capacity=1 << 30, vmm=True)
+    pool = _C.Pool(sim, dict(stitch_above=0.0, run_below=0.0))
+    neighbour = _C.Pool(sim, dict(run_below=0.0))
+    return sim, pool, neighbour, neighbour.allocate(400 * MiB)
+
+
+def test_a_request_the_device_cannot_back_fails_before_creating_granules():
+    # Note [Device room]: the budget has room for 400 MiB more, the device only 324 MiB
+    sim, pool, neighbour, other = _device_shared_with_a_neighbour()
+    a = pool.allocate(300 * MiB)
+    before = dict(sim.counters())
+    assert pool.allocate(400 * MiB) == 0
+    after = sim.counters()
+    assert after["create_calls"] == before["create_calls"]  # nothing created only to be given back
+    assert after["release_calls"] == before["release_calls"]
+    assert pool.stats()["num_ooms"] == 1
+    b = pool.allocate(300 * MiB)  # what the device can back still comes
+    assert b
+    for addr in (a, b):
+        pool.free(addr)
+    neighbour.free(other)
+    pool.check_invariants()
+
+
+def test_a_device_short_of_room_is_covered_by_stitching_the_cache():
+    sim, pool, neighbour, other = _device_shared_with_a_neighbour()
+    pool.free(pool.allocate(300 * MiB))  # 300 MiB cached, 324 MiB left on the device
+    b = pool.allocate(400 * MiB)  # 200 granules: the device's 162 are not enough alone
+    assert b and pool.stats()["num_ooms"] == 0
+    assert sim.device_used() <= 1 << 30
+    pool.free(b)
+    neighbour.free(other)
+    pool.check_invariants()
+
+
 def test_oom_is_recorded_in_the_trace():
     _, pool = make(limit=4 * MiB, trace_capacity=16)
     assert pool.allocate(8 * MiB, stream=3, context=42) == 0

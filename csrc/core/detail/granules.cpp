@@ -259,6 +259,16 @@ void Pool::Impl::unmap_granules(std::vector<GranuleRef>& refs, std::vector<Granu
   }
 }
 
+// Note [Device room] A request that misses many granules asks the device how
+// much it can still give (one cuMemGetInfo, against the creation of 32+
+// handles). Without it, a request the device cannot back (the pool holds 70
+// GB of an H200 and asks for 70 GB more; a batch-size probe that does not
+// fit) created every granule the device had left, ~35,000, only to release
+// them all: 3.5 s for the OOM where PyTorch's allocator answers in 0.07 s
+// (BENCHMARKS.md section 12, test_out_of_memory_retry). The device's free
+// memory then bounds creation like the budget does, so the request stitches
+// what it must or fails before creating anything. Smaller requests find out
+// by trying: each failed creation costs one call.
 double Pool::Impl::create_ceiling(std::size_t request) const {
   const double slack_cap = (1.0 + config.reclaim_slack) * double(active_total + request);
   const double roomy_cap = config.stitch_above * double(budget());
@@ -273,7 +283,13 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
   // (Note [Pending unmaps]); the caller looked for a fit that avoids it first.
   if (heap.stale && pending_blocks(heap, addr, size) && !device_barrier()) return false;
   const std::size_t limit = budget();
-  std::size_t room = held < limit ? (limit - held) / gran : 0;
+  // Note [Device room]: granules the budget and, for a large request, the device can still give.
+  auto creatable = [&]() {
+    std::size_t granules = held < limit ? (limit - held) / gran : 0;
+    if (missing >= kDeviceRoomProbe) granules = std::min(granules, backend.mem_info().free_bytes / gran);
+    return granules;
+  };
+  std::size_t room = creatable();
   // Note [Run handles] (runs.cpp): far from the device's capacity, one handle per hole.
   if (heap.pool == 0 && config.limit_bytes == 0 && room >= missing && config.run_below > 0.0) {
     const double after = double(held + missing * gran);
@@ -284,9 +300,10 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
   }
   std::vector<GranuleRef> victims, aliases;
   if (room < missing) {
-    // Creating alone cannot cover the request, so at least missing - room
-    // granules are stitched whatever is created: take them first, and give up
-    // before creating anything if they are not there (Note [OOM ladder]).
+    // Creating alone cannot cover the request (the budget or the device is
+    // short), so at least missing - room granules are stitched whatever is
+    // created: take them first, and give up before creating anything if they
+    // are not there (Note [OOM ladder], Note [Device room]).
     victims = pop_reclaimable(missing - room, slot_for(stream));
     if (config.alias_reclaim && room + victims.size() < missing) {
       aliases = pop_aliasable(slot_for(stream), missing - room - victims.size());
@@ -296,7 +313,7 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
         release_free_runs((missing - room - found) * gran, /*all_or_nothing=*/true) > 0) {
       // Whole free runs behind the barrier went back (Note [Run handles]);
       // their room is created again granule by granule below.
-      room = held < limit ? (limit - held) / gran : 0;
+      room = creatable();
     }
     if (room + victims.size() + aliases.size() < missing) {
       unpop_granules(aliases);

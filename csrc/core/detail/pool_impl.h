@@ -37,6 +37,10 @@ namespace torchmem {
 // PoolError naming the field. Defined in config_check.cpp.
 void validate_config(const PoolConfig& c, Backend& backend, std::size_t capacity);
 
+// Note [Device room] (granules.cpp): requests missing this many granules or
+// more ask the device for its free memory before creating any.
+constexpr std::size_t kDeviceRoomProbe = 32;
+
 struct Pool::Impl {
   Impl(Backend& backend, PoolConfig& config);
   ~Impl();
