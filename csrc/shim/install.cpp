@@ -3,11 +3,12 @@
 // Why C++ and not torch.cuda.memory.CUDAPluggableAllocator from Python: the pool
 // hooks (begin/end allocate to pool, release pool) take std::function and
 // std::pair by value, which a plain C function address from ctypes cannot
-// provide; from here every hook is a lambda built with torch's own ABI. This
-// and checkpoint.cpp are the only files that include torch's allocator headers
-// (each costs ~1 minute to compile). It also answers torch's stats and
-// cacheInfo queries (Note [Answering torch's own queries]) and forwards CUDA
-// graph trees' checkpoint calls to checkpoint.cpp.
+// provide; from here every hook is a lambda built with torch's own ABI. This,
+// checkpoint.cpp and torch_history.cpp are the only files that include torch's
+// allocator headers (each costs ~1 minute to compile). It also answers torch's
+// stats and cacheInfo queries (Note [Answering torch's own queries]) and
+// forwards CUDA graph trees' checkpoint calls to checkpoint.cpp and torch's C++
+// history and snapshot to torch_history.cpp.
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -24,6 +25,7 @@
 
 #include "shim/checkpoint.h"
 #include "shim/runtime.h"
+#include "shim/torch_history.h"
 
 namespace torchmem::shim {
 
@@ -38,9 +40,11 @@ std::mutex install_mutex;
 // max_entries (SIZE_MAX) would ask for an unbounded ring.
 constexpr size_t kMaxTraceEntries = size_t{1} << 20;
 
-void follow_history(bool enabled, size_t max_entries, bool clear_history) {
+void follow_torch_history(bool enabled, TorchRecorder recorder, size_t max_entries, TorchRecordContext when,
+                          bool clear_history) {
   set_trace_capacity(enabled ? std::clamp<size_t>(max_entries, 1, kMaxTraceEntries) : 0);
   if (clear_history) clear_trace();
+  follow_torch_recorder(enabled ? recorder : nullptr, when);
 }
 
 // Note [Answering torch's own queries] CUDAPluggableAllocator raises on
@@ -124,25 +128,30 @@ class TorchmemAllocator final : public CUDAPluggableAllocator {
     return out;
   }
 
-  // torch._C._cuda_record_memory_history, reached when torch.cuda.memory is not
-  // patched (install(patch_torch=False)): torchmem's trace ring follows it,
-  // events only (torch's context recorder gathers C++/Python frames torchmem
-  // does not store; the patched function records Python stacks). No
+  // torch's C++ history (torch::cuda::_record_memory_history, and
+  // torch._C._cuda_record_memory_history when torch.cuda.memory is not patched:
+  // install(patch_torch=False)): torchmem's trace ring follows it, and torch's
+  // context recorder runs for each allocation (Note [Torch's recorder],
+  // torch_history.cpp), so snapshot() below gives torch's own frames. No
   // `override`: the parameter list differs between torch versions.
-  void recordHistory(bool enabled, c10::cuda::CUDACachingAllocator::CreateContextFn /*recorder*/,
-                     size_t max_entries, c10::cuda::CUDACachingAllocator::RecordContext /*when*/,
+  void recordHistory(bool enabled, TorchRecorder recorder, size_t max_entries, TorchRecordContext when,
                      bool clear_history, const std::vector<std::string>& /*skip_actions*/) {
-    follow_history(enabled, max_entries, clear_history);
+    follow_torch_history(enabled, recorder, max_entries, when, clear_history);
   }
-  void recordHistory(bool enabled, c10::cuda::CUDACachingAllocator::CreateContextFn /*recorder*/,
-                     size_t max_entries, c10::cuda::CUDACachingAllocator::RecordContext /*when*/,
+  void recordHistory(bool enabled, TorchRecorder recorder, size_t max_entries, TorchRecordContext when,
                      bool clear_history) {
-    follow_history(enabled, max_entries, clear_history);
+    follow_torch_history(enabled, recorder, max_entries, when, clear_history);
   }
-  void recordHistory(bool enabled, c10::cuda::CUDACachingAllocator::CreateContextFn /*recorder*/,
-                     size_t max_entries, c10::cuda::CUDACachingAllocator::RecordContext /*when*/) {
-    follow_history(enabled, max_entries, false);
+  void recordHistory(bool enabled, TorchRecorder recorder, size_t max_entries, TorchRecordContext when) {
+    follow_torch_history(enabled, recorder, max_entries, when, false);
   }
+
+  // torch::cuda::_memory_snapshot_pickled and torch._C._cuda_memorySnapshot
+  // (torch_history.cpp). No `override`: older torch's takes no pool id.
+  TorchSnapshot snapshot(c10::cuda::MempoolId_t mempool_id) {
+    return torch_snapshot(MempoolKey(mempool_id.first, mempool_id.second));
+  }
+  TorchSnapshot snapshot() { return torch_snapshot(MempoolKey(0, 0)); }
 
   // Note [Compile context] (runtime.h). No `override`: older torch lacks them.
   void pushCompileContext(std::string& md) { push_compile_context(md); }

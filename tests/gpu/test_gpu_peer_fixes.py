@@ -5,6 +5,7 @@ reusing their own frees, per_process_memory_fraction from PYTORCH_CUDA_ALLOC_CON
 and one segment per growth in snapshots."""
 
 import os
+import textwrap
 
 import pytest
 
@@ -257,3 +258,30 @@ def test_mempool_with_its_own_allocator_caches_its_segments_like_native(counting
     assert native == ours
     assert ours == {"churn_calls": 1, "reserved_grew": True, "frees_while_live": 0, "frees_after_empty": 1,
                     "borrowed": True, "second_oom": True}
+
+
+def test_torchs_cpp_history_and_snapshot_give_torchs_frames():
+    # Note [Torch's recorder]: with torch.cuda.memory left unpatched, _record_memory_history and
+    # _snapshot are torch's own C++ (recordHistory with torch's recorder, then snapshot()), as a
+    # C++ user's torch::cuda::_record_memory_history / _memory_snapshot_pickled are.
+    body = """
+    torch.cuda.memory._record_memory_history("all", stacks="all")
+    def make_it():
+        return torch.rand(311, 411, device="cuda")
+    x = make_it()
+    snapshot = torch.cuda.memory._snapshot()
+    blocks = [b for s in snapshot["segments"] for b in s["blocks"]
+              if b["state"] == "active_allocated" and b["requested_size"] == 311 * 411 * 4]
+    frames = str(blocks[0]["frames"]) if blocks else ""
+    trace = snapshot["device_traces"][torch.cuda.current_device()]
+    allocs = [e for e in trace if e["action"] == "alloc" and e["size"] == 311 * 411 * 4]
+    torch.cuda.memory._record_memory_history(None)
+    print(json.dumps({"found": len(blocks) == 1, "cpp": "::rand" in frames, "py": "make_it" in frames,
+                      "traced": len(allocs) == 1, "trace_frames": bool(allocs and allocs[0]["frames"]),
+                      "pool_ids": sorted({tuple(s["segment_pool_id"]) for s in snapshot["segments"]})}))
+    """
+    native = _run("native", body)
+    ours = _run("native", "import torchmem\ntorchmem.install(patch_torch=False, warn_unsupported=False)\n"
+                + textwrap.dedent(body))
+    assert native == ours
+    assert ours["found"] and ours["cpp"] and ours["py"] and ours["traced"] and ours["trace_frames"]

@@ -1,0 +1,217 @@
+// torch_history.cpp: torch's recorder and C++ snapshot over torchmem's pools
+// (see the header).
+//
+// Note [Torch's recorder] torch::cuda::_record_memory_history passes the
+// allocator a function that gathers the calling thread's Python, TorchScript
+// and (with stacks "all") C++ frames into a CapturedTraceback. torchmem's
+// pools store a 64-bit context per block and trace entry, so the recorder runs
+// as the runtime's context provider: each context it returns is kept in a
+// table under a fresh id with kTorchContextFlag set (apart from the Python
+// provider's ids: torchmem/stacks.py), and torch_snapshot() hands the
+// contexts back in torch's structs, where torch symbolizes them itself. Ids
+// are never reused. The table is pruned like the Python side's C++ stacks:
+// past its threshold, every id no live block and no trace entry of any device
+// names is dropped (but the newest kKeepNewest, which an allocation on another
+// thread may hold before its block exists), and the threshold becomes twice
+// what is left.
+#include "shim/torch_history.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace torchmem::shim {
+
+namespace {
+
+using TorchContext = std::shared_ptr<c10::GatheredContext>;
+// torch's structs, by what SnapshotInfo holds: their namespace moved between
+// torch versions (c10::cuda::CUDACachingAllocator, c10::CachingDeviceAllocator).
+using TorchSegment = decltype(TorchSnapshot::segments)::value_type;
+using TorchBlock = decltype(TorchSegment::blocks)::value_type;
+using TorchTrace = decltype(TorchSnapshot::device_traces)::value_type::value_type;
+
+constexpr std::uint64_t kTorchContextFlag = std::uint64_t{1} << 61;
+constexpr std::uint64_t kKeepNewest = 1024;
+constexpr std::size_t kFirstPruneAt = std::size_t{1} << 16;
+
+struct RecorderState {
+  std::mutex mutex;  // a leaf: held for table work only, never while calling torch or a pool
+  TorchRecorder recorder = nullptr;
+  TorchRecordContext when = TorchRecordContext::NEVER;
+  std::unordered_map<std::uint64_t, TorchContext> contexts;
+  std::uint64_t next = 1;
+  std::size_t prune_at = kFirstPruneAt;
+};
+
+RecorderState& recorder_state() {
+  static RecorderState* state = new RecorderState();  // never destroyed: frees may come at shutdown
+  return *state;
+}
+
+// Every context id a live block or a trace entry of any device's pool names.
+std::unordered_set<std::uint64_t> referenced_contexts() {
+  std::unordered_set<std::uint64_t> ids;
+  for (int device : devices()) {
+    const PoolSnapshot snapshot = device_pool(device).snapshot();
+    for (const auto& segment : snapshot.segments) {
+      for (const auto& block : segment.blocks) ids.insert(block.context);
+    }
+    for (const auto& entry : snapshot.trace) ids.insert(entry.context);
+  }
+  return ids;
+}
+
+void prune_contexts() {
+  const std::unordered_set<std::uint64_t> referenced = referenced_contexts();  // no table lock: takes pool locks
+  RecorderState& state = recorder_state();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  const std::uint64_t newest = kTorchContextFlag | (state.next > kKeepNewest ? state.next - kKeepNewest : 1);
+  for (auto it = state.contexts.begin(); it != state.contexts.end();) {
+    it = (it->first < newest && !referenced.count(it->first)) ? state.contexts.erase(it) : std::next(it);
+  }
+  state.prune_at = std::max(kFirstPruneAt, 2 * state.contexts.size());
+}
+
+// The context provider while torch's recorder is followed (called with no torchmem lock held).
+std::uint64_t record_torch_context() {
+  RecorderState& state = recorder_state();
+  TorchRecorder recorder = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(state.mutex);
+    recorder = state.recorder;
+  }
+  if (recorder == nullptr) return 0;
+  TorchContext context = recorder();
+  if (!context) return 0;
+  std::uint64_t id = 0;
+  bool due = false;
+  {
+    std::lock_guard<std::mutex> lock(state.mutex);
+    id = kTorchContextFlag | state.next++;
+    state.contexts.emplace(id, std::move(context));
+    due = state.contexts.size() > state.prune_at;
+  }
+  if (due) prune_contexts();
+  return id;
+}
+
+TorchContext context_for(std::uint64_t id) {
+  if ((id & kTorchContextFlag) == 0) return nullptr;  // none, or the Python provider's
+  RecorderState& state = recorder_state();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  auto found = state.contexts.find(id);
+  return found == state.contexts.end() ? nullptr : found->second;
+}
+
+TorchTrace::Action torch_action(TraceAction action, bool vmm) {
+  switch (action) {
+    case TraceAction::kAlloc: return TorchTrace::ALLOC;
+    case TraceAction::kFreeRequested: return TorchTrace::FREE_REQUESTED;
+    case TraceAction::kFreeCompleted: return TorchTrace::FREE_COMPLETED;
+    // mapped granules read as torch's expandable segments do (torchmem/snapshot_format.py)
+    case TraceAction::kSegmentMap: return vmm ? TorchTrace::SEGMENT_MAP : TorchTrace::SEGMENT_ALLOC;
+    case TraceAction::kSegmentUnmap: return vmm ? TorchTrace::SEGMENT_UNMAP : TorchTrace::SEGMENT_FREE;
+    case TraceAction::kOom: return TorchTrace::OOM;
+  }
+  return TorchTrace::ALLOC;
+}
+
+c10::cuda::MempoolId_t torch_key(MempoolKey key) { return {key.first, key.second}; }
+
+}  // namespace
+
+void follow_torch_recorder(TorchRecorder recorder, TorchRecordContext when) {
+  const bool recording = recorder != nullptr && when != TorchRecordContext::NEVER;
+  {
+    RecorderState& state = recorder_state();
+    std::lock_guard<std::mutex> lock(state.mutex);
+    state.recorder = recording ? recorder : nullptr;
+    state.when = recording ? when : TorchRecordContext::NEVER;
+  }
+  set_context_provider(recording ? ContextProvider(&record_torch_context) : ContextProvider());
+  set_free_context(recording && when == TorchRecordContext::ALL);
+}
+
+TorchSnapshot torch_snapshot(MempoolKey key) {
+  TorchRecordContext when = TorchRecordContext::NEVER;
+  {
+    RecorderState& state = recorder_state();
+    std::lock_guard<std::mutex> lock(state.mutex);
+    when = state.when;
+  }
+  // As torch's: trace entries carry stacks only when it records them for allocations too.
+  const bool trace_contexts = when == TorchRecordContext::ALLOC || when == TorchRecordContext::ALL;
+  const bool only_one_pool = key != MempoolKey(0, 0);
+  TorchSnapshot out;
+  for (int device : devices()) {
+    const bool vmm = backend_name(device) == "vmm";
+    // torch names private pools by its own keys; blocks parked for a pool's graphs are free to torch
+    std::unordered_map<PoolId, MempoolKey> keys;
+    std::unordered_set<Addr> parked;
+    for (MempoolKey pool_key : private_pool_keys(device)) {
+      PrivateBlocks blocks = private_blocks(device, pool_key);
+      if (blocks.pool == 0) continue;
+      keys.emplace(blocks.pool, pool_key);
+      parked.insert(blocks.parked.begin(), blocks.parked.end());
+    }
+    const PoolSnapshot snapshot = device_pool(device).snapshot();
+    for (const auto& segment : snapshot.segments) {
+      auto owner = keys.find(segment.pool);
+      const MempoolKey owner_key = owner == keys.end() ? MempoolKey(0, 0) : owner->second;
+      if (only_one_pool && owner_key != key) continue;
+      TorchSegment info;
+      info.device = static_cast<c10::DeviceIndex>(device);
+      info.address = static_cast<size_t>(segment.addr);
+      info.total_size = segment.size;
+      info.stream = reinterpret_cast<void*>(segment.stream);
+      info.is_large = !segment.small_heap;
+      info.is_expandable = vmm;
+      info.owner_private_pool_id = torch_key(owner_key);
+      for (const auto& block : segment.blocks) {
+        const bool is_parked = parked.count(block.addr) != 0;
+        TorchBlock b;
+        b.size = block.size;
+        b.requested_size = std::min(block.requested, block.size);
+        b.allocated = block.state == BlockState::kAllocated && !is_parked;
+        b.active = block.state != BlockState::kInactive && !is_parked;
+        if (b.allocated) {
+          b.context_when_allocated = context_for(block.context);
+          info.allocated_size += block.size;
+          info.requested_size += b.requested_size;
+        }
+        if (b.active) info.active_size += block.size;
+        info.blocks.push_back(std::move(b));
+      }
+      out.segments.push_back(std::move(info));
+    }
+    std::vector<TorchTrace> trace;
+    trace.reserve(snapshot.trace.size());
+    for (const auto& entry : snapshot.trace) {
+      if (only_one_pool) {
+        auto owner = keys.find(entry.pool);
+        if (owner == keys.end() || owner->second != key) continue;
+      }
+      auto owner = keys.find(entry.pool);
+      TorchTrace te(torch_action(entry.action, vmm), static_cast<c10::DeviceIndex>(device),
+                    static_cast<size_t>(entry.addr), entry.size, reinterpret_cast<void*>(entry.stream),
+                    torch_key(owner == keys.end() ? MempoolKey(0, 0) : owner->second), c10::approx_time_t{0},
+                    trace_contexts ? context_for(entry.context) : nullptr);
+      // torch reads time_.t_ once the allocator converted its clock; the pool has no clock,
+      // and its operation sequence orders events the same way (torchmem/snapshot_format.py).
+      te.time_.t_ = static_cast<time_t>(entry.sequence);
+      trace.push_back(std::move(te));
+    }
+    // torch indexes device_traces by device
+    if (out.device_traces.size() <= static_cast<size_t>(device)) out.device_traces.resize(device + 1);
+    out.device_traces[device] = std::move(trace);
+  }
+  return out;
+}
+
+}  // namespace torchmem::shim
