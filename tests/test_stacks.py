@@ -23,6 +23,65 @@ def test_stacks_all_records_python_and_cpp_frames():
     assert stacks.stack_frames(stack_id) == frames  # symbolized once, kept
 
 
+def _runtime():
+    from torchmem._loader import extension
+
+    return extension()
+
+
+@pytest.fixture
+def runtime(monkeypatch):
+    # record_history drives the installed allocator's runtime; nothing here touches CUDA,
+    # so the runtime stands in for an installed allocator on a machine without a GPU
+    from torchmem import stats
+
+    monkeypatch.setattr(stats, "_runtime", _runtime)
+    return _runtime()
+
+
+def _gathered_in_cpp():
+    return _runtime().runtime_provider_context_now()  # what an allocation would be given
+
+
+def test_the_installed_allocators_stacks_all_are_gathered_in_cpp(runtime):
+    # Note [Torch's recorder]: record_history(stacks="all") makes the runtime gather in C++
+    torchmem.record_history(stacks="all", max_entries=16)
+    try:
+        stack_id = _gathered_in_cpp()
+    finally:
+        torchmem.record_history(enabled=False)
+    assert stack_id & runtime.runtime_torch_context_flag() and not stack_id & stacks.CPP_FLAG
+    assert runtime.runtime_provider_context_now() == 0  # history off: no provider
+    frames = stacks.stack_frames(stack_id)
+    names = " ".join(f["name"] for f in frames)
+    assert "_gathered_in_cpp" in names                # the Python frame
+    assert "record_torch_context" in names            # and the C++ ones, from inside the runtime
+    assert stacks.compile_context(stack_id) == stacks.NO_COMPILE_CONTEXT
+    symbolized = runtime.runtime_symbolize_torch_contexts([stack_id, runtime.runtime_torch_context_flag() | (1 << 40)])
+    assert symbolized[1] == []  # an id the table never held: no frames
+
+
+def test_gathered_stacks_keep_their_compile_context(runtime):
+    torchmem.record_history(stacks="all", max_entries=16, compile_context=True)
+    runtime.runtime_push_compile_context("Torch-Compiled Region: 0/0")
+    try:
+        inside = _gathered_in_cpp()
+    finally:
+        runtime.runtime_pop_compile_context()
+        torchmem.record_history(enabled=False)
+    assert stacks.compile_context(inside) == "Torch-Compiled Region: 0/0"
+
+
+def test_python_stacks_still_come_from_the_python_provider(runtime):
+    torchmem.record_history(stacks="python", max_entries=16)
+    try:
+        stack_id = _gathered_in_cpp()
+    finally:
+        torchmem.record_history(enabled=False)
+    assert stack_id and not stack_id & runtime.runtime_torch_context_flag()
+    assert "_gathered_in_cpp" in str(stacks.stack_frames(stack_id))
+
+
 def test_cpp_stacks_show_in_a_snapshot_of_the_blocks_that_hold_them():
     pool = make_pool()
     addr = pool.allocate(3 * MiB, 0, 0, _rand_like_frame())

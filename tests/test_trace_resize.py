@@ -83,6 +83,9 @@ def test_a_free_and_a_release_carry_their_own_context():
     assert pool.check_invariants() is None
 
 
+CPP_GATHERER = "the runtime's C++ gatherer"
+
+
 class _FakeRuntime:
     """Records what record_history() asks of the installed runtime."""
 
@@ -111,6 +114,12 @@ class _FakeRuntime:
     def runtime_set_context_provider(self, provider):
         self.provider = provider
 
+    def runtime_record_torch_stacks(self, enabled, free_stacks, compile_contexts):
+        # stacks="all": the runtime gathers in C++ and becomes its own provider (Note [Torch's recorder])
+        if enabled:
+            self.provider = CPP_GATHERER
+            self.free_context = free_stacks
+
     def runtime_set_compile_context_recording(self, enabled):
         self.compile_contexts = enabled
 
@@ -136,7 +145,7 @@ def test_torch_modes_map_onto_ring_and_stacks(runtime):
     snapshot = sys.modules["torchmem.snapshot"]
     stacks = sys.modules["torchmem.stacks"]
     _torch_history(max_entries=1000)  # torch's defaults: enabled="all", context="all", stacks="all"
-    assert runtime.capacity == 1000 and runtime.provider is stacks.capture_stack_with_cpp
+    assert runtime.capacity == 1000 and runtime.provider == CPP_GATHERER
     _torch_history(max_entries=1000, stacks="python")
     assert runtime.capacity == 1000 and runtime.provider is snapshot.capture_stack
     _torch_history(enabled="state", stacks="python")  # stacks of live blocks, no events

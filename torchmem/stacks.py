@@ -9,7 +9,18 @@ back into frames (and compile contexts). Two providers exist, one per torch
 - capture_stack(): Python frames only (stacks="python"), deduplicated in a
   table (Note [Stack table]);
 - capture_stack_with_cpp(): Python, TorchScript and C++ frames (stacks="all",
-  torch's default), one CapturedTraceback per call (Note [C++ stacks]).
+  torch's default), one CapturedTraceback per call (Note [C++ stacks]), for
+  simulated pools and replays. The installed allocator gathers the same
+  frames in C++ instead, before any Python runs, as PyTorch's allocator does
+  (Note [Torch's recorder], csrc/shim/torch_history.cpp): its ids carry
+  TORCH_FLAG and are resolved through the runtime.
+
+Why the installed allocator does not call capture_stack_with_cpp: its C++
+frames were unwound from inside the Python provider, through the
+interpreter's own frames, and on the H200 they lost the frames beyond
+(`::rand`, the op that allocated) in one peer-suite run of five for each of
+two tests, and once in a GPU test (2026-12-01); torch's own recorder unwinds
+from the allocator, where those frames are the first ones.
 
 Note [Stack table]
 Stacks repeat: a training loop allocates from the same few hundred call sites.
@@ -52,6 +63,7 @@ import threading
 NO_COMPILE_CONTEXT = "N/A"  # torch's value for an event outside any compiled region
 MAX_FRAMES = 64
 CPP_FLAG = 1 << 62
+TORCH_FLAG = 1 << 61  # the C++ gatherer's ids (kTorchContextFlag in csrc/shim/runtime.h)
 KEEP_NEWEST = 1024
 FIRST_PRUNE_AT = 1 << 16
 
@@ -64,6 +76,7 @@ _compile_contexts = {}  # id -> compile context, where one was recorded (Note [C
 _cpp_lock = threading.Lock()
 _cpp_stacks = {}    # id -> CapturedTraceback, or its frames once symbolized (Note [C++ stacks])
 _cpp_state = {"next": 1, "prune_at": FIRST_PRUNE_AT}
+_torch_frames = {}  # TORCH_FLAG id -> frames, from the last symbolize() that named it
 # The compiled module's compile-context query while contexts are recorded, else None
 # (Note [Compile context]); torch's traceback gatherer once first used (Note [C++ stacks]).
 _hooks = {"compile_context": None, "gather": None}
@@ -188,8 +201,23 @@ def prune_cpp_stacks(referenced):
         _cpp_state["prune_at"] = max(FIRST_PRUNE_AT, 2 * len(_cpp_stacks))
 
 
+def _symbolize_gathered(stack_ids):
+    """Frames of the C++ gatherer's ids among `stack_ids`, from the runtime, in one batch."""
+    wanted = sorted(i for i in set(stack_ids) if i & TORCH_FLAG and not i & CPP_FLAG)
+    if not wanted:
+        return
+    from torchmem._loader import extension
+
+    symbolized = extension().runtime_symbolize_torch_contexts(wanted)
+    with _cpp_lock:
+        for stack_id, frames in zip(wanted, symbolized):
+            _torch_frames[stack_id] = [f for f in frames if not str(f.get("filename", "")).startswith(_PACKAGE_DIR)]
+
+
 def symbolize(stack_ids):
     """Turns the C++ stacks among `stack_ids` into frames, in one batch (symbolizing is the slow part)."""
+    _torch_frames.clear()  # a snapshot's batch; the runtime's table is the one that keeps contexts
+    _symbolize_gathered(stack_ids)
     with _cpp_lock:
         pending = [(i, _cpp_stacks[i]) for i in set(stack_ids)
                    if i & CPP_FLAG and i in _cpp_stacks and not isinstance(_cpp_stacks[i], list)]
@@ -210,9 +238,17 @@ def stack_frames(stack_id):
         symbolize([stack_id])
         found = _cpp_stacks.get(stack_id)
         return found if isinstance(found, list) else []
+    if stack_id & TORCH_FLAG:
+        if stack_id not in _torch_frames:
+            _symbolize_gathered([stack_id])
+        return _torch_frames.get(stack_id, [])
     return _stack_frames.get(stack_id, [])
 
 
 def compile_context(stack_id):
     """The compile context recorded with a provider's id, or "N/A" (Note [Compile context])."""
+    if stack_id & TORCH_FLAG and not stack_id & CPP_FLAG:
+        from torchmem._loader import extension
+
+        return extension().runtime_torch_context_compile_context(stack_id) or NO_COMPILE_CONTEXT
     return _compile_contexts.get(stack_id, NO_COMPILE_CONTEXT)

@@ -284,6 +284,34 @@ void bind_runtime(py::module_& m) {
         "Frees and empty_cache record the provider's context too (torch's context='all')");
   m.def("runtime_sequence", &shim::pool_sequence, py::arg("device"),
         "The device pool's operation counter (0 before its first use)");
+  m.def("runtime_record_torch_stacks", &shim::record_torch_stacks, py::arg("enabled"), py::arg("free_stacks"),
+        py::arg("compile_contexts"),
+        "stacks='all': gather each allocation's frames in C++ (Note [Torch's recorder]); off: the caller sets the provider");
+  m.def(
+      "runtime_symbolize_torch_contexts",
+      [](const std::vector<std::uint64_t>& ids) {
+        std::vector<std::vector<shim::StackFrame>> symbolized = shim::symbolize_torch_contexts(ids);
+        py::list out;
+        for (const auto& frames : symbolized) {
+          py::list one;
+          for (const auto& f : frames) {
+            py::dict frame;
+            frame["filename"] = f.filename;
+            frame["line"] = f.line;
+            frame["name"] = f.name;
+            one.append(std::move(frame));
+          }
+          out.append(std::move(one));
+        }
+        return out;
+      },
+      py::arg("ids"), "Frames ({filename, line, name}, innermost first) of each gathered context id, in one batch");
+  m.def("runtime_torch_context_compile_context", &shim::torch_context_compile_context, py::arg("id"),
+        "The compile region recorded with a gathered context id, '' if none");
+  m.def("runtime_torch_context_flag", []() { return shim::kTorchContextFlag; },
+        "The bit set in every context id the C++ gatherer hands out");
+  m.def("runtime_provider_context_now", &shim::provider_context_now,
+        "What the context provider in force gives now (0 with none): tests of the providers");
   m.def("runtime_set_context_provider", &set_context_provider, py::arg("provider"),
         "callable() -> int, run before each allocation; its value is stored as the trace context");
   m.def(

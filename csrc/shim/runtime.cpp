@@ -389,6 +389,8 @@ std::uint64_t pool_sequence(int device) {
   return state == nullptr ? 0 : state->pool->sequence();
 }
 
+std::uint64_t provider_context_now() { return current_context(); }
+
 void set_context_provider(ContextProvider provider) {
   Registry& r = registry();
   auto shared = provider ? std::make_shared<ContextProvider>(std::move(provider)) : nullptr;

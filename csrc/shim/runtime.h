@@ -119,6 +119,26 @@ std::string current_compile_context();
 // Whether torchmem follows torch.compile regions itself (a global RecordFunction
 // callback, as torch's own _record_memory_history(compile_context=True) adds).
 void set_compile_context_recording(bool enabled);
+// Note [Torch's recorder] (torch_history.cpp): torchmem's own history with
+// stacks="all" gathers each allocation's Python, TorchScript and C++ frames in
+// C++, as PyTorch's allocator does (torch's CapturedTraceback, before any
+// Python runs), under ids with kTorchContextFlag set. With `enabled` the
+// runtime's context provider becomes that gatherer (frees too with
+// `free_stacks`; each context keeps its compile region with
+// `compile_contexts`); without, the gatherer stops and the caller sets the
+// provider it wants.
+constexpr std::uint64_t kTorchContextFlag = std::uint64_t{1} << 61;
+void record_torch_stacks(bool enabled, bool free_stacks, bool compile_contexts);
+struct StackFrame {
+  std::string filename;
+  std::string name;
+  std::uint64_t line = 0;
+};
+// The frames (innermost first) of each id (none for an id the table does not hold), in one batch.
+std::vector<std::vector<StackFrame>> symbolize_torch_contexts(const std::vector<std::uint64_t>& ids);
+std::string torch_context_compile_context(std::uint64_t id);  // "" when none was recorded
+// What the context provider in force gives now (0 with none): tests of the gatherer.
+std::uint64_t provider_context_now();
 // The device pool's operation counter (Pool::sequence), 0 if it has no pool yet.
 std::uint64_t pool_sequence(int device);
 

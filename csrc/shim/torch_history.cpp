@@ -16,6 +16,8 @@
 // what is left.
 #include "shim/torch_history.h"
 
+#include <torch/csrc/profiler/combined_traceback.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -36,15 +38,20 @@ using TorchSegment = decltype(TorchSnapshot::segments)::value_type;
 using TorchBlock = decltype(TorchSegment::blocks)::value_type;
 using TorchTrace = decltype(TorchSnapshot::device_traces)::value_type::value_type;
 
-constexpr std::uint64_t kTorchContextFlag = std::uint64_t{1} << 61;
 constexpr std::uint64_t kKeepNewest = 1024;
 constexpr std::size_t kFirstPruneAt = std::size_t{1} << 16;
+
+struct Recorded {
+  TorchContext context;
+  std::string compile_context;  // "" when none was recorded (Note [Compile context])
+};
 
 struct RecorderState {
   std::mutex mutex;  // a leaf: held for table work only, never while calling torch or a pool
   TorchRecorder recorder = nullptr;
   TorchRecordContext when = TorchRecordContext::NEVER;
-  std::unordered_map<std::uint64_t, TorchContext> contexts;
+  bool compile_contexts = false;
+  std::unordered_map<std::uint64_t, Recorded> contexts;
   std::uint64_t next = 1;
   std::size_t prune_at = kFirstPruneAt;
 };
@@ -82,19 +89,22 @@ void prune_contexts() {
 std::uint64_t record_torch_context() {
   RecorderState& state = recorder_state();
   TorchRecorder recorder = nullptr;
+  bool with_compile_context = false;
   {
     std::lock_guard<std::mutex> lock(state.mutex);
     recorder = state.recorder;
+    with_compile_context = state.compile_contexts;
   }
   if (recorder == nullptr) return 0;
   TorchContext context = recorder();
   if (!context) return 0;
+  Recorded recorded{std::move(context), with_compile_context ? current_compile_context() : std::string()};
   std::uint64_t id = 0;
   bool due = false;
   {
     std::lock_guard<std::mutex> lock(state.mutex);
     id = kTorchContextFlag | state.next++;
-    state.contexts.emplace(id, std::move(context));
+    state.contexts.emplace(id, std::move(recorded));
     due = state.contexts.size() > state.prune_at;
   }
   if (due) prune_contexts();
@@ -106,8 +116,11 @@ TorchContext context_for(std::uint64_t id) {
   RecorderState& state = recorder_state();
   std::lock_guard<std::mutex> lock(state.mutex);
   auto found = state.contexts.find(id);
-  return found == state.contexts.end() ? nullptr : found->second;
+  return found == state.contexts.end() ? nullptr : found->second.context;
 }
+
+// torchmem's stacks="all": what torch's recorder gathers with stacks "all".
+std::shared_ptr<c10::GatheredContext> gather_all_frames() { return torch::CapturedTraceback::gather(true, true, true); }
 
 TorchTrace::Action torch_action(TraceAction action, bool vmm) {
   switch (action) {
@@ -133,9 +146,54 @@ void follow_torch_recorder(TorchRecorder recorder, TorchRecordContext when) {
     std::lock_guard<std::mutex> lock(state.mutex);
     state.recorder = recording ? recorder : nullptr;
     state.when = recording ? when : TorchRecordContext::NEVER;
+    state.compile_contexts = false;  // torch's C++ path records compile contexts in its own way
   }
   set_context_provider(recording ? ContextProvider(&record_torch_context) : ContextProvider());
   set_free_context(recording && when == TorchRecordContext::ALL);
+}
+
+void record_torch_stacks(bool enabled, bool free_stacks, bool compile_contexts) {
+  {
+    RecorderState& state = recorder_state();
+    std::lock_guard<std::mutex> lock(state.mutex);
+    state.recorder = enabled ? &gather_all_frames : nullptr;
+    state.when = !enabled ? TorchRecordContext::NEVER : free_stacks ? TorchRecordContext::ALL : TorchRecordContext::ALLOC;
+    state.compile_contexts = enabled && compile_contexts;
+  }
+  if (!enabled) return;  // the caller sets the provider it wants
+  set_context_provider(ContextProvider(&record_torch_context));
+  set_free_context(free_stacks);
+}
+
+std::vector<std::vector<StackFrame>> symbolize_torch_contexts(const std::vector<std::uint64_t>& ids) {
+  std::vector<TorchContext> held(ids.size());  // kept alive while symbolizing, outside the table lock
+  std::vector<torch::CapturedTraceback*> tracebacks;
+  std::vector<std::size_t> slot(ids.size(), SIZE_MAX);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    held[i] = context_for(ids[i]);
+    if (auto* traceback = dynamic_cast<torch::CapturedTraceback*>(held[i].get())) {
+      slot[i] = tracebacks.size();
+      tracebacks.push_back(traceback);
+    }
+  }
+  std::vector<std::vector<StackFrame>> out(ids.size());
+  if (tracebacks.empty()) return out;
+  const torch::SymbolizedTracebacks symbolized = torch::symbolize(tracebacks);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (slot[i] == SIZE_MAX) continue;
+    for (std::uint64_t index : symbolized.tracebacks.at(slot[i])) {
+      const auto& frame = symbolized.all_frames.at(index);
+      out[i].push_back(StackFrame{frame.filename, frame.funcname, frame.lineno});
+    }
+  }
+  return out;
+}
+
+std::string torch_context_compile_context(std::uint64_t id) {
+  RecorderState& state = recorder_state();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  auto found = state.contexts.find(id);
+  return found == state.contexts.end() ? std::string() : found->second.compile_context;
 }
 
 TorchSnapshot torch_snapshot(MempoolKey key) {

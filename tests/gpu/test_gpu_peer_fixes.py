@@ -16,10 +16,11 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.xfail(strict=False, reason=(
-    "intermittent, open: on the H200 (2026-12-01) torchmem's snapshot once lacked the C++ frames "
-    "of a block recorded with stacks='all' (sixth session; it passed in the seventh), as "
-    "test_memory_snapshot_with_cpp and test_memory_plots of the peer suite did once each; "
-    "PyTorch's keeps them. Cause not found (docs/compatibility.md)."))
+    "intermittent before the C++ gatherer: on the H200 (2026-12-01) torchmem's snapshot once lacked "
+    "the C++ frames of a block recorded with stacks='all', as test_memory_snapshot_with_cpp and "
+    "test_memory_plots of the peer suite did once each. The frames were unwound from inside the "
+    "Python provider; the runtime now gathers them in C++ at the allocation (Note [Torch's recorder]). "
+    "Drop this mark once GPU runs confirm it."))
 def test_history_with_cpp_stacks_shows_cpp_and_python_frames():
     native, ours = _both("""
     torch.cuda.memory._record_memory_history("state", stacks="all")
