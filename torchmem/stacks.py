@@ -17,10 +17,12 @@ back into frames (and compile contexts). Two providers exist, one per torch
 
 Why the installed allocator does not call capture_stack_with_cpp: its C++
 frames were unwound from inside the Python provider, through the
-interpreter's own frames, and on the H200 they lost the frames beyond
-(`::rand`, the op that allocated) in one peer-suite run of five for each of
-two tests, and once in a GPU test (2026-12-01); torch's own recorder unwinds
-from the allocator, where those frames are the first ones.
+interpreter's own frames, and on the H200 snapshots lacked the frames of the
+op that allocated (`::rand`) in one peer-suite run of five for each of two
+tests, and once in a GPU test (2026-12-01). The suspected cause is that
+unwinding through the interpreter's frames; torch's own recorder unwinds from
+the allocator, where the op's frames come first, and PyTorch's allocator never
+showed the gap.
 
 Note [Stack table]
 Stacks repeat: a training loop allocates from the same few hundred call sites.
