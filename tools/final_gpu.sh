@@ -38,7 +38,13 @@ set -uo pipefail
 START=$(date +%s)
 DEADLINE=$(( START + ${DEADLINE_S:-570} ))
 FINAL_OUT=${OUT:-/tmp/torchmem-final}
-OUT="$FINAL_OUT/run"; mkdir -p "$OUT"
+# Logs are written outside $FINAL_OUT and packed into $FINAL_OUT/run.tgz after every job, so a
+# call the device tool cuts at its limit still brings back what finished (it returns at most
+# 8 files, and a killed call never reached the packing at the end: BENCHMARKS.md section 12).
+WORK=$(mktemp -d /tmp/torchmem-run.XXXXXX)
+OUT="$WORK/run"; mkdir -p "$OUT"
+pack() { tar czf "$FINAL_OUT/run.tgz.part.$BASHPID" -C "$WORK" run 2>/dev/null && mv -f "$FINAL_OUT/run.tgz.part.$BASHPID" "$FINAL_OUT/run.tgz"; }
+mkdir -p "$FINAL_OUT"
 export PYTHONUNBUFFERED=1
 R="$OUT/results.jsonl"
 python3 -m pip install -q --no-build-isolation --no-deps --no-index -e . > "$OUT/build.log" 2>&1 \
@@ -241,6 +247,7 @@ lane() {  # lane GPU JOBS...
     local t0=$(date +%s)
     "job_$job" 2>&1 | sed "s/^/[gpu $CUDA_VISIBLE_DEVICES $job] /"
     echo "[gpu $CUDA_VISIBLE_DEVICES] $job took $(( $(date +%s) - t0 )) s"
+    pack
   done
 }
 
@@ -259,4 +266,4 @@ if [ "${DDP:-1}" = "1" ] && [ "$(left)" -gt 90 ] && [ "$(python3 -c 'import torc
 fi
 [ -s "$R" ] && python3 bench/bench_table.py "$R" > "$OUT/table.md" 2>&1 && cat "$OUT/table.md"
 echo "total $(( $(date +%s) - START )) s"
-tar czf "$FINAL_OUT/run.tgz" -C "$FINAL_OUT" run && rm -rf "$OUT"
+pack && rm -rf "$WORK"
