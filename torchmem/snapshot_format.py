@@ -94,7 +94,8 @@ def _convert_segment(segment, device, frames, expandable):
         "segment_type": "small" if segment.get("small_heap") else "large",
         # torch's own key of a private pool in use (runtime snapshots); else the core's id.
         "segment_pool_id": tuple(segment["pool_key"]) if "pool_key" in segment else (0, pool),
-        "is_expandable": bool(expandable),
+        # a MemPool(allocator=X)'s segments are X's plain allocations, not mapped granules
+        "is_expandable": bool(expandable) and not segment.get("plain", False),
         "frames": [],
         "blocks": blocks,
     }

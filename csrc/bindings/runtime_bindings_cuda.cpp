@@ -164,8 +164,19 @@ py::dict runtime_snapshot(int device) {
     keys.emplace(blocks.pool, key);
     parked.insert(blocks.parked.begin(), blocks.parked.end());
   }
-  for (py::handle item : out["segments"].cast<py::list>()) {
+  // Note [External pool allocators]: a MemPool(allocator=X)'s segments, under that pool's key
+  py::list segments = out["segments"].cast<py::list>();
+  for (auto& [key, external] : shim::external_pool_snapshots(device)) {
+    for (py::handle item : snapshot_to_dict(external)["segments"].cast<py::list>()) {
+      py::dict segment = py::reinterpret_borrow<py::dict>(item);
+      segment["pool_key"] = py::make_tuple(key.first, key.second);
+      segment["plain"] = true;  // X's allocation, not mapped granules (snapshot_format.py)
+      segments.append(segment);
+    }
+  }
+  for (py::handle item : segments) {
     py::dict segment = py::reinterpret_borrow<py::dict>(item);
+    if (segment.contains("pool_key")) continue;
     auto key = keys.find(segment["pool"].cast<PoolId>());
     if (key == keys.end()) continue;
     segment["pool_key"] = py::make_tuple(key->second.first, key->second.second);

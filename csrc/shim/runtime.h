@@ -189,8 +189,10 @@ void begin_allocate_to_pool(int device, MempoolKey key, std::function<bool(CudaS
 //   what they need);
 // - MemPool(..., use_on_oom=True): a device-pool request that finds no memory
 //   may take a cached block of that pool (never a new segment of X).
-// Not yet: X's segments are not in memory_snapshot(), and use_on_oom has no
-// effect on a MemPool without an allocator of its own (docs/compatibility.md).
+// - X's segments are in snapshots (external_pool_snapshots), as segments of
+//   that pool.
+// Not yet: use_on_oom has no effect on a MemPool without an allocator of its
+// own (docs/compatibility.md).
 struct ExternalAllocator {
   std::function<void*(std::size_t size, CudaStream stream)> allocate;
   std::function<void(void* ptr)> free;
@@ -200,6 +202,9 @@ void incref_pool(int device, MempoolKey key, std::shared_ptr<ExternalAllocator> 
 // Whether `ptr` is a live block of an external allocator (Note [External pool allocators]).
 bool is_external_block(void* ptr);
 int pool_use_count(int device, MempoolKey key);
+// The segments of every MemPool(allocator=X) pool of `device` whose X is not
+// torchmem itself, with torch's key of each (snapshots show them as natively).
+std::vector<std::pair<MempoolKey, PoolSnapshot>> external_pool_snapshots(int device);
 // torch.cuda.MemPool(allocator=X, use_on_oom=True) (Note [External pool allocators]).
 void set_use_on_oom(int device, MempoolKey key, bool use_on_oom);
 void end_allocate_to_pool(int device, MempoolKey key);

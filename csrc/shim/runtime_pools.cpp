@@ -109,6 +109,7 @@ std::shared_ptr<ExternalPool> make_external_pool(DeviceState& state, MempoolKey 
   PoolConfig config = registry().config.pool;
   config.limit_bytes = 0;  // the device pool's budget decides (external_may_grow)
   config.reserve_bytes = 0;
+  config.trace_capacity = 0;  // history is the device pool's; snapshots read these segments
   external->pool = std::make_unique<Pool>(*external->backend, config);
   return external;
 }
@@ -410,6 +411,17 @@ std::size_t empty_pool_cache(MempoolKey key) {
     returned += release_external_caches(*state, &key);
   }
   return returned;
+}
+
+std::vector<std::pair<MempoolKey, PoolSnapshot>> external_pool_snapshots(int device) {
+  std::vector<std::pair<MempoolKey, PoolSnapshot>> out;
+  DeviceState* state = existing_state(device);
+  if (state == nullptr) return out;
+  for (const auto& external :
+       external_pools_where(*state, [](const ExternalPool& e) { return !e.inside_device_pool.load(); })) {
+    out.emplace_back(external->key, external->pool->snapshot());
+  }
+  return out;
 }
 
 void set_use_on_oom(int device, MempoolKey key, bool use_on_oom) {

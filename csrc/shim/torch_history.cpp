@@ -219,9 +219,24 @@ TorchSnapshot torch_snapshot(MempoolKey key) {
       parked.insert(blocks.parked.begin(), blocks.parked.end());
     }
     const PoolSnapshot snapshot = device_pool(device).snapshot();
+    // the device pool's segments, then each MemPool(allocator=X)'s (Note [External pool allocators])
+    struct Listed {
+      const SegmentInfo* segment;
+      MempoolKey owner;
+      bool external;  // X's segment: plain, not mapped granules
+    };
+    std::vector<Listed> all;
     for (const auto& segment : snapshot.segments) {
       auto owner = keys.find(segment.pool);
-      const MempoolKey owner_key = owner == keys.end() ? MempoolKey(0, 0) : owner->second;
+      all.push_back(Listed{&segment, owner == keys.end() ? MempoolKey(0, 0) : owner->second, false});
+    }
+    const auto externals = external_pool_snapshots(device);
+    for (const auto& [external_key, external] : externals) {
+      for (const auto& segment : external.segments) all.push_back(Listed{&segment, external_key, true});
+    }
+    for (const Listed& listed : all) {
+      const SegmentInfo& segment = *listed.segment;
+      const MempoolKey owner_key = listed.owner;
       if (only_one_pool && owner_key != key) continue;
       TorchSegment info;
       info.device = static_cast<c10::DeviceIndex>(device);
@@ -229,7 +244,7 @@ TorchSnapshot torch_snapshot(MempoolKey key) {
       info.total_size = segment.size;
       info.stream = reinterpret_cast<void*>(segment.stream);
       info.is_large = !segment.small_heap;
-      info.is_expandable = vmm;
+      info.is_expandable = vmm && !listed.external;
       info.owner_private_pool_id = torch_key(owner_key);
       for (const auto& block : segment.blocks) {
         const bool is_parked = parked.count(block.addr) != 0;

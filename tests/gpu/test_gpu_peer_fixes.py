@@ -228,6 +228,8 @@ def test_mempool_with_its_own_allocator_caches_its_segments_like_native(counting
         y = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")
     churn_calls = allocs.value
     reserved_grew = torch.cuda.memory_reserved() - base >= 4 * MiB
+    in_snapshot = [s["total_size"] >= 4 * MiB and s["allocated_size"] >= 4 * MiB and not s["is_expandable"]
+                   for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == tuple(pool.id)]
     del pool  # released; y still lives
     frees_while_live = frees.value
     del y
@@ -252,12 +254,13 @@ def test_mempool_with_its_own_allocator_caches_its_segments_like_native(counting
         second_oom = True
     del b
     torch.cuda.set_per_process_memory_fraction(1.0)
-    print(json.dumps({{"churn_calls": churn_calls, "reserved_grew": reserved_grew,
+    print(json.dumps({{"churn_calls": churn_calls, "reserved_grew": reserved_grew, "in_snapshot": in_snapshot,
                       "frees_while_live": frees_while_live, "frees_after_empty": frees_after_empty,
                       "borrowed": borrowed, "second_oom": second_oom}}))
     """)
     assert native == ours
-    assert ours == {"churn_calls": 1, "reserved_grew": True, "frees_while_live": 0, "frees_after_empty": 1,
+    assert ours == {"churn_calls": 1, "reserved_grew": True, "in_snapshot": [True], "frees_while_live": 0,
+                    "frees_after_empty": 1,
                     "borrowed": True, "second_oom": True}
 
 
