@@ -554,34 +554,6 @@ void Pool::clear_trace() {
   impl_->ring.clear();
 }
 
-PoolStats Pool::stats() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return impl_->stats();
-}
-
-void Pool::reset_peak_stats() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  impl_->sync_memory_stats();
-  PoolStats& s = impl_->stats_;
-#define TORCHMEM_RESET_PEAK(name) \
-  for (Stat& st : s.name) st.reset_peak();
-  TORCHMEM_STAT_ARRAYS(TORCHMEM_RESET_PEAK)
-#undef TORCHMEM_RESET_PEAK
-}
-
-void Pool::reset_accumulated_stats() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  impl_->sync_memory_stats();
-  PoolStats& s = impl_->stats_;
-#define TORCHMEM_RESET_ACC(name) \
-  for (Stat& st : s.name) st.reset_accumulated();
-  TORCHMEM_STAT_ARRAYS(TORCHMEM_RESET_ACC)
-#undef TORCHMEM_RESET_ACC
-#define TORCHMEM_RESET_COUNTER(name) s.name = 0;
-  TORCHMEM_COUNTERS(TORCHMEM_RESET_COUNTER)
-#undef TORCHMEM_RESET_COUNTER
-}
-
 PoolSnapshot Pool::snapshot() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return impl_->snapshot();

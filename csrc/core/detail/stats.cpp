@@ -1,8 +1,11 @@
 // stats.cpp: Pool::Impl's counters (Note [Stats apart] in core/pool.h): the
-// derived gauges refreshed when memory moves, and stats() itself. The
+// derived gauges refreshed when memory moves, stats() itself, and the public
+// reads and resets of them (Pool::stats, reset_peak_stats,
+// reset_accumulated_stats). The
 // per-operation updates the fast path makes (note_alloc, note_free_*) and
 // trace() are inline in pool_impl.h.
 #include <cstdint>
+#include <mutex>
 
 #include "core/detail/pool_impl.h"
 
@@ -63,6 +66,36 @@ PoolStats Pool::Impl::stats() {
   s.limit_bytes = config.limit_bytes;
   s.granularity = gran;
   return s;
+}
+
+// ---- the public reads and resets (Pool) ------------------------------------
+
+PoolStats Pool::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return impl_->stats();
+}
+
+void Pool::reset_peak_stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  impl_->sync_memory_stats();
+  PoolStats& s = impl_->stats_;
+#define TORCHMEM_RESET_PEAK(name) \
+  for (Stat& st : s.name) st.reset_peak();
+  TORCHMEM_STAT_ARRAYS(TORCHMEM_RESET_PEAK)
+#undef TORCHMEM_RESET_PEAK
+}
+
+void Pool::reset_accumulated_stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  impl_->sync_memory_stats();
+  PoolStats& s = impl_->stats_;
+#define TORCHMEM_RESET_ACC(name) \
+  for (Stat& st : s.name) st.reset_accumulated();
+  TORCHMEM_STAT_ARRAYS(TORCHMEM_RESET_ACC)
+#undef TORCHMEM_RESET_ACC
+#define TORCHMEM_RESET_COUNTER(name) s.name = 0;
+  TORCHMEM_COUNTERS(TORCHMEM_RESET_COUNTER)
+#undef TORCHMEM_RESET_COUNTER
 }
 
 }  // namespace torchmem
