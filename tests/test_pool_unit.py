@@ -229,6 +229,26 @@ def test_a_device_short_of_room_is_covered_by_stitching_the_cache():
     pool.check_invariants()
 
 
+@pytest.mark.parametrize("vmm", [True, False])
+def test_allocate_cached_takes_a_cached_block_or_nothing(vmm):
+    # a use_on_oom lender (Note [External pool allocators]): never new memory, never its ladder
+    sim, pool = make(vmm=vmm)
+    assert pool.allocate_cached(4 * MiB) == 0
+    assert sim.counters()["create_calls"] == 0 and sim.counters()["segment_alloc_calls"] == 0
+    a = pool.allocate(40 * MiB)
+    pool.free(a)
+    before = dict(sim.counters())
+    b = pool.allocate_cached(30 * MiB)
+    assert b == a  # the cached block, split
+    assert pool.allocate_cached(30 * MiB) == 0  # 10 MiB left: nothing, and the cache stays
+    after = sim.counters()
+    for name in ("create_calls", "release_calls", "segment_alloc_calls", "segment_free_calls", "unmap_calls"):
+        assert after[name] == before[name], name
+    assert pool.stats()["num_ooms"] == 0 and pool.stats()["num_alloc_retries"] == 0
+    pool.free(b)
+    pool.check_invariants()
+
+
 def test_oom_is_recorded_in_the_trace():
     _, pool = make(limit=4 * MiB, trace_capacity=16)
     assert pool.allocate(8 * MiB, stream=3, context=42) == 0

@@ -170,6 +170,9 @@ void bind_core(py::module_& m) {
       .def("allocate", &Pool::allocate, py::arg("size"), py::arg("stream") = 0, py::arg("pool") = 0,
            py::arg("context") = 0, py::call_guard<py::gil_scoped_release>(),
            "Address of a block of at least size bytes, or 0 when out of memory")
+      .def("allocate_cached", &Pool::allocate_cached, py::arg("size"), py::arg("stream") = 0, py::arg("pool") = 0,
+           py::arg("context") = 0, py::call_guard<py::gil_scoped_release>(),
+           "A cached block that fits, or 0: no new memory, no OOM ladder, no OOM counted (use_on_oom lenders)")
       .def("free", &Pool::deallocate, py::arg("addr"), py::arg("free_context") = 0,
            py::call_guard<py::gil_scoped_release>())
       .def("sequence", &Pool::sequence)

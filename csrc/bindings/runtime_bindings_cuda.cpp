@@ -166,7 +166,13 @@ py::dict runtime_snapshot(int device) {
   }
   // Note [External pool allocators]: a MemPool(allocator=X)'s segments, under that pool's key
   py::list segments = out["segments"].cast<py::list>();
-  for (auto& [key, external] : shim::external_pool_snapshots(device)) {
+  std::vector<std::pair<shim::MempoolKey, PoolSnapshot>> externals;
+  {
+    // an external pool's lock may be held by a thread whose X waits for the GIL
+    py::gil_scoped_release released;
+    externals = shim::external_pool_snapshots(device);
+  }
+  for (auto& [key, external] : externals) {
     for (py::handle item : snapshot_to_dict(external)["segments"].cast<py::list>()) {
       py::dict segment = py::reinterpret_borrow<py::dict>(item);
       segment["pool_key"] = py::make_tuple(key.first, key.second);

@@ -234,7 +234,7 @@ std::size_t Pool::Impl::budget() const {
 // Impl: the allocation ladder (Note [OOM ladder] in pool.h)
 // ============================================================================
 
-Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::uint64_t context) {
+Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::uint64_t context, bool cached_only) {
   if (size == 0) throw PoolError("allocate: size 0; request at least one byte");
   const std::size_t limit = budget();
   const std::size_t rounded = size > limit ? size : round_up(size, kMinBlockSize);
@@ -243,6 +243,7 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
   if (rounded > limit) {
     // More than the whole budget: no ladder step can help, and releasing the
     // cache for it would only slow down what comes next.
+    if (cached_only) return 0;
     ++stats_.num_ooms;
     trace(TraceAction::kOom, 0, size, stream, pool, context);
     return 0;
@@ -265,14 +266,14 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
           missing = pin(*heap, fit->addr, rounded);
         }
       }
-      if (missing && !acquire(*heap, fit->addr, rounded, missing, rounded, stream)) {
+      if (missing && (cached_only || !acquire(*heap, fit->addr, rounded, missing, rounded, stream))) {
         unpin(*heap, fit->addr, rounded, 0, 0, /*restore=*/true);
         return nullptr;
       }
       return carve(fit, rounded);
     }
     if (!fit) {
-      if (!grow_segments(*heap, rounded)) return nullptr;
+      if (cached_only || !grow_segments(*heap, rounded)) return nullptr;
       fit = find_fit(*heap, rounded, stream);
       if (!fit) return nullptr;
     }
@@ -280,6 +281,7 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
   };
 
   b = attempt();
+  if (!b && cached_only) return 0;  // a cached fit or nothing: no ladder, no OOM counted
   if (!b && !could_fit(rounded)) {  // Note [OOM ladder]: no step can help
     ++stats_.num_ooms;
     trace(TraceAction::kOom, 0, size, stream, pool, context);
@@ -464,8 +466,16 @@ class OpContext {
 Addr Pool::allocate(std::size_t size, StreamId stream, PoolId pool, std::uint64_t context) {
   std::lock_guard<std::mutex> lock(mutex_);
   OpContext op(impl_->op_context, context);
-  Addr a = impl_->allocate(size, stream, pool, context);
+  Addr a = impl_->allocate(size, stream, pool, context, /*cached_only=*/false);
   impl_->after_op("allocate");
+  return a;
+}
+
+Addr Pool::allocate_cached(std::size_t size, StreamId stream, PoolId pool, std::uint64_t context) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  OpContext op(impl_->op_context, context);
+  Addr a = impl_->allocate(size, stream, pool, context, /*cached_only=*/true);
+  impl_->after_op("allocate_cached");
   return a;
 }
 

@@ -267,6 +267,10 @@ class Pool {
   // Returns the address of a block of at least `size` bytes usable on `stream`,
   // or 0 when the OOM ladder found no memory. size == 0 throws PoolError.
   Addr allocate(std::size_t size, StreamId stream, PoolId pool = 0, std::uint64_t context = 0);
+  // Like allocate(), from cached free memory only: no new memory, no OOM
+  // ladder, no OOM counted; 0 when no cached block fits (torch's use_on_oom
+  // pools lend so: Note [External pool allocators] in csrc/shim/runtime.h).
+  Addr allocate_cached(std::size_t size, StreamId stream, PoolId pool = 0, std::uint64_t context = 0);
   // Frees a block returned by allocate(). Unknown or already freed addresses
   // throw PoolError and change nothing.
   // `free_context` (0 = none) is the caller's context for this free: history

@@ -147,11 +147,16 @@ class TorchmemAllocator final : public CUDAPluggableAllocator {
   }
 
   // torch::cuda::_memory_snapshot_pickled and torch._C._cuda_memorySnapshot
-  // (torch_history.cpp). No `override`: older torch's takes no pool id.
-  TorchSnapshot snapshot(c10::cuda::MempoolId_t mempool_id) {
-    return torch_snapshot(MempoolKey(mempool_id.first, mempool_id.second));
+  // (torch_history.cpp). No `override`: the parameters differ between torch
+  // versions (none; a pool id; a pool id and include_traces), and whichever
+  // one torch declares is the one that overrides.
+  TorchSnapshot snapshot(c10::cuda::MempoolId_t mempool_id, bool include_traces) {
+    return torch_snapshot(MempoolKey(mempool_id.first, mempool_id.second), include_traces);
   }
-  TorchSnapshot snapshot() { return torch_snapshot(MempoolKey(0, 0)); }
+  TorchSnapshot snapshot(c10::cuda::MempoolId_t mempool_id) {
+    return torch_snapshot(MempoolKey(mempool_id.first, mempool_id.second), true);
+  }
+  TorchSnapshot snapshot() { return torch_snapshot(MempoolKey(0, 0), true); }
 
   // Note [Compile context] (runtime.h). No `override`: older torch lacks them.
   void pushCompileContext(std::string& md) { push_compile_context(md); }
@@ -220,9 +225,9 @@ class TorchmemAllocator final : public CUDAPluggableAllocator {
     return pool_live_allocations_are(device, MempoolKey(id.first, id.second), expected_live_allocations);
   }
 
-  void resetPeakStats(c10::DeviceIndex device) override { device_pool(device).reset_peak_stats(); }
+  void resetPeakStats(c10::DeviceIndex device) override { reset_peak_stats(device); }
 
-  void resetAccumulatedStats(c10::DeviceIndex device) override { device_pool(device).reset_accumulated_stats(); }
+  void resetAccumulatedStats(c10::DeviceIndex device) override { reset_accumulated_stats(device); }
 
   // The largest block torchmem can hand out without failing: a cached free
   // block, or new memory under the budget and the device's free memory.

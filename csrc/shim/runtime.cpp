@@ -346,8 +346,9 @@ std::size_t empty_cache() {
   for (int d = 0; d < kMaxDevices; ++d) {
     DeviceState* state = existing_state(d);
     if (state == nullptr) continue;
-    returned += state->pool->release_cached(context);
+    // External pools first: an X that is torchmem frees its segments into the device pool.
     returned += release_external_caches(*state, nullptr);  // Note [External pool allocators]
+    returned += state->pool->release_cached(context);
   }
   return returned;
 }
@@ -513,7 +514,7 @@ std::uint64_t failed_deleter_frees() { return failed_deleter_free_count.load(std
 
 void record_stream(void* ptr, CudaStream stream) {
   if (ptr == nullptr) return;  // a 0-byte tensor holds no block (Note [Zero bytes, no block], install.cpp)
-  if (is_external_block(ptr)) return;  // the user's allocator frees at once; no stream to track
+  if (record_stream_if_external(ptr, stream)) return;  // Note [External pool allocators]  // the user's allocator frees at once; no stream to track
   // The hook gets no device: the pool that owns the block takes the stream.
   existing_state(owning_device(ptr))->pool->record_stream(reinterpret_cast<Addr>(ptr),
                                                           reinterpret_cast<StreamId>(stream));

@@ -205,6 +205,9 @@ int pool_use_count(int device, MempoolKey key);
 // The segments of every MemPool(allocator=X) pool of `device` whose X is not
 // torchmem itself, with torch's key of each (snapshots show them as natively).
 std::vector<std::pair<MempoolKey, PoolSnapshot>> external_pool_snapshots(int device);
+// torch's resetPeakStats / resetAccumulatedStats: the device pool and its external pools.
+void reset_peak_stats(int device);
+void reset_accumulated_stats(int device);
 // torch.cuda.MemPool(allocator=X, use_on_oom=True) (Note [External pool allocators]).
 void set_use_on_oom(int device, MempoolKey key, bool use_on_oom);
 void end_allocate_to_pool(int device, MempoolKey key);

@@ -26,25 +26,24 @@ thread_local bool external_reentered = false;  // ...and set if it did
 // The stream of the request an external pool is growing for (X's allocate
 // takes one; the core's segment calls do not).
 thread_local CudaStream growing_for_stream = nullptr;
-// Set while a device-pool request borrows from a pool that lends on OOM: as
-// natively, it may take a cached block there but never a new segment of X.
-thread_local bool borrowing = false;
+
+// Sets a thread-local for a scope and puts the previous value back, also when
+// the scope throws (X may throw; X may free into torchmem, which nests).
+template <typename T>
+class Restore {
+ public:
+  Restore(T& slot, T value) : slot_(slot), saved_(slot) { slot_ = value; }
+  ~Restore() { slot_ = saved_; }
+  Restore(const Restore&) = delete;
+  Restore& operator=(const Restore&) = delete;
+
+ private:
+  T& slot_;
+  T saved_;
+};
 
 int stat_kind(const DeviceState& state, std::int64_t bytes) {
   return static_cast<std::size_t>(bytes) <= state.pool->config().small_threshold ? kStatSmallPool : kStatLargePool;
-}
-
-template <typename Fn>
-auto with_flag(bool& flag, Fn&& fn) {
-  flag = true;
-  try {
-    auto result = fn();
-    flag = false;
-    return result;
-  } catch (...) {
-    flag = false;
-    throw;
-  }
 }
 
 void remember_external_block(void* ptr, Registry::ExternalBlock block) {
@@ -57,7 +56,7 @@ void remember_external_block(void* ptr, Registry::ExternalBlock block) {
 // Note [External pool allocators]: X's segments count against the device's
 // budget as PyTorch counts them in its per-process fraction.
 bool external_may_grow(DeviceState& state, std::size_t bytes) {
-  if (borrowing || state.zero_budget.load(std::memory_order_relaxed)) return false;
+  if (state.zero_budget.load(std::memory_order_relaxed)) return false;
   const std::size_t limit = state.pool->limit();
   if (limit == 0) return true;  // no budget: X itself says when the device is full
   const std::size_t held = state.pool->usage().reserved + state.external_reserved.load();
@@ -71,12 +70,14 @@ void count_external_bytes(DeviceState& state, ExternalPool& external, std::size_
     external.reserved -= bytes;
   }
   if (external.inside_device_pool) return;  // already the device pool's own
+  // One lock, so the total the device pool sees is the last one counted (Note [Foreign bytes]).
+  std::lock_guard<std::mutex> lock(state.external_bytes_mutex);
   if (added) {
     state.external_reserved += bytes;
   } else {
     state.external_reserved -= bytes;
   }
-  state.pool->set_foreign_bytes(state.external_reserved.load());  // Note [Foreign bytes] in core/pool.h
+  state.pool->set_foreign_bytes(state.external_reserved.load());
 }
 
 std::shared_ptr<ExternalPool> make_external_pool(DeviceState& state, MempoolKey key,
@@ -91,18 +92,28 @@ std::shared_ptr<ExternalPool> make_external_pool(DeviceState& state, MempoolKey 
       state.device,
       [self, device](std::size_t bytes) -> void* {
         if (!self->inside_device_pool && !external_may_grow(*device, bytes)) return nullptr;
-        external_reentered = false;
-        void* ptr = with_flag(in_external_allocator,
-                              [&] { return self->allocator->allocate(bytes, growing_for_stream); });
-        if (external_reentered) self->inside_device_pool = true;
-        if (ptr != nullptr) count_external_bytes(*device, *self, bytes, true);
+        void* ptr = nullptr;
+        bool reentered = false;
+        {
+          Restore<bool> inside(in_external_allocator, true);
+          Restore<bool> seen(external_reentered, false);
+          ptr = self->allocator->allocate(bytes, growing_for_stream);
+          reentered = external_reentered;
+        }
+        if (ptr == nullptr) return nullptr;
+        // The first segment decides, for the life of the pool: X is the same function each time.
+        if (!self->grown) {
+          self->inside_device_pool = reentered;
+          self->grown = true;
+        }
+        count_external_bytes(*device, *self, bytes, true);
         return ptr;
       },
       [self, device](void* ptr, std::size_t bytes) {
-        with_flag(in_external_allocator, [&] {
+        {
+          Restore<bool> inside(in_external_allocator, true);
           self->allocator->free(ptr);
-          return true;
-        });
+        }
         count_external_bytes(*device, *self, bytes, false);
       },
       &state.active_captures);
@@ -149,6 +160,7 @@ Route route_to_pool(DeviceState& state, CudaStream stream) {
 
 // Note [Caching off]: the device's cudaMalloc serves the request.
 void* allocate_uncached(const std::shared_ptr<ExternalAllocator>& uncached, std::size_t size, CudaStream stream) {
+  if (in_external_allocator) external_reentered = true;  // X is torchmem, with caching off
   void* ptr = uncached->allocate(size, stream);
   if (ptr != nullptr) remember_external_block(ptr, Registry::ExternalBlock{nullptr, uncached});
   return ptr;
@@ -156,9 +168,11 @@ void* allocate_uncached(const std::shared_ptr<ExternalAllocator>& uncached, std:
 
 void* allocate_in_external_pool(const std::shared_ptr<ExternalPool>& external, std::size_t size, CudaStream stream,
                                 std::uint64_t context) {
-  growing_for_stream = stream;
-  const Addr addr = external->pool->allocate(size, reinterpret_cast<StreamId>(stream), 0, context);
-  growing_for_stream = nullptr;
+  Addr addr = 0;
+  {
+    Restore<CudaStream> growing(growing_for_stream, stream);
+    addr = external->pool->allocate(size, reinterpret_cast<StreamId>(stream), 0, context);
+  }
   if (addr == 0) return nullptr;
   void* ptr = reinterpret_cast<void*>(addr);
   remember_external_block(ptr, Registry::ExternalBlock{external, nullptr});
@@ -167,12 +181,36 @@ void* allocate_in_external_pool(const std::shared_ptr<ExternalPool>& external, s
 
 void* borrow_from_oom_lenders(DeviceState& state, std::size_t size, CudaStream stream, std::uint64_t context) {
   if (state.oom_lenders.load(std::memory_order_acquire) == 0) return nullptr;
+  // A request from inside X (X allocating through torchmem while its pool grows) never borrows:
+  // that pool's lock is held, and natively a request already in a pool does not either.
+  if (in_external_allocator) return nullptr;
   auto lenders = external_pools_where(state, [](const ExternalPool& e) { return !e.released && e.use_on_oom; });
   for (const auto& lender : lenders) {
-    void* ptr = with_flag(borrowing, [&] { return allocate_in_external_pool(lender, size, stream, context); });
-    if (ptr != nullptr) return ptr;
+    // As natively, a cached block of the lender or nothing: never a new X segment, and a
+    // failed borrow leaves the lender's cache as it was.
+    const Addr addr = lender->pool->allocate_cached(size, reinterpret_cast<StreamId>(stream), 0, context);
+    if (addr == 0) continue;
+    void* ptr = reinterpret_cast<void*>(addr);
+    remember_external_block(ptr, Registry::ExternalBlock{lender, nullptr});
+    return ptr;
   }
   return nullptr;
+}
+
+bool record_stream_if_external(void* ptr, CudaStream stream) {
+  Registry& r = registry();
+  if (r.external_count.load(std::memory_order_acquire) == 0) return false;
+  std::shared_ptr<ExternalPool> pool;
+  {
+    std::lock_guard<std::mutex> lock(r.external_mutex);
+    auto found = r.external_live.find(reinterpret_cast<Addr>(ptr));
+    if (found == r.external_live.end()) return false;
+    pool = found->second.pool;
+  }
+  // A cached X block must not be reused while another stream may use it (Note [Record
+  // stream]); caching off frees at once, with nothing to track.
+  if (pool) pool->pool->record_stream(reinterpret_cast<Addr>(ptr), reinterpret_cast<StreamId>(stream));
+  return true;
 }
 
 // True if `ptr` was a block of an external pool or of caching off: then it went back there.
@@ -422,6 +460,22 @@ std::vector<std::pair<MempoolKey, PoolSnapshot>> external_pool_snapshots(int dev
     out.emplace_back(external->key, external->pool->snapshot());
   }
   return out;
+}
+
+void reset_peak_stats(int device) {
+  DeviceState& state = state_for(device);
+  state.pool->reset_peak_stats();
+  for (const auto& external : external_pools_where(state, [](const ExternalPool&) { return true; })) {
+    external->pool->reset_peak_stats();
+  }
+}
+
+void reset_accumulated_stats(int device) {
+  DeviceState& state = state_for(device);
+  state.pool->reset_accumulated_stats();
+  for (const auto& external : external_pools_where(state, [](const ExternalPool&) { return true; })) {
+    external->pool->reset_accumulated_stats();
+  }
 }
 
 void set_use_on_oom(int device, MempoolKey key, bool use_on_oom) {

@@ -50,6 +50,7 @@ struct ExternalPool {
   // X is torchmem itself (mem_pool_allocator()): its segments are blocks of the
   // device pool, already in its budget and stats.
   std::atomic<bool> inside_device_pool{false};
+  std::atomic<bool> grown{false};  // its first segment came (and decided inside_device_pool)
   std::unique_ptr<Backend> backend;      // X's segments (make_segment_backend)
   std::unique_ptr<Pool> pool;
 };
@@ -103,6 +104,7 @@ struct DeviceState {
   // device pool's foreign bytes: Note [Foreign bytes] in core/pool.h); how many
   // lend to the device pool on OOM.
   std::vector<std::shared_ptr<ExternalPool>> external_pools;
+  std::mutex external_bytes_mutex;  // a leaf: orders updates of external_reserved
   std::atomic<std::size_t> external_reserved{0};
   std::atomic<int> oom_lenders{0};
   // Pools released lately, by torch's key: torch.cuda.MemPool's destructor
@@ -173,6 +175,8 @@ void* allocate_in_external_pool(const std::shared_ptr<ExternalPool>& external, s
                                 std::uint64_t context);
 void* borrow_from_oom_lenders(DeviceState& state, std::size_t size, CudaStream stream, std::uint64_t context);
 bool free_if_external(void* ptr);
+// True if `ptr` is an external pool's block (its pool takes the stream) or caching off's.
+bool record_stream_if_external(void* ptr, CudaStream stream);
 // Empties released external pools' caches (all of them, or those of `key`) and
 // forgets the ones left empty. Bytes returned.
 std::size_t release_external_caches(DeviceState& state, const MempoolKey* key);

@@ -64,12 +64,15 @@ RecorderState& recorder_state() {
 // Every context id a live block or a trace entry of any device's pool names.
 std::unordered_set<std::uint64_t> referenced_contexts() {
   std::unordered_set<std::uint64_t> ids;
-  for (int device : devices()) {
-    const PoolSnapshot snapshot = device_pool(device).snapshot();
+  auto add = [&](const PoolSnapshot& snapshot) {
     for (const auto& segment : snapshot.segments) {
       for (const auto& block : segment.blocks) ids.insert(block.context);
     }
     for (const auto& entry : snapshot.trace) ids.insert(entry.context);
+  };
+  for (int device : devices()) {
+    add(device_pool(device).snapshot());
+    for (const auto& external : external_pool_snapshots(device)) add(external.second);  // MemPool(allocator=X)
   }
   return ids;
 }
@@ -196,7 +199,7 @@ std::string torch_context_compile_context(std::uint64_t id) {
   return found == state.contexts.end() ? std::string() : found->second.compile_context;
 }
 
-TorchSnapshot torch_snapshot(MempoolKey key) {
+TorchSnapshot torch_snapshot(MempoolKey key, bool include_traces) {
   TorchRecordContext when = TorchRecordContext::NEVER;
   {
     RecorderState& state = recorder_state();
@@ -206,7 +209,7 @@ TorchSnapshot torch_snapshot(MempoolKey key) {
   // As torch's: trace entries carry stacks only when it records them for allocations too.
   const bool trace_contexts = when == TorchRecordContext::ALLOC || when == TorchRecordContext::ALL;
   const bool only_one_pool = key != MempoolKey(0, 0);
-  TorchSnapshot out;
+  TorchSnapshot out{};  // value-initialized: torch pickles config_metadata's scalars too
   for (int device : devices()) {
     const bool vmm = backend_name(device) == "vmm";
     // torch names private pools by its own keys; blocks parked for a pool's graphs are free to torch
@@ -242,7 +245,7 @@ TorchSnapshot torch_snapshot(MempoolKey key) {
       info.device = static_cast<c10::DeviceIndex>(device);
       info.address = static_cast<size_t>(segment.addr);
       info.total_size = segment.size;
-      info.stream = reinterpret_cast<void*>(segment.stream);
+      info.stream = reinterpret_cast<decltype(info.stream)>(segment.stream);  // void* or cudaStream_t
       info.is_large = !segment.small_heap;
       info.is_expandable = vmm && !listed.external;
       info.owner_private_pool_id = torch_key(owner_key);
@@ -264,15 +267,16 @@ TorchSnapshot torch_snapshot(MempoolKey key) {
       out.segments.push_back(std::move(info));
     }
     std::vector<TorchTrace> trace;
-    trace.reserve(snapshot.trace.size());
-    for (const auto& entry : snapshot.trace) {
+    trace.reserve(include_traces ? snapshot.trace.size() : 0);
+    for (const auto& entry : include_traces ? snapshot.trace : std::vector<TraceEntry>{}) {
       if (only_one_pool) {
         auto owner = keys.find(entry.pool);
         if (owner == keys.end() || owner->second != key) continue;
       }
       auto owner = keys.find(entry.pool);
+      using TraceStream = decltype(std::declval<TorchTrace&>().stream_);  // void* or cudaStream_t
       TorchTrace te(torch_action(entry.action, vmm), static_cast<c10::DeviceIndex>(device),
-                    static_cast<size_t>(entry.addr), entry.size, reinterpret_cast<void*>(entry.stream),
+                    static_cast<size_t>(entry.addr), entry.size, reinterpret_cast<TraceStream>(entry.stream),
                     torch_key(owner == keys.end() ? MempoolKey(0, 0) : owner->second), c10::approx_time_t{0},
                     trace_contexts ? context_for(entry.context) : nullptr);
       // torch reads time_.t_ once the allocator converted its clock; the pool has no clock,

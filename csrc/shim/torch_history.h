@@ -26,7 +26,8 @@ using TorchRecordContext = c10::cuda::CUDACachingAllocator::RecordContext;
 void follow_torch_recorder(TorchRecorder recorder, TorchRecordContext when);
 
 // Every device's segments (only private pool `key`'s when it is not (0, 0))
-// and trace, in torch's structs, with the contexts torch's recorder gave.
-TorchSnapshot torch_snapshot(MempoolKey key);
+// and, with `include_traces`, trace, in torch's structs, with the contexts
+// torch's recorder gave.
+TorchSnapshot torch_snapshot(MempoolKey key, bool include_traces);
 
 }  // namespace torchmem::shim

@@ -286,7 +286,13 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
   // Note [Device room]: granules the budget and, for a large request, the device can still give.
   auto creatable = [&]() {
     std::size_t granules = held < limit ? (limit - held) / gran : 0;
-    if (missing >= kDeviceRoomProbe) granules = std::min(granules, backend.mem_info().free_bytes / gran);
+    if (missing >= kDeviceRoomProbe) {
+      try {
+        granules = std::min(granules, backend.mem_info().free_bytes / gran);
+      } catch (const std::exception&) {
+        // the device would not say: creating finds out, granule by granule, as before
+      }
+    }
     return granules;
   };
   std::size_t room = creatable();

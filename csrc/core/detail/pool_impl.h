@@ -54,7 +54,8 @@ struct Pool::Impl {
   };
 
   // ---- pool.cpp ----------------------------------------------------------------
-  Addr allocate(std::size_t size, StreamId stream, PoolId pool, std::uint64_t context);
+  // cached_only: a cached block that fits, or 0 (no new memory, no ladder, no OOM counted).
+  Addr allocate(std::size_t size, StreamId stream, PoolId pool, std::uint64_t context, bool cached_only);
   void deallocate(Addr addr, std::uint64_t free_context = 0);
   void record_stream(Addr addr, StreamId stream);
   void create_private_pool(PoolId pool);
