@@ -188,7 +188,10 @@ void begin_allocate_to_pool(int device, MempoolKey key, std::function<bool(CudaS
 //   when freed, so X and its functions outlive the MemPool (the functions own
 //   what they need);
 // - MemPool(..., use_on_oom=True): a device-pool request that finds no memory
-//   may take a cached block of that pool (never a new segment of X).
+//   may take a cached block of that pool (never a new segment of X; a failed
+//   borrow leaves that pool's cache as it was). Unlike natively, the device
+//   pool has counted the request's OOM (num_ooms, an "oom" trace entry) by
+//   then, also when the borrow succeeds.
 // - X's segments are in snapshots (external_pool_snapshots), as segments of
 //   that pool.
 // Not yet: use_on_oom has no effect on a MemPool without an allocator of its
