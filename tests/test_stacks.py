@@ -43,13 +43,22 @@ def _gathered_in_cpp():
     return _runtime().runtime_provider_context_now()  # what an allocation would be given
 
 
+def _gathered_while_recording(runtime, compile_region=None, **history):
+    """The provider's id for one allocation made while record_history(**history) is on."""
+    torchmem.record_history(max_entries=16, **history)
+    if compile_region:
+        runtime.runtime_push_compile_context(compile_region)
+    try:
+        return _gathered_in_cpp()
+    finally:
+        if compile_region:
+            runtime.runtime_pop_compile_context()
+        torchmem.record_history(enabled=False)
+
+
 def test_the_installed_allocators_stacks_all_are_gathered_in_cpp(runtime):
     # Note [Torch's recorder]: record_history(stacks="all") makes the runtime gather in C++
-    torchmem.record_history(stacks="all", max_entries=16)
-    try:
-        stack_id = _gathered_in_cpp()
-    finally:
-        torchmem.record_history(enabled=False)
+    stack_id = _gathered_while_recording(runtime, stacks="all")
     assert stack_id & runtime.runtime_torch_context_flag() and not stack_id & stacks.CPP_FLAG
     assert runtime.runtime_provider_context_now() == 0  # history off: no provider
     frames = stacks.stack_frames(stack_id)
@@ -62,22 +71,12 @@ def test_the_installed_allocators_stacks_all_are_gathered_in_cpp(runtime):
 
 
 def test_gathered_stacks_keep_their_compile_context(runtime):
-    torchmem.record_history(stacks="all", max_entries=16, compile_context=True)
-    runtime.runtime_push_compile_context("Torch-Compiled Region: 0/0")
-    try:
-        inside = _gathered_in_cpp()
-    finally:
-        runtime.runtime_pop_compile_context()
-        torchmem.record_history(enabled=False)
+    inside = _gathered_while_recording(runtime, "Torch-Compiled Region: 0/0", stacks="all", compile_context=True)
     assert stacks.compile_context(inside) == "Torch-Compiled Region: 0/0"
 
 
 def test_python_stacks_still_come_from_the_python_provider(runtime):
-    torchmem.record_history(stacks="python", max_entries=16)
-    try:
-        stack_id = _gathered_in_cpp()
-    finally:
-        torchmem.record_history(enabled=False)
+    stack_id = _gathered_while_recording(runtime, stacks="python")
     assert stack_id and not stack_id & runtime.runtime_torch_context_flag()
     assert "_gathered_in_cpp" in str(stacks.stack_frames(stack_id))
 

@@ -464,18 +464,18 @@ class OpContext {
 }  // namespace
 
 Addr Pool::allocate(std::size_t size, StreamId stream, PoolId pool, std::uint64_t context) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  OpContext op(impl_->op_context, context);
-  Addr a = impl_->allocate(size, stream, pool, context, /*cached_only=*/false);
-  impl_->after_op("allocate");
-  return a;
+  return allocate_locked(size, stream, pool, context, /*cached_only=*/false);
 }
 
 Addr Pool::allocate_cached(std::size_t size, StreamId stream, PoolId pool, std::uint64_t context) {
+  return allocate_locked(size, stream, pool, context, /*cached_only=*/true);
+}
+
+Addr Pool::allocate_locked(std::size_t size, StreamId stream, PoolId pool, std::uint64_t context, bool cached_only) {
   std::lock_guard<std::mutex> lock(mutex_);
   OpContext op(impl_->op_context, context);
-  Addr a = impl_->allocate(size, stream, pool, context, /*cached_only=*/true);
-  impl_->after_op("allocate_cached");
+  Addr a = impl_->allocate(size, stream, pool, context, cached_only);
+  impl_->after_op(cached_only ? "allocate_cached" : "allocate");
   return a;
 }
 

@@ -351,6 +351,7 @@ class Pool {
   Backend& backend_;
   PoolConfig config_;
   mutable std::mutex mutex_;
+  Addr allocate_locked(std::size_t size, StreamId stream, PoolId pool, std::uint64_t context, bool cached_only);
   // The implementation owns the rest (csrc/core/detail/pool_impl.h).
   struct Impl;
   std::unique_ptr<Impl> impl_;
