@@ -526,3 +526,30 @@ def test_oom_callback_can_free_memory_and_retry():
     )
     assert "HOOK OK" in proc.stdout
 
+
+
+def test_a_request_the_device_cannot_back_fails_without_creating_granules():
+    # Note [Device room]: memory held outside the pool (here caching off's plain cudaMalloc, as
+    # another process's would be) leaves the budget (the device's total) room the device lacks.
+    proc = run(
+        """
+        torchmem.install(warn_unsupported=False)
+        GiB = 1 << 30
+        torch.cuda.caching_allocator_enable(False)
+        outside = torch.empty(16 * GiB, dtype=torch.uint8, device="cuda")  # not in the pool
+        torch.cuda.caching_allocator_enable(True)
+        kept = torch.empty(GiB, dtype=torch.uint8, device="cuda")
+        free = torch.cuda.mem_get_info()[0]
+        before = torchmem.memory_stats()["torchmem.backend.create_calls"]
+        try:
+            torch.empty(free + 4 * GiB, dtype=torch.uint8, device="cuda")
+            raise SystemExit("expected an OOM")
+        except torch.OutOfMemoryError:
+            pass
+        created = torchmem.memory_stats()["torchmem.backend.create_calls"] - before
+        fits = torch.empty(free // 2, dtype=torch.uint8, device="cuda")  # what the device can back still comes
+        _C.runtime_check_invariants(0)
+        print("CREATED", created)
+        """
+    )
+    assert "CREATED 0" in proc.stdout, proc.stdout
