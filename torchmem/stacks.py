@@ -36,17 +36,16 @@ allocated long ago still finds its stack. Frames are innermost first, as in
 torch's snapshots; torchmem's own frames are dropped and at most MAX_FRAMES kept.
 
 Note [C++ stacks]
-With stacks="all" each allocation gets torch's own CapturedTraceback
+capture_stack_with_cpp() gives each call torch's own CapturedTraceback
 (torch._C._profiler.gather_traceback: ~1 us, the unwinder torch's allocator
-uses), under an id with CPP_FLAG set. Nothing repeats, so the table is pruned:
-once it holds more than its threshold, every id that no live block and no
-trace-ring entry of any device still names is dropped, and the threshold
-becomes twice what is left (amortized cost per allocation stays constant). The
-newest KEEP_NEWEST ids always stay: an allocation on another thread may hold
-one that the pool has not stored yet. Blocks keep their stacks after history
-is turned off, as in torch's allocator (which reports every block's context).
-Tracebacks are symbolized (addresses to names: slow, so in one batch) only
-when a snapshot reads them.
+uses), under an id with CPP_FLAG set, for simulated pools and replays (the
+installed allocator gathers in C++ instead: Note [Torch's recorder], whose
+table the runtime prunes against its own pools). Nothing repeats, so this
+table is pruned too: once it holds more than its threshold, all but the newest
+KEEP_NEWEST ids are dropped (prune_cpp_stacks(referenced) also keeps the ids
+it is given, for a caller that knows its pools' ids), and the threshold
+becomes twice what is left (amortized cost per call stays constant). Tracebacks are symbolized
+(addresses to names: slow, so in one batch) only when a snapshot reads them.
 
 Note [Compile context]
 torch's _record_memory_history(compile_context=True) tags each event with the
@@ -79,6 +78,7 @@ _cpp_lock = threading.Lock()
 _cpp_stacks = {}    # id -> CapturedTraceback, or its frames once symbolized (Note [C++ stacks])
 _cpp_state = {"next": 1, "prune_at": FIRST_PRUNE_AT}
 _torch_frames = {}  # TORCH_FLAG id -> frames, from the last symbolize() that named it
+_torch_compile_contexts = {}  # TORCH_FLAG id -> compile region ("" none), the same batch
 # The compiled module's compile-context query while contexts are recorded, else None
 # (Note [Compile context]); torch's traceback gatherer once first used (Note [C++ stacks]).
 _hooks = {"compile_context": None, "gather": None}
@@ -171,7 +171,7 @@ def capture_stack_with_cpp():
             _compile_contexts[stack_id] = compile_context
         due = len(_cpp_stacks) > _cpp_state["prune_at"]
     if due:
-        prune_cpp_stacks(_referenced_ids())
+        prune_cpp_stacks(referenced=())  # no pool of the caller's is known here (Note [C++ stacks])
     return stack_id
 
 
@@ -179,17 +179,6 @@ def context_ids(core_snapshot):
     """Every context id a block or a trace entry of a core snapshot names."""
     ids = {block.get("context", 0) for segment in core_snapshot["segments"] for block in segment["blocks"]}
     ids.update(entry.get("context", 0) for entry in core_snapshot.get("trace", ()))
-    return ids
-
-
-def _referenced_ids():
-    """Every context id a live block or a trace entry of the installed allocator names."""
-    from torchmem._loader import extension
-
-    runtime = extension()
-    ids = set()
-    for device in runtime.runtime_devices():
-        ids |= context_ids(runtime.runtime_snapshot(device))
     return ids
 
 
@@ -203,6 +192,11 @@ def prune_cpp_stacks(referenced):
         _cpp_state["prune_at"] = max(FIRST_PRUNE_AT, 2 * len(_cpp_stacks))
 
 
+def _outside_torchmem(frames):
+    """`frames` less torchmem's own (its provider's), as Python stacks drop them."""
+    return [dict(f) for f in frames if not str(f.get("filename", "")).startswith(_PACKAGE_DIR)]
+
+
 def _symbolize_gathered(stack_ids):
     """Frames of the C++ gatherer's ids among `stack_ids`, from the runtime, in one batch."""
     wanted = sorted(i for i in set(stack_ids) if i & TORCH_FLAG and not i & CPP_FLAG)
@@ -210,16 +204,17 @@ def _symbolize_gathered(stack_ids):
         return
     from torchmem._loader import extension
 
-    symbolized = extension().runtime_symbolize_torch_contexts(wanted)
+    runtime = extension()
+    symbolized = runtime.runtime_symbolize_torch_contexts(wanted)
+    regions = runtime.runtime_torch_context_compile_contexts(wanted)
     with _cpp_lock:
-        for stack_id, frames in zip(wanted, symbolized):
-            _torch_frames[stack_id] = [f for f in frames if not str(f.get("filename", "")).startswith(_PACKAGE_DIR)]
+        for stack_id, frames, region in zip(wanted, symbolized, regions):
+            _torch_frames[stack_id] = _outside_torchmem(frames)
+            _torch_compile_contexts[stack_id] = region
 
 
-def symbolize(stack_ids):
-    """Turns the C++ stacks among `stack_ids` into frames, in one batch (symbolizing is the slow part)."""
-    _torch_frames.clear()  # a snapshot's batch; the runtime's table is the one that keeps contexts
-    _symbolize_gathered(stack_ids)
+def _symbolize_captured(stack_ids):
+    """Frames of capture_stack_with_cpp's ids among `stack_ids` not symbolized yet, in one batch."""
     with _cpp_lock:
         pending = [(i, _cpp_stacks[i]) for i in set(stack_ids)
                    if i & CPP_FLAG and i in _cpp_stacks and not isinstance(_cpp_stacks[i], list)]
@@ -230,14 +225,21 @@ def symbolize(stack_ids):
     symbolized = torch._C._profiler.symbolize_tracebacks([tb for _, tb in pending])
     with _cpp_lock:
         for (stack_id, _), frames in zip(pending, symbolized):
-            # torchmem's own frames (the provider) are dropped, as for Python stacks
-            _cpp_stacks[stack_id] = [dict(f) for f in frames if not str(f.get("filename", "")).startswith(_PACKAGE_DIR)]
+            _cpp_stacks[stack_id] = _outside_torchmem(frames)
+
+
+def symbolize(stack_ids):
+    """Turns the C++ stacks among `stack_ids` into frames, in one batch (symbolizing is the slow part)."""
+    _torch_frames.clear()  # a snapshot's batch; the runtime's table is the one that keeps contexts
+    _torch_compile_contexts.clear()
+    _symbolize_gathered(stack_ids)
+    _symbolize_captured(stack_ids)
 
 
 def stack_frames(stack_id):
     """The frames ({filename, line, name}, innermost first) of a provider's id, or []."""
     if stack_id & CPP_FLAG:
-        symbolize([stack_id])
+        _symbolize_captured([stack_id])  # kept once symbolized; a snapshot's gathered batch stays
         found = _cpp_stacks.get(stack_id)
         return found if isinstance(found, list) else []
     if stack_id & TORCH_FLAG:
@@ -250,7 +252,7 @@ def stack_frames(stack_id):
 def compile_context(stack_id):
     """The compile context recorded with a provider's id, or "N/A" (Note [Compile context])."""
     if stack_id & TORCH_FLAG and not stack_id & CPP_FLAG:
-        from torchmem._loader import extension
-
-        return extension().runtime_torch_context_compile_context(stack_id) or NO_COMPILE_CONTEXT
+        if stack_id not in _torch_compile_contexts:
+            _symbolize_gathered([stack_id])  # a snapshot batches them (symbolize)
+        return _torch_compile_contexts.get(stack_id) or NO_COMPILE_CONTEXT
     return _compile_contexts.get(stack_id, NO_COMPILE_CONTEXT)

@@ -156,14 +156,7 @@ py::dict runtime_snapshot(int device) {
   // a block torch freed is free to torch even while the pool keeps it for its
   // graphs (Note [Parked private blocks], runtime.cpp): segments of a pool in
   // use get "pool_key", and its parked blocks read "inactive" with "parked".
-  std::unordered_map<PoolId, shim::MempoolKey> keys;
-  std::unordered_set<Addr> parked;
-  for (shim::MempoolKey key : shim::private_pool_keys(device)) {
-    shim::PrivateBlocks blocks = shim::private_blocks(device, key);
-    if (blocks.pool == 0) continue;
-    keys.emplace(blocks.pool, key);
-    parked.insert(blocks.parked.begin(), blocks.parked.end());
-  }
+  const shim::PrivatePoolNames names = shim::private_pool_names(device);
   // Note [External pool allocators]: a MemPool(allocator=X)'s segments, under that pool's key
   py::list segments = out["segments"].cast<py::list>();
   std::vector<std::pair<shim::MempoolKey, PoolSnapshot>> externals;
@@ -183,12 +176,12 @@ py::dict runtime_snapshot(int device) {
   for (py::handle item : segments) {
     py::dict segment = py::reinterpret_borrow<py::dict>(item);
     if (segment.contains("pool_key")) continue;
-    auto key = keys.find(segment["pool"].cast<PoolId>());
-    if (key == keys.end()) continue;
+    auto key = names.keys.find(segment["pool"].cast<PoolId>());
+    if (key == names.keys.end()) continue;
     segment["pool_key"] = py::make_tuple(key->second.first, key->second.second);
     for (py::handle b : segment["blocks"].cast<py::list>()) {
       py::dict block = py::reinterpret_borrow<py::dict>(b);
-      if (!parked.count(block["address"].cast<Addr>())) continue;
+      if (!names.parked.count(block["address"].cast<Addr>())) continue;
       block["state"] = "inactive";
       block["parked"] = true;
     }
@@ -323,8 +316,8 @@ void bind_runtime(py::module_& m) {
         return out;
       },
       py::arg("ids"), "Frames ({filename, line, name}, innermost first) of each gathered context id, in one batch");
-  m.def("runtime_torch_context_compile_context", &shim::torch_context_compile_context, py::arg("id"),
-        "The compile region recorded with a gathered context id, '' if none");
+  m.def("runtime_torch_context_compile_contexts", &shim::torch_context_compile_contexts, py::arg("ids"),
+        "The compile region recorded with each gathered context id ('' if none), in one batch");
   m.def("runtime_torch_context_flag", []() { return shim::kTorchContextFlag; },
         "The bit set in every context id the C++ gatherer hands out");
   m.def("runtime_provider_context_now", &shim::provider_context_now,

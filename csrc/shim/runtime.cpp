@@ -514,7 +514,7 @@ std::uint64_t failed_deleter_frees() { return failed_deleter_free_count.load(std
 
 void record_stream(void* ptr, CudaStream stream) {
   if (ptr == nullptr) return;  // a 0-byte tensor holds no block (Note [Zero bytes, no block], install.cpp)
-  if (record_stream_if_external(ptr, stream)) return;  // Note [External pool allocators]  // the user's allocator frees at once; no stream to track
+  if (record_stream_if_external(ptr, stream)) return;  // Note [External pool allocators]
   // The hook gets no device: the pool that owns the block takes the stream.
   existing_state(owning_device(ptr))->pool->record_stream(reinterpret_cast<Addr>(ptr),
                                                           reinterpret_cast<StreamId>(stream));
@@ -572,6 +572,19 @@ std::vector<MempoolKey> private_pool_keys(int device) {
   std::vector<MempoolKey> keys;
   for (const auto& entry : state.private_pools) keys.push_back(entry.first);
   return keys;
+}
+
+PrivatePoolNames private_pool_names(int device) {
+  DeviceState& state = state_for(device);
+  PrivatePoolNames out;
+  {
+    std::lock_guard<std::mutex> lock(state.capture_mutex);
+    for (const auto& [key, pool] : state.private_pools) out.keys.emplace(pool.id, key);
+  }
+  std::lock_guard<std::mutex> lock(state.parked_mutex);
+  // only pools in use park (release_pool hands a pool's parked blocks back to the core)
+  for (const auto& entry : state.parked) out.parked.insert(entry.second.begin(), entry.second.end());
+  return out;
 }
 
 void repark_private_blocks(int device, MempoolKey key, const std::vector<Addr>& park, const std::vector<Addr>& hold) {

@@ -26,6 +26,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -136,7 +138,8 @@ struct StackFrame {
 };
 // The frames (innermost first) of each id (none for an id the table does not hold), in one batch.
 std::vector<std::vector<StackFrame>> symbolize_torch_contexts(const std::vector<std::uint64_t>& ids);
-std::string torch_context_compile_context(std::uint64_t id);  // "" when none was recorded
+// The compile region kept with each id ("" when none was recorded), in one batch.
+std::vector<std::string> torch_context_compile_contexts(const std::vector<std::uint64_t>& ids);
 // What the context provider in force gives now (0 with none): tests of the gatherer.
 std::uint64_t provider_context_now();
 // The device pool's operation counter (Pool::sequence), 0 if it has no pool yet.
@@ -233,6 +236,17 @@ struct PrivateBlocks {
 };
 PrivateBlocks private_blocks(int device, MempoolKey key);
 std::vector<MempoolKey> private_pool_keys(int device);  // the private pools in use
+// Note [Parked blocks in snapshots] (runtime_bindings_cuda.cpp): what snapshots
+// need to name private pools in torch's terms, read once per snapshot.
+struct PrivatePoolNames {
+  std::unordered_map<PoolId, MempoolKey> keys;  // core pool -> torch's key, for the pools in use
+  std::unordered_set<Addr> parked;              // blocks torch freed that a pool keeps for its graphs
+  MempoolKey key_of(PoolId pool) const {
+    auto found = keys.find(pool);
+    return found == keys.end() ? MempoolKey(0, 0) : found->second;
+  }
+};
+PrivatePoolNames private_pool_names(int device);
 // Blocks of `key` that torch frees (`park`: live ones) or holds again
 // (`hold`: parked ones, or blocks the core allocated again for the pool).
 // After a checkpoint restore: `park` are blocks torch held that the checkpoint

@@ -11,6 +11,7 @@
 // them (current) and their `freed` totals grow; the inactive gauges grow by
 // them (reserved = active + inactive still holds). Peaks stay as the core measured.
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "shim/runtime_state.h"
@@ -53,6 +54,21 @@ void remember_external_block(void* ptr, Registry::ExternalBlock block) {
   r.external_count.store(r.external_live.size(), std::memory_order_release);
 }
 
+// The external block at `ptr` (taken out of the registry with `forget`), or
+// none: an empty pool and allocator. One atomic read when there are none.
+std::optional<Registry::ExternalBlock> find_external_block(void* ptr, bool forget) {
+  Registry& r = registry();
+  if (r.external_count.load(std::memory_order_acquire) == 0) return std::nullopt;
+  std::lock_guard<std::mutex> lock(r.external_mutex);
+  auto found = r.external_live.find(reinterpret_cast<Addr>(ptr));
+  if (found == r.external_live.end()) return std::nullopt;
+  if (!forget) return found->second;
+  Registry::ExternalBlock block = std::move(found->second);
+  r.external_live.erase(found);
+  r.external_count.store(r.external_live.size(), std::memory_order_release);
+  return block;
+}
+
 // Note [External pool allocators]: X's segments count against the device's
 // budget as PyTorch counts them in its per-process fraction.
 bool external_may_grow(DeviceState& state, std::size_t bytes) {
@@ -64,19 +80,18 @@ bool external_may_grow(DeviceState& state, std::size_t bytes) {
 }
 
 void count_external_bytes(DeviceState& state, ExternalPool& external, std::size_t bytes, bool added) {
-  if (added) {
-    external.reserved += bytes;
-  } else {
-    external.reserved -= bytes;
-  }
+  auto count = [&](std::atomic<std::size_t>& total) {
+    if (added) {
+      total += bytes;
+    } else {
+      total -= bytes;
+    }
+  };
+  count(external.reserved);
   if (external.inside_device_pool) return;  // already the device pool's own
   // One lock, so the total the device pool sees is the last one counted (Note [Foreign bytes]).
   std::lock_guard<std::mutex> lock(state.external_bytes_mutex);
-  if (added) {
-    state.external_reserved += bytes;
-  } else {
-    state.external_reserved -= bytes;
-  }
+  count(state.external_reserved);
   state.pool->set_foreign_bytes(state.external_reserved.load());
 }
 
@@ -198,39 +213,23 @@ void* borrow_from_oom_lenders(DeviceState& state, std::size_t size, CudaStream s
 }
 
 bool record_stream_if_external(void* ptr, CudaStream stream) {
-  Registry& r = registry();
-  if (r.external_count.load(std::memory_order_acquire) == 0) return false;
-  std::shared_ptr<ExternalPool> pool;
-  {
-    std::lock_guard<std::mutex> lock(r.external_mutex);
-    auto found = r.external_live.find(reinterpret_cast<Addr>(ptr));
-    if (found == r.external_live.end()) return false;
-    pool = found->second.pool;
-  }
+  const auto block = find_external_block(ptr, /*forget=*/false);
+  if (!block) return false;
   // A cached X block must not be reused while another stream may use it (Note [Record
   // stream]); caching off frees at once, with nothing to track.
-  if (pool) pool->pool->record_stream(reinterpret_cast<Addr>(ptr), reinterpret_cast<StreamId>(stream));
+  if (block->pool) block->pool->pool->record_stream(reinterpret_cast<Addr>(ptr), reinterpret_cast<StreamId>(stream));
   return true;
 }
 
 // True if `ptr` was a block of an external pool or of caching off: then it went back there.
 bool free_if_external(void* ptr) {
-  Registry& r = registry();
-  if (r.external_count.load(std::memory_order_acquire) == 0) return false;
-  Registry::ExternalBlock block;
-  {
-    std::lock_guard<std::mutex> lock(r.external_mutex);
-    auto found = r.external_live.find(reinterpret_cast<Addr>(ptr));
-    if (found == r.external_live.end()) return false;
-    block = std::move(found->second);
-    r.external_live.erase(found);
-    r.external_count.store(r.external_live.size(), std::memory_order_release);
-  }
+  const auto block = find_external_block(ptr, /*forget=*/true);
+  if (!block) return false;
   // No lock held: the user's code may call back into torch.
-  if (block.pool) {
-    block.pool->pool->deallocate(reinterpret_cast<Addr>(ptr));
+  if (block->pool) {
+    block->pool->pool->deallocate(reinterpret_cast<Addr>(ptr));
   } else {
-    block.uncached->free(ptr);
+    block->uncached->free(ptr);
   }
   return true;
 }
@@ -285,12 +284,7 @@ bool park_if_private(DeviceState& state, Addr addr) {
   return true;
 }
 
-bool is_external_block(void* ptr) {
-  Registry& r = registry();
-  if (r.external_count.load(std::memory_order_acquire) == 0) return false;
-  std::lock_guard<std::mutex> lock(r.external_mutex);
-  return r.external_live.count(reinterpret_cast<Addr>(ptr)) != 0;
-}
+bool is_external_block(void* ptr) { return find_external_block(ptr, /*forget=*/false).has_value(); }
 
 PoolStats device_stats(int device) {
   DeviceState& state = state_for(device);
@@ -462,21 +456,22 @@ std::vector<std::pair<MempoolKey, PoolSnapshot>> external_pool_snapshots(int dev
   return out;
 }
 
-void reset_peak_stats(int device) {
+namespace {
+
+// `reset` on the device pool and on each of its external pools, whose figures torch's stats include.
+void reset_each_pool(int device, void (Pool::*reset)()) {
   DeviceState& state = state_for(device);
-  state.pool->reset_peak_stats();
+  (state.pool.get()->*reset)();
   for (const auto& external : external_pools_where(state, [](const ExternalPool&) { return true; })) {
-    external->pool->reset_peak_stats();
+    (external->pool.get()->*reset)();
   }
 }
 
-void reset_accumulated_stats(int device) {
-  DeviceState& state = state_for(device);
-  state.pool->reset_accumulated_stats();
-  for (const auto& external : external_pools_where(state, [](const ExternalPool&) { return true; })) {
-    external->pool->reset_accumulated_stats();
-  }
-}
+}  // namespace
+
+void reset_peak_stats(int device) { reset_each_pool(device, &Pool::reset_peak_stats); }
+
+void reset_accumulated_stats(int device) { reset_each_pool(device, &Pool::reset_accumulated_stats); }
 
 void set_use_on_oom(int device, MempoolKey key, bool use_on_oom) {
   DeviceState& state = state_for(device);

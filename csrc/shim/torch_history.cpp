@@ -192,11 +192,15 @@ std::vector<std::vector<StackFrame>> symbolize_torch_contexts(const std::vector<
   return out;
 }
 
-std::string torch_context_compile_context(std::uint64_t id) {
+std::vector<std::string> torch_context_compile_contexts(const std::vector<std::uint64_t>& ids) {
+  std::vector<std::string> out(ids.size());
   RecorderState& state = recorder_state();
   std::lock_guard<std::mutex> lock(state.mutex);
-  auto found = state.contexts.find(id);
-  return found == state.contexts.end() ? std::string() : found->second.compile_context;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    auto found = state.contexts.find(ids[i]);
+    if (found != state.contexts.end()) out[i] = found->second.compile_context;
+  }
+  return out;
 }
 
 TorchSnapshot torch_snapshot(MempoolKey key, bool include_traces) {
@@ -213,14 +217,7 @@ TorchSnapshot torch_snapshot(MempoolKey key, bool include_traces) {
   for (int device : devices()) {
     const bool vmm = backend_name(device) == "vmm";
     // torch names private pools by its own keys; blocks parked for a pool's graphs are free to torch
-    std::unordered_map<PoolId, MempoolKey> keys;
-    std::unordered_set<Addr> parked;
-    for (MempoolKey pool_key : private_pool_keys(device)) {
-      PrivateBlocks blocks = private_blocks(device, pool_key);
-      if (blocks.pool == 0) continue;
-      keys.emplace(blocks.pool, pool_key);
-      parked.insert(blocks.parked.begin(), blocks.parked.end());
-    }
+    const PrivatePoolNames names = private_pool_names(device);
     const PoolSnapshot snapshot = device_pool(device).snapshot();
     // the device pool's segments, then each MemPool(allocator=X)'s (Note [External pool allocators])
     struct Listed {
@@ -230,8 +227,7 @@ TorchSnapshot torch_snapshot(MempoolKey key, bool include_traces) {
     };
     std::vector<Listed> all;
     for (const auto& segment : snapshot.segments) {
-      auto owner = keys.find(segment.pool);
-      all.push_back(Listed{&segment, owner == keys.end() ? MempoolKey(0, 0) : owner->second, false});
+      all.push_back(Listed{&segment, names.key_of(segment.pool), false});
     }
     const auto externals = external_pool_snapshots(device);
     for (const auto& [external_key, external] : externals) {
@@ -250,7 +246,7 @@ TorchSnapshot torch_snapshot(MempoolKey key, bool include_traces) {
       info.is_expandable = vmm && !listed.external;
       info.owner_private_pool_id = torch_key(owner_key);
       for (const auto& block : segment.blocks) {
-        const bool is_parked = parked.count(block.addr) != 0;
+        const bool is_parked = names.parked.count(block.addr) != 0;
         TorchBlock b;
         b.size = block.size;
         b.requested_size = std::min(block.requested, block.size);
@@ -267,17 +263,15 @@ TorchSnapshot torch_snapshot(MempoolKey key, bool include_traces) {
       out.segments.push_back(std::move(info));
     }
     std::vector<TorchTrace> trace;
-    trace.reserve(include_traces ? snapshot.trace.size() : 0);
-    for (const auto& entry : include_traces ? snapshot.trace : std::vector<TraceEntry>{}) {
-      if (only_one_pool) {
-        auto owner = keys.find(entry.pool);
-        if (owner == keys.end() || owner->second != key) continue;
-      }
-      auto owner = keys.find(entry.pool);
+    if (include_traces) trace.reserve(snapshot.trace.size());
+    for (const TraceEntry& entry : snapshot.trace) {
+      if (!include_traces) break;
+      const MempoolKey owner_key = names.key_of(entry.pool);
+      if (only_one_pool && owner_key != key) continue;
       using TraceStream = decltype(std::declval<TorchTrace&>().stream_);  // void* or cudaStream_t
       TorchTrace te(torch_action(entry.action, vmm), static_cast<c10::DeviceIndex>(device),
                     static_cast<size_t>(entry.addr), entry.size, reinterpret_cast<TraceStream>(entry.stream),
-                    torch_key(owner == keys.end() ? MempoolKey(0, 0) : owner->second), c10::approx_time_t{0},
+                    torch_key(owner_key), c10::approx_time_t{0},
                     trace_contexts ? context_for(entry.context) : nullptr);
       // torch reads time_.t_ once the allocator converted its clock; the pool has no clock,
       // and its operation sequence orders events the same way (torchmem/snapshot_format.py).
