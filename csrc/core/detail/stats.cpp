@@ -75,24 +75,29 @@ PoolStats Pool::stats() const {
   return impl_->stats();
 }
 
+namespace {
+
+// `reset` on every stat array of `s` (Note [Stats apart]).
+void reset_each_stat(PoolStats& s, void (Stat::*reset)()) {
+#define TORCHMEM_RESET_STAT_ARRAY(name) \
+  for (Stat& st : s.name) (st.*reset)();
+  TORCHMEM_STAT_ARRAYS(TORCHMEM_RESET_STAT_ARRAY)
+#undef TORCHMEM_RESET_STAT_ARRAY
+}
+
+}  // namespace
+
 void Pool::reset_peak_stats() {
   std::lock_guard<std::mutex> lock(mutex_);
   impl_->sync_memory_stats();
-  PoolStats& s = impl_->stats_;
-#define TORCHMEM_RESET_PEAK(name) \
-  for (Stat& st : s.name) st.reset_peak();
-  TORCHMEM_STAT_ARRAYS(TORCHMEM_RESET_PEAK)
-#undef TORCHMEM_RESET_PEAK
+  reset_each_stat(impl_->stats_, &Stat::reset_peak);
 }
 
 void Pool::reset_accumulated_stats() {
   std::lock_guard<std::mutex> lock(mutex_);
   impl_->sync_memory_stats();
   PoolStats& s = impl_->stats_;
-#define TORCHMEM_RESET_ACC(name) \
-  for (Stat& st : s.name) st.reset_accumulated();
-  TORCHMEM_STAT_ARRAYS(TORCHMEM_RESET_ACC)
-#undef TORCHMEM_RESET_ACC
+  reset_each_stat(s, &Stat::reset_accumulated);
 #define TORCHMEM_RESET_COUNTER(name) s.name = 0;
   TORCHMEM_COUNTERS(TORCHMEM_RESET_COUNTER)
 #undef TORCHMEM_RESET_COUNTER
