@@ -114,11 +114,12 @@ class _FakeRuntime:
     def runtime_set_context_provider(self, provider):
         self.provider = provider
 
-    def runtime_record_torch_stacks(self, enabled, free_stacks, compile_contexts):
-        # stacks="all": the runtime gathers in C++ and becomes its own provider (Note [Torch's recorder])
+    def runtime_record_torch_stacks(self, enabled, free_stacks, compile_contexts, cpp_frames=True):
+        # with stacks: the runtime gathers in C++ and becomes its own provider (Note [Torch's recorder])
         if enabled:
             self.provider = CPP_GATHERER
             self.free_context = free_stacks
+            self.cpp_frames = cpp_frames
 
     def runtime_set_compile_context_recording(self, enabled):
         self.compile_contexts = enabled
@@ -145,11 +146,11 @@ def test_torch_modes_map_onto_ring_and_stacks(runtime):
     snapshot = sys.modules["torchmem.snapshot"]
     stacks = sys.modules["torchmem.stacks"]
     _torch_history(max_entries=1000)  # torch's defaults: enabled="all", context="all", stacks="all"
-    assert runtime.capacity == 1000 and runtime.provider == CPP_GATHERER
-    _torch_history(max_entries=1000, stacks="python")
-    assert runtime.capacity == 1000 and runtime.provider is snapshot.capture_stack
+    assert runtime.capacity == 1000 and runtime.provider == CPP_GATHERER and runtime.cpp_frames
+    _torch_history(max_entries=1000, stacks="python")  # Python and TorchScript frames, gathered in C++ too
+    assert runtime.capacity == 1000 and runtime.provider == CPP_GATHERER and not runtime.cpp_frames
     _torch_history(enabled="state", stacks="python")  # stacks of live blocks, no events
-    assert runtime.capacity == 0 and runtime.provider is snapshot.capture_stack
+    assert runtime.capacity == 0 and runtime.provider == CPP_GATHERER and not runtime.cpp_frames
     _torch_history(enabled="all", context=None, max_entries=7)  # events only
     assert runtime.capacity == 7 and runtime.provider is None
     _torch_history(enabled="all", context=None, compile_context=True)  # events tagged, no stacks

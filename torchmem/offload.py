@@ -67,6 +67,7 @@ Values are copied bit for bit, strides included, so gradients are identical to
 a run without offload (tests/test_offload.py, tests/gpu/test_gpu_host.py).
 """
 
+import time
 import weakref
 
 import torch
@@ -89,7 +90,8 @@ class _Step:
     """The offloaded tensors of one forward (weakrefs, in save order) and its backward's
     fetch accounting (Note [Offload streams])."""
 
-    __slots__ = ("refs", "ready", "end", "cursor", "fetched", "freed", "floor", "live", "__weakref__")
+    __slots__ = ("refs", "ready", "end", "cursor", "fetched", "freed", "floor", "live", "watched",
+                 "freed_seen", "looked_at", "__weakref__")
 
     def __init__(self):
         self.refs = []
@@ -100,6 +102,9 @@ class _Step:
         self.freed = 0     # bytes of this step's saved tensors (kept, or fetched back) freed since
         self.floor = 0     # bytes the next-needed fetches may take beyond `freed`
         self.live = {}     # storage of a kept tensor -> [tracked tensors alive on it, its bytes]
+        self.watched = {}  # id(weakref) -> (weakref, storage key of a kept tensor or None, bytes fetched)
+        self.freed_seen = -1  # `freed` at the last look ahead
+        self.looked_at = 0.0  # time.perf_counter() of the last look ahead
 
     def has_room(self, h, allowance):
         """Whether fetching `h` now keeps memory neutral (Note [Offload streams]); `allowance`
@@ -118,12 +123,25 @@ class _Step:
             self.live[key] = [1, storage.nbytes()]
         else:
             entry[0] += 1
-        _on_free(t, self._kept_gone, key)
+        self._watch(t, key, 0)
 
     def track_fetched(self, t, nbytes):
-        _on_free(t, self._add_freed, nbytes)
+        self._watch(t, None, nbytes)  # a fetched tensor has a storage of its own: no count needed
 
-    def _kept_gone(self, key):
+    def _watch(self, t, key, nbytes):
+        # A weakref with a callback, kept here until it fires: a quarter of the cost of
+        # weakref.finalize, which a step pays for each of its hundreds of saved tensors.
+        ref = weakref.ref(t, self._gone)
+        self.watched[id(ref)] = (ref, key, nbytes)
+
+    def _gone(self, ref):
+        item = self.watched.pop(id(ref), None)
+        if item is None:
+            return
+        _, key, nbytes = item
+        if key is None:
+            self.freed += nbytes
+            return
         entry = self.live.get(key)
         if entry is not None:
             entry[0] -= 1
@@ -131,18 +149,18 @@ class _Step:
                 del self.live[key]
                 self.freed += entry[1]
 
-    def _add_freed(self, nbytes):
-        self.freed += nbytes
+    def worth_a_look(self):
+        """Whether fetching ahead could start something now: room was freed since the last
+        look, or copies out may have finished (polled at most every 100 us: a CUDA event
+        query per unpack of a kept tensor was host time a CPU-bound step cannot spare)."""
+        if self.freed != self.freed_seen:
+            return True
+        return self.ready < len(self.refs) and time.perf_counter() - self.looked_at >= 1e-4
 
 
 def _done(h):
     """Nothing left to fetch for this offloaded tensor (gone, used, or fetched already)."""
     return h is None or h.used or h.fetched is not None
-
-
-def _on_free(obj, fn, arg):
-    finalizer = weakref.finalize(obj, fn, arg)
-    finalizer.atexit = False  # nothing to count once the interpreter exits
 
 
 class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
@@ -172,6 +190,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         self.min_bytes = int(min_bytes)
         self.prefetch = prefetch
         self.devices = tuple(devices)
+        self._cuda_only = self.devices == ("cuda",)
         self._pool = pool
         self.measured = None   # sizes of the eligible saved tensors of the measured step
         self.plan = None       # indices to move; None until measured (move all)
@@ -227,13 +246,19 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         # Runs for every saved tensor of every step: cheapest tests first. isinstance(x,
         # Parameter) goes through Parameter's metaclass in Python (~10 us on a CPU VM), so only
         # leaves are asked: a Parameter is always a leaf, and activations never are.
-        if t.device.type not in self.devices or t.numel() * t.element_size() < self.min_bytes:
+        # On the H200 a Llama step saves 333 tensors, and their hooks' host time was most of the
+        # step's excess over its PCIe bound (bench/offload_profile.py, BENCHMARKS.md section 13).
+        if t.numel() * t.element_size() < self.min_bytes:
+            return False
+        if not (t.is_cuda if self._cuda_only else t.device.type in self.devices):
             return False
         if t.layout != torch.strided or t.is_sparse:
             return False
         base = t._base if t._base is not None else t  # linear saves weight.t(), a view of the weight
         if base.is_leaf and (base.requires_grad or isinstance(base, torch.nn.Parameter)):
             return False  # weights (frozen ones too) stay where the optimizer updates them
+        if t.is_contiguous():
+            return True
         span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
         return span == t.numel()  # dense, no overlap: a flat copy holds it exactly
 
@@ -280,8 +305,9 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
 
     def _unpack(self, obj):
         if not isinstance(obj, _Offloaded):
-            if self._backward is not None and isinstance(obj, torch.Tensor):
-                self._fetch_ahead(self._backward)  # what backward freed meanwhile may make room
+            step = self._backward
+            if step is not None and isinstance(obj, torch.Tensor) and step.worth_a_look():
+                self._fetch_ahead(step)  # what backward freed meanwhile may make room
             return obj
         self._fetch(obj, urgent=True)
         self._fetch_ahead(obj.step)
@@ -334,6 +360,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         # The next tensor backward needs may take the floor only if it is out already; tensors
         # still on their way out (at and past `ready`) are not looked at.
         allowance = step.floor if step.end <= step.ready else 0
+        step.freed_seen, step.looked_at = step.freed, time.perf_counter()
         for i in range(min(cursor, step.ready) - 1, -1, -1):
             h = refs[i]()
             if _done(h):

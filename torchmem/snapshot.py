@@ -140,16 +140,13 @@ def record_history(enabled=True, stacks="python", max_entries=100_000, trace=Tru
     with_compile_context = bool(enabled) and bool(compile_context)
     _stacks.record_compile_contexts(with_compile_context, runtime)
     free_stacks = (with_stacks or with_compile_context) and context == "all"
-    if with_stacks and stacks == "all":
-        # gathered in C++, as torch's allocator does (Note [Torch's recorder], stacks.py)
-        runtime.runtime_record_torch_stacks(True, free_stacks, with_compile_context)
+    if with_stacks:
+        # gathered in C++, as torch's allocator does (Note [Torch's recorder], stacks.py); a
+        # Python-level walk missed TorchScript frames (PyTorch's test_memory_snapshot_script)
+        runtime.runtime_record_torch_stacks(True, free_stacks, with_compile_context, stacks == "all")
     else:
         runtime.runtime_record_torch_stacks(False, False, False)
-        if not with_stacks:
-            provider = _stacks.capture_compile_context if with_compile_context else None
-        else:
-            provider = capture_stack
-        runtime.runtime_set_context_provider(provider)
+        runtime.runtime_set_context_provider(_stacks.capture_compile_context if with_compile_context else None)
         runtime.runtime_set_free_context(free_stacks)
     _recording.update(enabled=bool(enabled), stacks=stacks if enabled else None, max_entries=entries,
                       context=context, skip_actions=tuple(skip_actions), compile_context=with_compile_context)

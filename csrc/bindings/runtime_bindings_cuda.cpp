@@ -295,8 +295,9 @@ void bind_runtime(py::module_& m) {
   m.def("runtime_sequence", &shim::pool_sequence, py::arg("device"),
         "The device pool's operation counter (0 before its first use)");
   m.def("runtime_record_torch_stacks", &shim::record_torch_stacks, py::arg("enabled"), py::arg("free_stacks"),
-        py::arg("compile_contexts"),
-        "stacks='all': gather each allocation's frames in C++ (Note [Torch's recorder]); off: the caller sets the provider");
+        py::arg("compile_contexts"), py::arg("cpp_frames") = true,
+        "Gather each allocation's frames in C++ as torch does (Note [Torch's recorder]): Python and TorchScript "
+        "frames, plus C++ ones with cpp_frames; off: the caller sets the provider");
   m.def(
       "runtime_symbolize_torch_contexts",
       [](const std::vector<std::uint64_t>& ids) {

@@ -130,7 +130,7 @@ void set_compile_context_recording(bool enabled);
 // `compile_contexts`); without, the gatherer stops and the caller sets the
 // provider it wants.
 constexpr std::uint64_t kTorchContextFlag = std::uint64_t{1} << 61;
-void record_torch_stacks(bool enabled, bool free_stacks, bool compile_contexts);
+void record_torch_stacks(bool enabled, bool free_stacks, bool compile_contexts, bool cpp_frames);
 struct StackFrame {
   std::string filename;
   std::string name;

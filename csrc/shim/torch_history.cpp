@@ -122,8 +122,12 @@ TorchContext context_for(std::uint64_t id) {
   return found == state.contexts.end() ? nullptr : found->second.context;
 }
 
-// torchmem's stacks="all": what torch's recorder gathers with stacks "all".
+// What torch's recorder gathers: stacks "all" adds C++ frames; "python" keeps the Python and
+// TorchScript frames (a scripted function's own name, which a Python-level walk cannot see).
 std::shared_ptr<c10::GatheredContext> gather_all_frames() { return torch::CapturedTraceback::gather(true, true, true); }
+std::shared_ptr<c10::GatheredContext> gather_python_frames() {
+  return torch::CapturedTraceback::gather(true, true, false);
+}
 
 TorchTrace::Action torch_action(TraceAction action, bool vmm) {
   switch (action) {
@@ -155,11 +159,11 @@ void follow_torch_recorder(TorchRecorder recorder, TorchRecordContext when) {
   set_free_context(recording && when == TorchRecordContext::ALL);
 }
 
-void record_torch_stacks(bool enabled, bool free_stacks, bool compile_contexts) {
+void record_torch_stacks(bool enabled, bool free_stacks, bool compile_contexts, bool cpp_frames) {
   {
     RecorderState& state = recorder_state();
     std::lock_guard<std::mutex> lock(state.mutex);
-    state.recorder = enabled ? &gather_all_frames : nullptr;
+    state.recorder = !enabled ? nullptr : cpp_frames ? &gather_all_frames : &gather_python_frames;
     state.when = !enabled ? TorchRecordContext::NEVER : free_stacks ? TorchRecordContext::ALL : TorchRecordContext::ALLOC;
     state.compile_contexts = enabled && compile_contexts;
   }

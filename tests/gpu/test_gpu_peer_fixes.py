@@ -15,12 +15,6 @@ from support import run_snippet as _run
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "intermittent before the C++ gatherer: on the H200 (2026-12-01) torchmem's snapshot once lacked "
-    "the C++ frames of a block recorded with stacks='all', as test_memory_snapshot_with_cpp and "
-    "test_memory_plots of the peer suite did once each. The frames were unwound from inside the "
-    "Python provider; the runtime now gathers them in C++ at the allocation (Note [Torch's recorder]). "
-    "Drop this mark once GPU runs confirm it."))
 def test_history_with_cpp_stacks_shows_cpp_and_python_frames():
     native, ours = _both("""
     torch.cuda.memory._record_memory_history("state", stacks="all")
@@ -41,6 +35,24 @@ def test_history_with_cpp_stacks_shows_cpp_and_python_frames():
     assert native == ours
     # the block of the first session keeps its C++ frames (PyTorch reports every block's context)
     assert ours == {"found": True, "cpp": True, "py": True, "cpp_when_python": True, "py_when_python": True}
+
+
+def test_python_stacks_name_a_torchscript_function_first():
+    # PyTorch's test_memory_snapshot_script: stacks="python" is torch's gather of Python and
+    # TorchScript frames, so the scripted function that allocated is the innermost frame
+    native, ours = _both("""
+    torch.cuda.memory._record_memory_history("state", stacks="python")
+    @torch.jit.script
+    def foo():
+        return torch.rand(311, 411, device="cuda")
+    x = foo()
+    names = [b["frames"][0]["name"] if b["frames"] else None for s in torch.cuda.memory._snapshot()["segments"]
+             for b in s["blocks"] if b["requested_size"] == 311 * 411 * 4]
+    text = str(torch.cuda.memory._snapshot()["segments"])
+    torch.cuda.memory._record_memory_history(None)
+    print(json.dumps({"names": names, "cpp": "::rand" in text}))
+    """)
+    assert native == ours == {"names": ["foo"], "cpp": False}
 
 
 def test_compile_context_tags_allocations_of_compiled_regions():
