@@ -176,9 +176,12 @@ py::dict runtime_snapshot(int device) {
   for (py::handle item : segments) {
     py::dict segment = py::reinterpret_borrow<py::dict>(item);
     if (segment.contains("pool_key")) continue;
-    auto key = names.keys.find(segment["pool"].cast<PoolId>());
-    if (key == names.keys.end()) continue;
-    segment["pool_key"] = py::make_tuple(key->second.first, key->second.second);
+    const auto pool = segment["pool"].cast<PoolId>();
+    if (pool == 0) continue;  // the device pool: (0, 0)
+    // a private pool torch's key is no longer known for shows as the default pool, as in the C++
+    // snapshot (PrivatePoolNames::key_of), never as (0, core id), which may be a live MemPool's key
+    const shim::MempoolKey key = names.key_of(pool);
+    segment["pool_key"] = py::make_tuple(key.first, key.second);
     for (py::handle b : segment["blocks"].cast<py::list>()) {
       py::dict block = py::reinterpret_borrow<py::dict>(b);
       if (!names.parked.count(block["address"].cast<Addr>())) continue;

@@ -580,6 +580,9 @@ PrivatePoolNames private_pool_names(int device) {
   {
     std::lock_guard<std::mutex> lock(state.capture_mutex);
     for (const auto& [key, pool] : state.private_pools) out.keys.emplace(pool.id, key);
+    // A released pool's blocks that are still live (a CUDA graph's cuBLAS workspace) keep its
+    // key, as natively; labelled by the core's id instead, (0, id) could be a MemPool's key.
+    for (const auto& [key, pool] : state.released_pools) out.keys.emplace(pool, key);
   }
   std::lock_guard<std::mutex> lock(state.parked_mutex);
   // only pools in use park (release_pool hands a pool's parked blocks back to the core)

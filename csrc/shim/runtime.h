@@ -239,7 +239,7 @@ std::vector<MempoolKey> private_pool_keys(int device);  // the private pools in 
 // Note [Parked blocks in snapshots] (runtime_bindings_cuda.cpp): what snapshots
 // need to name private pools in torch's terms, read once per snapshot.
 struct PrivatePoolNames {
-  std::unordered_map<PoolId, MempoolKey> keys;  // core pool -> torch's key, for the pools in use
+  std::unordered_map<PoolId, MempoolKey> keys;  // core pool -> torch's key (pools in use, released lately)
   std::unordered_set<Addr> parked;              // blocks torch freed that a pool keeps for its graphs
   MempoolKey key_of(PoolId pool) const {
     auto found = keys.find(pool);

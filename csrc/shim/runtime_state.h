@@ -109,9 +109,10 @@ struct DeviceState {
   std::atomic<int> oom_lenders{0};
   // Pools released lately, by torch's key: torch.cuda.MemPool's destructor
   // releases its pool and then empties its cache by that key (empty_pool_cache).
-  // The newest kMaxReleasedKeys are kept (CUDA graphs release without emptying).
+  // The newest kMaxReleasedKeys are kept (CUDA graphs release without emptying);
+  // snapshots name a released pool's remaining blocks by them (private_pool_names).
   std::deque<std::pair<MempoolKey, PoolId>> released_pools;
-  static constexpr std::size_t kMaxReleasedKeys = 256;
+  static constexpr std::size_t kMaxReleasedKeys = 4096;
 
   // Note [Parked private blocks]
   std::mutex parked_mutex;                            // guards private_live, parked

@@ -109,6 +109,34 @@ def test_mempool_snapshot_is_that_pools_and_segments_follow_growths():
     assert ours["counts"] == [2, 2, 1]
 
 
+def test_a_released_graph_pools_live_block_is_not_shown_under_a_new_mempools_id():
+    # PyTorch's test_nested_mempool after test_repeat_graph_capture_cublas_workspace_memory: a
+    # graph's pool, released with a block still live (a cuBLAS workspace), was labelled by the
+    # core's pool id, (0, id), which a later MemPool's key may equal; its snapshot showed 3 segments
+    native, ours = _both("""
+    MB = 1 << 20
+    kept = []
+    for _ in range(6):  # graph pools take core ids but no (0, n) MemPool key
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            g.capture_begin()
+            kept.append(torch.empty(32 * MB, dtype=torch.uint8, device="cuda"))
+            g.capture_end()
+        torch.cuda.synchronize()
+        del g  # the pool is released; the block stays live
+    pools = [torch.cuda.MemPool() for _ in range(8)]
+    mine = []
+    for p in pools:
+        with torch.cuda.use_mem_pool(p):
+            mine.append(torch.empty(20 * MB // 4, device="cuda"))
+    shown = [[seg["total_size"] // MB for seg in torch.cuda.memory.memory_snapshot(p.id)] for p in pools]
+    print(json.dumps({"shown": shown}))
+    """)
+    assert native == ours
+    assert ours["shown"] == [[20]] * 8
+
+
 def test_graphs_sharing_a_pool_reuse_each_others_frees_like_native():
     # PyTorch's test_graph_three_successive: g2's capture reuses what g1's capture freed, so
     # replaying out of order corrupts e (the documented cost of sharing a pool)
