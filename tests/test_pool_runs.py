@@ -195,3 +195,20 @@ def test_sim_refuses_what_the_driver_refuses_of_a_run():
 def test_bad_run_below_is_refused_with_the_field_named():
     with pytest.raises(ValueError, match="run_below"):
         make(run_below=1.5)
+
+
+def test_a_huge_hole_takes_one_handle_above_run_below():
+    # Note [Huge holes]: 8 GiB or more missing at once is one handle whatever the pool holds;
+    # smaller growth above run_below still goes granule by granule
+    sim, pool = make(capacity=64 << 30, run_below=0.5)
+    a = pool.allocate(30 << 30)   # 30 of 64 GiB: under half, one handle
+    assert calls(sim)["create_calls"] == 1
+    b = pool.allocate(10 << 30)   # would hold 40 > 32 GiB, but 5,120 granules at once: one handle
+    assert calls(sim)["create_calls"] == 2
+    c = pool.allocate(1 << 30)    # 512 granules above run_below: one each
+    assert calls(sim)["create_calls"] == 2 + 512
+    for addr in (a, b, c):
+        pool.free(addr)
+    pool.check_invariants()
+    pool.release_cached()
+    assert pool.stats()["reserved_bytes"]["all"]["current"] == 0

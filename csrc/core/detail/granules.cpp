@@ -299,7 +299,8 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
   // Note [Run handles] (runs.cpp): far from the device's capacity, one handle per hole.
   if (heap.pool == 0 && config.limit_bytes == 0 && room >= missing && config.run_below > 0.0) {
     const double after = double(held + missing * gran);
-    if (after <= config.run_below * double(limit) && after <= create_ceiling(request) &&
+    const bool huge = missing >= kHugeRunGranules;  // Note [Huge holes] (runs.cpp)
+    if ((after <= config.run_below * double(limit) || huge) && after <= create_ceiling(request) &&
         grow_by_runs(heap, addr, size, missing)) {
       return true;
     }

@@ -41,6 +41,10 @@ void validate_config(const PoolConfig& c, Backend& backend, std::size_t capacity
 // more ask the device for its free memory before creating any.
 constexpr std::size_t kDeviceRoomProbe = 32;
 
+// Note [Huge holes] (runs.cpp): a hole of this many granules (8 GiB) or more
+// takes one run handle above run_below too.
+constexpr std::size_t kHugeRunGranules = 4096;
+
 struct Pool::Impl {
   Impl(Backend& backend, PoolConfig& config);
   ~Impl();
