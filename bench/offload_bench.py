@@ -23,7 +23,8 @@ of 1 GiB between a CUDA tensor and a pinned CPU tensor, in this process.
 save_on_cpu's M is taken as the eligible saved bytes of torchmem's measuring
 step (it moves at least those). JSON: top-level t_fwd_ms, t_bwd_ms, t_opt_ms,
 d2h_gbps, h2d_gbps (GB/s, 1e9 bytes/s); per offload row bound_ms, estimate_ms,
-step_over_bound, lowered_bytes, estimate_moved_bytes.
+step_over_bound, lowered_bytes, estimate_moved_bytes, and the row's own synchronized
+split t_fwd_ms, t_bwd_ms, t_opt_ms (extra steps, after the timed ones).
 
     python bench/offload_bench.py [--model gpt2|llama] [--batch 8] [--keep 0 0.5] [--steps 6] [--out offload.json]
 """
@@ -142,15 +143,15 @@ def main(argv=None):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    def split_none():
-        """Medians of the no-offload forward, backward and optimizer step (s), over
+    def split_steps(make_ctx=contextlib.nullcontext):
+        """Medians of the forward, backward and optimizer step (s) under make_ctx(), over
         args.steps extra steps that synchronize between them (the model is warm)."""
         fwd, bwd, rest = [], [], []
         for _ in range(args.steps):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             marks = []
-            step(contextlib.nullcontext(), marks)
+            step(make_ctx(), marks)
             torch.cuda.synchronize()
             t3 = time.perf_counter()
             fwd.append(marks[0] - t0)
@@ -184,7 +185,7 @@ def main(argv=None):
 
     rows = []
     rows.append(measure("none", contextlib.nullcontext))
-    split = split_none()
+    split = split_steps()
     print(f"no offload split: forward {split['t_fwd_s'] * 1e3:.1f} ms, backward {split['t_bwd_s'] * 1e3:.1f} ms,"
           f" optimizer {split['t_opt_s'] * 1e3:.1f} ms", flush=True)
     offload = torchmem.offload_activations(None)
@@ -195,6 +196,12 @@ def main(argv=None):
         stats = lambda: {"moved_bytes": offload.last_step["offloaded_bytes"],  # noqa: E731
                          "saved_bytes": offload.last_step["saved_bytes"], "keep": keep}
         rows.append(measure(f"torchmem keep {keep:.2f}", lambda: offload, stats))
+        # where the row's time goes: its own synchronized forward / backward split (extra steps)
+        own = split_steps(lambda: offload)
+        rows[-1].update({"t_fwd_ms": own["t_fwd_s"] * 1e3, "t_bwd_ms": own["t_bwd_s"] * 1e3,
+                         "t_opt_ms": own["t_opt_s"] * 1e3})
+        print(f"{'':28s} synchronized split: forward {own['t_fwd_s'] * 1e3:.1f} ms,"
+              f" backward {own['t_bwd_s'] * 1e3:.1f} ms, optimizer {own['t_opt_s'] * 1e3:.1f} ms", flush=True)
     rows.append(measure("save_on_cpu(pin_memory=True)",
                         lambda: torch.autograd.graph.save_on_cpu(pin_memory=True), moved_for_bound=saved))
     base = rows[0]["step_s"]
