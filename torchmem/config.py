@@ -164,7 +164,8 @@ OPTIONS = (
            "With no limit set, while the pool holds less than this fraction of the device it grows "
            "by one driver handle per run of 8 or more missing granules (one create, map and access for the run: "
            "~0.3 us per 2 MiB at 256 granules against ~30 us with a handle per granule); above, it "
-           "grows granule by granule so that it can stitch. A run's memory goes back only when the "
+           "grows granule by granule so that it can stitch, except that a request missing 8 GiB or more "
+           "still takes one handle (Note [Huge holes]). A run's memory goes back only when the "
            "whole run is free. Under a limit (or memory fraction, or share) the pool always grows "
            "granule by granule and packs as tightly as it can. 0 = a handle per granule always.",
            core="run_below"),
