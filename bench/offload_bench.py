@@ -72,6 +72,22 @@ def bound_text(fields):
             f", estimate {fields['estimate_ms']:.1f} ms")
 
 
+def build_model(torch, name, seq):
+    """GPT-2 124M (GPT2Config) or the Llama-style model (8 layers of width 1024), on the GPU."""
+    torch.manual_seed(0)
+    if name == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+        model = GPT2LMHeadModel(GPT2Config(n_positions=seq))
+    else:
+        from transformers import LlamaConfig, LlamaForCausalLM
+        model = LlamaForCausalLM(LlamaConfig(
+            vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+            num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=seq))
+    model = model.cuda()
+    model.config.use_cache = False
+    return model
+
+
 def pinned_bandwidth(torch, nbytes=GiB, repeats=3):
     """Device-to-host and host-to-device bytes/s of one non_blocking copy of
     nbytes between a CUDA tensor and a pinned CPU tensor, best of `repeats`
@@ -116,16 +132,7 @@ def main(argv=None):
     import torchmem
     bw = pinned_bandwidth(torch)  # before the model: the 1 GiB on the device is free again
     print(f"pcie pinned copy 1 GiB: d2h {bw['d2h'] / 1e9:.1f} GB/s, h2d {bw['h2d'] / 1e9:.1f} GB/s", flush=True)
-    torch.manual_seed(0)
-    if args.model == "gpt2":
-        from transformers import GPT2Config, GPT2LMHeadModel
-        model = GPT2LMHeadModel(GPT2Config(n_positions=args.seq)).cuda()
-    else:
-        from transformers import LlamaConfig, LlamaForCausalLM
-        model = LlamaForCausalLM(LlamaConfig(
-            vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
-            num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=args.seq)).cuda()
-    model.config.use_cache = False
+    model = build_model(torch, args.model, args.seq)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.seq), device="cuda")
 

@@ -26,22 +26,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def build_model(torch, name, seq):
-    """The models of bench/offload_bench.py (same configurations)."""
-    torch.manual_seed(0)
-    if name == "gpt2":
-        from transformers import GPT2Config, GPT2LMHeadModel
-        model = GPT2LMHeadModel(GPT2Config(n_positions=seq))
-    else:
-        from transformers import LlamaConfig, LlamaForCausalLM
-        model = LlamaForCausalLM(LlamaConfig(
-            vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
-            num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=seq))
-    model = model.cuda()
-    model.config.use_cache = False
-    return model
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from offload_bench import build_model  # noqa: E402 (the same models)
 
 
 def union_length(intervals):

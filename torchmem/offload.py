@@ -242,28 +242,32 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         return result
 
     # ---------------------------------------------------------------- hooks
-    def _eligible(self, t):
+    def _movable_bytes(self, t):
+        """The bytes of `t` if it may move, else None."""
         # Runs for every saved tensor of every step: cheapest tests first. isinstance(x,
         # Parameter) goes through Parameter's metaclass in Python (~10 us on a CPU VM), so only
         # leaves are asked: a Parameter is always a leaf, and activations never are.
         # On the H200 a Llama step saves 333 tensors, and their hooks' host time was most of the
         # step's excess over its PCIe bound (bench/offload_profile.py, BENCHMARKS.md section 13).
-        if t.numel() * t.element_size() < self.min_bytes:
-            return False
+        nbytes = t.numel() * t.element_size()
+        if nbytes < self.min_bytes:
+            return None
         if not (t.is_cuda if self._cuda_only else t.device.type in self.devices):
-            return False
+            return None
         if t.layout != torch.strided or t.is_sparse:
-            return False
+            return None
         base = t._base if t._base is not None else t  # linear saves weight.t(), a view of the weight
         if base.is_leaf and (base.requires_grad or isinstance(base, torch.nn.Parameter)):
-            return False  # weights (frozen ones too) stay where the optimizer updates them
-        if t.is_contiguous():
-            return True
-        span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
-        return span == t.numel()  # dense, no overlap: a flat copy holds it exactly
+            return None  # weights (frozen ones too) stay where the optimizer updates them
+        if not t.is_contiguous():
+            span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
+            if span != t.numel():
+                return None  # not dense, or overlapping: a flat copy would not hold it exactly
+        return nbytes
 
     def _pack(self, t):
-        if not self._eligible(t):
+        nbytes = self._movable_bytes(t)
+        if nbytes is None:
             return t
         step = self._offloaded
         if step.end is not None:
@@ -273,7 +277,6 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             step.freed = min(step.freed, step.fetched)
             step.end = step.cursor = None
         index = len(self._sizes)
-        nbytes = t.numel() * t.element_size()
         self._sizes.append(nbytes)
         if self.plan is not None and index < len(self.measured) and index not in self.plan:
             step.track_kept(t)  # its free in backward makes room for a fetch

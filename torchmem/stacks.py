@@ -3,26 +3,22 @@
 The allocator calls a context provider before each allocation (and, with
 torch's context="all", before each free); the provider returns an integer id
 that the core stores with the block and its trace entries. Snapshots turn ids
-back into frames (and compile contexts). Two providers exist, one per torch
-`stacks` mode of `_record_memory_history`:
+back into frames (and compile contexts). Two Python providers exist, one per
+torch `stacks` mode of `_record_memory_history`, for simulated pools and replays:
 
 - capture_stack(): Python frames only (stacks="python"), deduplicated in a
   table (Note [Stack table]);
 - capture_stack_with_cpp(): Python, TorchScript and C++ frames (stacks="all",
-  torch's default), one CapturedTraceback per call (Note [C++ stacks]), for
-  simulated pools and replays. The installed allocator gathers the same
-  frames in C++ instead, before any Python runs, as PyTorch's allocator does
-  (Note [Torch's recorder], csrc/shim/torch_history.cpp): its ids carry
-  TORCH_FLAG and are resolved through the runtime.
+  torch's default), one CapturedTraceback per call (Note [C++ stacks]).
 
-Why the installed allocator does not call capture_stack_with_cpp: its C++
-frames were unwound from inside the Python provider, through the
-interpreter's own frames, and on the H200 snapshots lacked the frames of the
-op that allocated (`::rand`) in one peer-suite run of five for each of two
-tests, and once in a GPU test (2026-12-01). The suspected cause is that
-unwinding through the interpreter's frames; torch's own recorder unwinds from
-the allocator, where the op's frames come first, and PyTorch's allocator never
-showed the gap.
+The installed allocator uses neither: for both modes it gathers torch's own
+CapturedTraceback in C++, before any Python runs, as PyTorch's allocator does
+(Note [Torch's recorder], csrc/shim/torch_history.cpp); its ids carry
+TORCH_FLAG and are resolved through the runtime. A Python-level walk has no
+TorchScript frames (PyTorch's test_memory_snapshot_script, 2026-12-02). The
+C++ frames missing from two peer-suite tests once each, first blamed on
+unwinding from inside the Python provider, turned out to be test order (a
+failed test's block kept alive by pytest: BENCHMARKS.md section 13).
 
 Note [Stack table]
 Stacks repeat: a training loop allocates from the same few hundred call sites.

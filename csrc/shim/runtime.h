@@ -122,9 +122,9 @@ std::string current_compile_context();
 // callback, as torch's own _record_memory_history(compile_context=True) adds).
 void set_compile_context_recording(bool enabled);
 // Note [Torch's recorder] (torch_history.cpp): torchmem's own history with
-// stacks="all" gathers each allocation's Python, TorchScript and C++ frames in
-// C++, as PyTorch's allocator does (torch's CapturedTraceback, before any
-// Python runs), under ids with kTorchContextFlag set. With `enabled` the
+// stacks gathers each allocation's Python and TorchScript frames (and C++ ones
+// with `cpp_frames`: stacks="all") in C++, as PyTorch's allocator does (torch's
+// CapturedTraceback, before any Python runs), under ids with kTorchContextFlag set. With `enabled` the
 // runtime's context provider becomes that gatherer (frees too with
 // `free_stacks`; each context keeps its compile region with
 // `compile_contexts`); without, the gatherer stops and the caller sets the
