@@ -212,3 +212,32 @@ def test_a_huge_hole_takes_one_handle_above_run_below():
     pool.check_invariants()
     pool.release_cached()
     assert pool.stats()["reserved_bytes"]["all"]["current"] == 0
+
+
+def test_a_huge_hole_takes_one_handle_under_a_limit_too():
+    # Note [Huge holes]: a memory fraction of half the card and a request for just under it
+    # (PyTorch's test_set_per_process_memory_fraction) is one handle, not 4,000+; smaller
+    # growth under the limit still goes granule by granule, and the run goes back whole
+    sim, pool = make(limit=40 << 30, capacity=64 << 30)
+    a = pool.allocate(9 << 30)
+    assert calls(sim)["create_calls"] == 1
+    b = pool.allocate(64 * MiB)
+    assert calls(sim)["create_calls"] == 1 + 32
+    pool.free(a)
+    pool.free(b)
+    pool.check_invariants()
+    pool.release_cached()
+    assert pool.stats()["reserved_bytes"]["all"]["current"] == 0
+    assert calls(sim)["release_calls"] == 1 + 32
+
+
+def test_a_wholly_free_huge_run_makes_room_under_a_limit():
+    # The run cannot be stitched, but once wholly free it goes back whole when a request
+    # needs its room under the budget
+    sim, pool = make(limit=12 << 30, capacity=64 << 30)
+    a = pool.allocate(9 << 30)
+    pool.free(a)
+    b = pool.allocate(10 << 30 | 2 * MiB)   # more than the run: its room is needed
+    pool.check_invariants()
+    assert pool.stats()["reserved_bytes"]["all"]["current"] <= 12 << 30
+    pool.free(b)

@@ -8,7 +8,8 @@
 #   LANE_A="tests" LANE_B="batch churn probe traces demo memcheck_core" bash tools/final_gpu.sh
 #
 # Jobs (each with its own timeout; see the functions below):
-#   tests          every GPU test (pytest -m gpu), one pytest per file (TEST_FILES, TEST_K narrow it)
+#   tests          every GPU test (pytest -m gpu), one pytest per file (TEST_FILES, TEST_K narrow it;
+#                  TEST_ARGS adds pytest options, e.g. -rP for the output of passing tests)
 #   bench          gpt2/llama_ckpt (torchmem, native) and kv_generate/vision
 #                  (native, expandable, torchmem): one seed
 #   churn          the torch.empty churn microbenchmark, four allocators
@@ -33,6 +34,8 @@
 #   cusparse       one peer test (PEER_ONE) alone, 3x default, 3x stitch_above=0, once under memcheck
 #   share          bench/share_scenario.py (elastic vs static, SHARE_PHASE_S per phase)
 #   compile        bench/compile_reduce_overhead.py (reduce-overhead, native vs torchmem)
+#   fuzz           bench/empty_cache_fuzz.py (test_allocator_fuzz: churn with empty_cache), alone and under load
+#   peer_one       the peer tests in PEER_TESTS, each once under torchmem, with durations
 # DEADLINE_S (default 570) bounds the whole call: DDP runs only if 90 s are left.
 set -uo pipefail
 START=$(date +%s)
@@ -70,7 +73,7 @@ job_tests() {  # one pytest per file, so each file's failures are written out ev
   for f in ${TEST_FILES:-tests/gpu/test_*.py}; do
     [ "$(left)" -lt 20 ] && { echo "tests: no time left for $f"; continue; }
     timeout "$(bounded ${T_TESTS:-200})" python3 -m pytest -v -rfE --tb=short -m gpu -p no:cacheprovider \
-      --durations=5 --timeout=180 "$f" ${TEST_K:+-k "$TEST_K"} >> "$OUT/tests.log" 2>&1
+      --durations=5 --timeout=180 ${TEST_ARGS:-} "$f" ${TEST_K:+-k "$TEST_K"} >> "$OUT/tests.log" 2>&1
     rc=$?
     echo "tests $(basename "$f") rc=$rc :: $(tail -1 "$OUT/tests.log" | cut -c1-150)"
   done
@@ -180,8 +183,11 @@ job_rounds() {
   timeout 60 python3 bench/gpu_workloads.py --workload gpt2 --allocator native --steps 4 --out /tmp/rounds_warm.jsonl > "$OUT/rounds_warm.log" 2>&1
   for round in $(seq 1 "${ROUNDS:-2}"); do
     for w in ${ROUND_WORKLOADS:-gpt2 llama_ckpt kv_generate vision}; do for a in $order; do
-      timeout 90 python3 bench/gpu_workloads.py --workload $w --allocator $a --steps "${ROUND_STEPS:-14}" \
+      # a run needs ~15-25 s: never start one the deadline would cut, and keep what finished
+      [ "$(left)" -lt 40 ] && { echo "rounds: no time left for round $round $w $a"; continue; }
+      timeout "$(bounded 90)" python3 bench/gpu_workloads.py --workload $w --allocator $a --steps "${ROUND_STEPS:-14}" \
         --seed "$round" --out "$R" >> "$OUT/rounds.log" 2>&1 || echo "rounds $w $a rc=$?"
+      pack
     done; done
     order=$(echo $order | tr ' ' '\n' | tac | tr '\n' ' ')
   done
@@ -230,6 +236,29 @@ job_share() {  # SHARE_VARIANTS: ';'-separated extra arguments, one scenario eac
     timeout "$(bounded 260)" python3 bench/share_scenario.py --phase-s "${SHARE_PHASE_S:-12}" $v \
       --out "$OUT/share_$i.json" > "$OUT/share_$i.log" 2>&1
     echo "share [$v] rc=$?"; tail -4 "$OUT/share_$i.log"
+  done
+}
+
+job_fuzz() {  # bench/empty_cache_fuzz.py (test_allocator_fuzz): FUZZ_RUNS, ';'-separated argument sets
+  local v
+  IFS=';' read -ra runs <<< "${FUZZ_RUNS:-"--allocator native;--allocator torchmem;--allocator native --load 4;--allocator torchmem --load 4"}"
+  for v in "${runs[@]}"; do
+    [ "$(left)" -lt 30 ] && { echo "fuzz: no time left for [$v]"; continue; }
+    timeout "$(bounded 90)" python3 bench/empty_cache_fuzz.py $v --out "$OUT/fuzz.jsonl" >> "$OUT/fuzz.log" 2>&1 \
+      || echo "fuzz [$v] rc=$?"
+    echo "[$v] $(tail -1 "$OUT/fuzz.log" | cut -c1-600)"
+  done
+}
+
+job_peer_one() {  # PEER_TESTS (space-separated Class::test), each once under torchmem, with its duration
+  [ -d .peer ] || { echo "no .peer folder carried"; return 0; }
+  local t
+  peer_site
+  for t in ${PEER_TESTS:-}; do
+    PYTHONPATH=/tmp/site:$PWD/.peer/tm_site TORCHMEM_PEER=1 timeout "$(bounded 90)" python3 -m pytest \
+      ".peer/test_cuda.py::$t" -c .peer/pytest.ini --rootdir .peer -q -p no:cacheprovider --durations=3 \
+      >> "$OUT/peer_one.log" 2>&1
+    echo "peer_one $t rc=$? :: $(grep -E '^[0-9.]+s call' "$OUT/peer_one.log" | tail -1)"
   done
 }
 

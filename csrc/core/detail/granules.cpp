@@ -296,12 +296,13 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
     return granules;
   };
   std::size_t room = creatable();
-  // Note [Run handles] (runs.cpp): far from the device's capacity, one handle per hole.
-  if (heap.pool == 0 && config.limit_bytes == 0 && room >= missing && config.run_below > 0.0) {
+  // Note [Run handles] (runs.cpp): far from the device's capacity, one handle per hole;
+  // Note [Huge holes]: one for a huge hole anywhere, under a budget too.
+  if (heap.pool == 0 && room >= missing && config.run_below > 0.0) {
     const double after = double(held + missing * gran);
-    const bool huge = missing >= kHugeRunGranules;  // Note [Huge holes] (runs.cpp)
-    if ((after <= config.run_below * double(limit) || huge) && after <= create_ceiling(request) &&
-        grow_by_runs(heap, addr, size, missing)) {
+    const bool huge = missing >= kHugeRunGranules;
+    const bool roomy = config.limit_bytes == 0 && after <= config.run_below * double(limit);
+    if ((roomy || huge) && after <= create_ceiling(request) && grow_by_runs(heap, addr, size, missing)) {
       return true;
     }
   }

@@ -42,7 +42,7 @@ void validate_config(const PoolConfig& c, Backend& backend, std::size_t capacity
 constexpr std::size_t kDeviceRoomProbe = 32;
 
 // Note [Huge holes] (runs.cpp): a hole of this many granules (8 GiB) or more
-// takes one run handle above run_below too.
+// takes one run handle above run_below and under a budget too.
 constexpr std::size_t kHugeRunGranules = 4096;
 
 struct Pool::Impl {
