@@ -1,7 +1,7 @@
 """Run handles (Note [Run handles], csrc/core/detail/runs.cpp): with no limit set and
-far from the device's capacity the pool fills each hole of 8 or more missing granules
-with one driver handle; it keeps a handle per granule above run_below x capacity, for
-small holes and under any limit; it never moves a run's granules, and gives a run back
+far from the device's capacity the pool fills each hole of missing granules with one
+driver handle; it keeps a handle per granule above run_below x capacity and under any
+limit; it never moves a run's granules, and gives a run back
 only whole, once every granule of it is free and behind a device barrier."""
 
 import pytest
@@ -32,10 +32,11 @@ def test_a_large_block_far_from_the_budget_takes_one_handle():
     pool.check_invariants()
 
 
-def test_small_holes_and_run_below_zero_take_a_handle_per_granule():
+def test_small_holes_are_runs_too_and_run_below_zero_takes_a_handle_per_granule():
     sim, pool = make()
-    pool.allocate(14 * MiB)  # 7 granules: under the 8-granule minimum
-    assert calls(sim)["create_calls"] == 7
+    pool.allocate(14 * MiB)  # 7 granules: one handle (test_allocator_fuzz's 2-20 MiB tensors)
+    pool.allocate(2 * MiB)   # one granule: a handle of one
+    assert calls(sim)["create_calls"] == 2
     sim, pool = make(run_below=0.0)
     pool.allocate(40 * MiB)
     assert calls(sim)["create_calls"] == 20
@@ -241,3 +242,17 @@ def test_a_wholly_free_huge_run_makes_room_under_a_limit():
     pool.check_invariants()
     assert pool.stats()["reserved_bytes"]["all"]["current"] <= 12 << 30
     pool.free(b)
+
+
+def test_a_huge_hole_next_to_the_budget_and_beside_cached_granules_is_one_handle():
+    # 0.998 of the budget at once (test_set_per_process_memory_fraction's 0.499 under 0.5):
+    # above stitch_above, and with cached granules it could stitch, still one handle
+    sim, pool = make(limit=20 << 30, capacity=64 << 30)
+    small = pool.allocate(1 << 30)                # 512 granules, cached once freed
+    pool.free(small)
+    created = calls(sim)["create_calls"]
+    big = pool.allocate((20 << 30) - (1 << 30) - 8 * MiB)
+    assert calls(sim)["create_calls"] == created + 1
+    assert pool.stats()["reserved_bytes"]["all"]["current"] <= 20 << 30
+    pool.free(big)
+    pool.check_invariants()

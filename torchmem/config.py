@@ -162,7 +162,7 @@ OPTIONS = (
            core="stitch_above"),
     Option("run_below", 0.5, _number(0.0, 1.0),
            "With no limit set, while the pool holds less than this fraction of the device it grows "
-           "by one driver handle per run of 8 or more missing granules (one create, map and access for the run: "
+           "by one driver handle per run of missing granules (one create, map and access for the run: "
            "~0.3 us per 2 MiB at 256 granules against ~30 us with a handle per granule); above, it "
            "grows granule by granule so that it can stitch, except that a request missing 8 GiB or more "
            "still takes one handle (Note [Huge holes]). A run's memory goes back only when the "

@@ -302,7 +302,10 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
     const double after = double(held + missing * gran);
     const bool huge = missing >= kHugeRunGranules;
     const bool roomy = config.limit_bytes == 0 && after <= config.run_below * double(limit);
-    if ((roomy || huge) && after <= create_ceiling(request) && grow_by_runs(heap, addr, size, missing)) {
+    // A huge hole the budget can back is created whatever is cached: stitching
+    // it granule by granule is the 35,000-handle cost the run avoids, and the
+    // cached granules stay reclaimable for the requests after it.
+    if ((huge || (roomy && after <= create_ceiling(request))) && grow_by_runs(heap, addr, size, missing)) {
       return true;
     }
   }

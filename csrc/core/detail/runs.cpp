@@ -13,9 +13,9 @@
 // budget of its own (limit_bytes == 0: the device is the budget) and held
 // stays under run_below x the device's memory (and under the creation
 // ceiling of Note [When to stitch], where nothing would be stitched
-// anyway), each hole of 8 or more missing granules (16 MiB) that a new
-// block needs is filled by ONE handle (grow_by_runs). Smaller holes, and all
-// growth above that line or under a budget, get a handle per granule.
+// anyway), each hole of 2 or more missing granules that a new block needs
+// is filled by ONE handle (grow_by_runs). Growth above that line or under a
+// budget gets a handle per granule.
 // A run granule is never listed as reclaimable; a run whose granules are all
 // free goes back whole (release_free_runs): on empty_cache and
 // release_cached_to, and when a request finds no room otherwise, under the
@@ -30,9 +30,18 @@
 // with 50 MiB cached in partly used runs where stitching had fitted it. So
 // under a limit, a memory fraction or a share, the pool packs exactly as
 // before. Without one, the bundled traces' growth costs 6-51 ms of modeled
-// driver time instead of 45-381 ms. Why 8 granules: runs of 2 and up made
-// small patterns (sizes up to 16 MiB, 200 MiB live) OOM under 1.1 x their
-// peak; from 8 on they fit as before. Private pools (graph capture,
+// driver time instead of 45-381 ms. Why every hole, not only those of 8
+// granules and more (the rule until 2026-12-02): PyTorch's
+// test_allocator_fuzz (2-20 MiB tensors, empty_cache every ~20 actions)
+// ran 1.5x native's time on the H200 (0.75 s against 0.49,
+// bench/empty_cache_fuzz.py, BENCHMARKS.md section 14), creating and
+// releasing ~6,000 single granules where native's 20 MiB segments took one
+// call each. Runs from 2 granules cut that replay's driver calls 3.6x (4,839
+// handles to 1,342) and the bundled traces' modeled growth 1.8-2.8x, and
+// the smallest DEVICE the traces fit on (no limit) moved from 1.0014-1.0152
+// to 1.0014-1.0170 x peak requested. (The 8 came from runs made under a
+// limit, where small runs made synthetic patterns OOM under 1.1x; under a
+// limit there are no runs.) Private pools (graph capture,
 // MemPool) keep a handle per granule: they are never stitched while in use,
 // and a released one gives back what it holds granule by granule.
 //
@@ -59,8 +68,8 @@ using detail::Granule;
 using detail::Heap;
 
 namespace {
-// Holes shorter than this get a handle per granule (Note [Run handles]).
-constexpr std::size_t kMinRunGranules = 8;
+// A hole of one granule is a handle of one granule (Note [Run handles]).
+constexpr std::size_t kMinRunGranules = 2;
 }  // namespace
 
 bool Pool::Impl::grow_by_runs(Heap& heap, Addr addr, std::size_t size, std::size_t missing) {
