@@ -256,3 +256,64 @@ def test_a_huge_hole_next_to_the_budget_and_beside_cached_granules_is_one_handle
     assert pool.stats()["reserved_bytes"]["all"]["current"] <= 20 << 30
     pool.free(big)
     pool.check_invariants()
+
+
+def _training_like_steps(seed, steps):
+    """Ops of steps that each hold tens of 50-400 MiB activations and one 9-10 GiB tensor
+    (GPT-2's logits at a large micro-batch), free half the activations in "backward",
+    then allocate gradients and free everything."""
+    import random
+
+    rng, ops, key = random.Random(seed), [], 0
+    for _ in range(steps):
+        acts = []
+        for _ in range(rng.randrange(20, 40)):
+            ops.append(("alloc", key, rng.randrange(50, 400) * MiB))
+            acts.append(key)
+            key += 1
+        big = key
+        ops.append(("alloc", big, rng.randrange(9 * 1024, 10 * 1024) * MiB))
+        key += 1
+        rng.shuffle(acts)
+        ops += [("free", k, 0) for k in acts[: len(acts) // 2]] + [("free", big, 0)]
+        grads = []
+        for _ in range(rng.randrange(10, 30)):
+            ops.append(("alloc", key, rng.randrange(20, 300) * MiB))
+            grads.append(key)
+            key += 1
+        ops += [("free", k, 0) for k in acts[len(acts) // 2:] + grads]
+    return ops
+
+
+def test_huge_runs_under_a_limit_pack_steps_with_a_huge_tensor_as_tightly():
+    # Note [Huge holes] under a budget: a 9-10 GiB tensor a step as one run leaves the
+    # smallest budget the steps fit in where a handle per granule had it (1.0003x peak on
+    # the simulator, 2026-12-02), with fewer handles created
+    ops = _training_like_steps(seed=0, steps=12)
+    sizes, live, peak = {}, 0, 0
+    for op, key, size in ops:
+        if op == "alloc":
+            sizes[key] = size
+            live += size
+            peak = max(peak, live)
+        else:
+            live -= sizes.pop(key)
+
+    def replay(**config):
+        sim, pool = make(limit=int(peak * 1.002), capacity=200 << 30, **config)
+        addrs, ooms = {}, 0
+        for op, key, size in ops:
+            if op == "alloc":
+                addr = pool.allocate(size)
+                ooms += addr == 0
+                if addr:
+                    addrs[key] = addr
+            elif key in addrs:
+                pool.free(addrs.pop(key))
+        pool.check_invariants()
+        return ooms, calls(sim)["create_calls"]
+
+    ooms, creates = replay()
+    ooms_per_granule, creates_per_granule = replay(run_below=0.0)
+    assert ooms == 0 and ooms_per_granule == 0
+    assert creates < creates_per_granule
