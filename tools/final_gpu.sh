@@ -36,6 +36,7 @@
 #   compile        bench/compile_reduce_overhead.py (reduce-overhead, native vs torchmem)
 #   fuzz           bench/empty_cache_fuzz.py (test_allocator_fuzz: churn with empty_cache), alone and under load
 #   peer_one       the peer tests in PEER_TESTS, each once under torchmem, with durations
+#   startup        bench/startup_cost.py (8 processes starting together, beside 4 busy ones)
 # DEADLINE_S (default 570) bounds the whole call: DDP runs only if 90 s are left.
 set -uo pipefail
 START=$(date +%s)
@@ -248,6 +249,12 @@ job_fuzz() {  # bench/empty_cache_fuzz.py (test_allocator_fuzz): FUZZ_RUNS, ';'-
       || echo "fuzz [$v] rc=$?"
     echo "[$v] $(tail -1 "$OUT/fuzz.log" | cut -c1-600)"
   done
+}
+
+job_startup() {  # bench/startup_cost.py: 8 processes starting at once, native / torchmem / monitor off
+  timeout "$(bounded 150)" python3 bench/startup_cost.py --procs "${STARTUP_PROCS:-8}" --load "${STARTUP_LOAD:-4}" \
+    --out "$OUT/startup.jsonl" > "$OUT/startup.log" 2>&1
+  echo "startup rc=$?"; cat "$OUT/startup.log" | cut -c1-300
 }
 
 job_peer_one() {  # PEER_TESTS (space-separated Class::test), each once under torchmem, with its duration
