@@ -53,7 +53,20 @@ def test_json_lines_with_min_cap(short_trace, capsys):
 def test_json_without_min_cap_has_no_min_cap_fields(short_trace, capsys):
     assert main(["replay", short_trace, "--json", "--policy", "native"]) == 0
     (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert record["policy"] == "native" and "min_cap" not in record
+    assert record["policy"] == "native" and "min_cap" not in record and "min_device" not in record
+
+
+def test_min_device_in_the_table_and_the_json(short_trace, capsys):
+    assert main(["replay", short_trace, "--min-device"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("min device (no limit)") for line in lines)
+    ratio_row = next(line for line in lines if line.startswith("min device ratio"))
+    ours, native = (float(x) for x in ratio_row.split()[3:5])
+    assert 1.0 <= ours <= native
+    assert main(["replay", short_trace, "--json", "--min-device", "--policy", "torchmem"]) == 0
+    (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert record["min_device_ratio"] == pytest.approx(record["min_device"] / record["peak_requested"])
+    assert "min_cap" not in record
 
 
 def test_limit_and_config_options(short_trace, capsys):

@@ -150,6 +150,28 @@ def test_min_cap_on_a_known_case():
         replay_api.find_min_cap(trace, "native", capacity=8 * MiB)
 
 
+def test_min_device_on_a_known_case():
+    # The same trace on a device with no budget: 14 MiB of device fits it under either
+    # policy (the native model frees its cached 12 MiB segment on the OOM and retries)
+    trace = events([ALLOC, 1, 12 * MiB, 0], [FREE_REQUESTED, 1, 12 * MiB, 0], [ALLOC, 2, 14 * MiB, 0])
+    for policy in ("native", "torchmem"):
+        found = replay_api.find_min_device(trace, policy)
+        assert found["min_device"] == 14 * MiB, (policy, found)
+        assert found["min_device_ratio"] == pytest.approx(1.0) and found["replays"] >= 2
+        assert replay_api.replay(trace, policy, capacity=found["min_device"] - 2 * MiB).ooms > 0
+
+
+def test_min_device_of_a_bundled_trace_is_tight_and_ignores_a_configured_limit():
+    # No limit: the pool grows by runs far from the device's capacity (Note [Run handles]),
+    # yet the smallest card the vision trace fits on stays within 1% of its peak
+    trace = trace_io.load(trace_io.bundled_trace("vision"))
+    found = replay_api.find_min_device(trace, "torchmem", config="limit=0.5")
+    assert 1.0 <= found["min_device_ratio"] <= 1.01
+    assert replay_api.replay(trace, "torchmem", capacity=found["min_device"]).ooms == 0
+    result = replay_api.replay(trace, "torchmem", min_device=True)
+    assert result.min_device == found["min_device"] and result.min_cap is None
+
+
 def test_config_reaches_the_pool():
     trace = trace_io.load(trace_io.bundled_trace("gpt2")).events[:30000]
     default = replay_api.replay(trace, "torchmem")

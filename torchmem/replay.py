@@ -29,7 +29,7 @@ DEFAULT_CAPACITY = 140 << 30
 GRANULE = 2 << 20
 
 __all__ = [
-    "POLICIES", "DEFAULT_CAPACITY", "ReplayResult", "replay", "find_min_cap",
+    "POLICIES", "DEFAULT_CAPACITY", "ReplayResult", "replay", "find_min_cap", "find_min_device",
     "snapshot_at", "torch_snapshot_at_peak", "reserved_timeline", "pool_config",
 ]
 
@@ -65,6 +65,9 @@ class ReplayResult:
     min_cap: int = None        # with min_cap=True
     min_cap_ratio: float = None
     min_cap_replays: int = None
+    min_device: int = None     # with min_device=True
+    min_device_ratio: float = None
+    min_device_replays: int = None
 
     def as_dict(self):
         """A JSON-ready dict (what `replay --json` prints per line)."""
@@ -88,15 +91,19 @@ def pool_config(config=None, capacity=DEFAULT_CAPACITY):
     """The pool's config dict (PoolConfig fields) for torchmem options: a Config, a dict
     of options, or a "key=value,..." string (the TORCHMEM_CONF syntax). Options that
     only matter on a GPU (backend, patch_torch, ...) are accepted and ignored."""
+    return _as_config(config).core_dict(capacity)
+
+
+def _as_config(config):
     if config is None:
-        config = Config()
-    elif isinstance(config, str):
-        config = Config(**parse_conf_string(config))
-    elif isinstance(config, dict):
-        config = Config(**config)
-    elif not isinstance(config, Config):
+        return Config()
+    if isinstance(config, str):
+        return Config(**parse_conf_string(config))
+    if isinstance(config, dict):
+        return Config(**config)
+    if not isinstance(config, Config):
         raise ValueError(f"replay config: expected a torchmem.Config, a dict or 'key=value,...', got {type(config).__name__}")
-    return config.core_dict(capacity)
+    return config
 
 
 def _progress_adapter(progress, label):
@@ -106,14 +113,15 @@ def _progress_adapter(progress, label):
 
 
 def replay(source, policy="torchmem", *, limit=0, config=None, capacity=DEFAULT_CAPACITY, min_cap=False,
-           stop_at=-1, progress=None, device=None, native_config=None, costs=None, name=None, event_delay=0):
+           min_device=False, stop_at=-1, progress=None, device=None, native_config=None, costs=None, name=None, event_delay=0):
     """Replays a trace (a path, a Trace, or an (N, 4) int64 events array) under `policy`
     ("torchmem" or "native") and returns a ReplayResult.
 
     ``limit``: budget in bytes for either policy (0 = the config's limit, else the
     device capacity);
     ``config``: torchmem options (see ``pool_config``); ``min_cap``: also find the
-    smallest budget with no OOM; ``stop_at``: stop after that event index;
+    smallest budget with no OOM; ``min_device``: also find the smallest device
+    (no budget) with no OOM; ``stop_at``: stop after that event index;
     ``progress(stage, done, total)``: called now and then while it runs;
     ``native_config``: {"max_split_size": bytes} for the native model;
     ``costs``: per-call microseconds overriding the simulated backend's table;
@@ -136,6 +144,12 @@ def replay(source, policy="torchmem", *, limit=0, config=None, capacity=DEFAULT_
         result.min_cap = found["min_cap"]
         result.min_cap_ratio = found["min_cap_ratio"]
         result.min_cap_replays = found["replays"]
+    if min_device:
+        found = find_min_device(trace, policy, config=config, progress=progress, native_config=native_config,
+                                costs=costs, event_delay=event_delay)
+        result.min_device = found["min_device"]
+        result.min_device_ratio = found["min_device_ratio"]
+        result.min_device_replays = found["replays"]
     result.seconds = time.perf_counter() - started
     return result
 
@@ -180,6 +194,55 @@ def find_min_cap(source, policy="torchmem", *, config=None, capacity=DEFAULT_CAP
     return dict(_C.min_cap(trace.events, policy, pool_config=core, capacity=int(capacity), precision=int(precision),
                            progress=_progress_adapter(progress, f"{trace.name} {policy} min-cap"),
                            native_config=native_config, costs=costs, event_delay=int(event_delay)))
+
+
+def find_min_device(source, policy="torchmem", *, config=None, precision=GRANULE, progress=None, device=None,
+                    native_config=None, costs=None, event_delay=0):
+    """The smallest simulated device (bytes, a multiple of `precision`) on which the trace
+    replays under `policy` with no OOM and no budget of its own, found by bisection.
+
+    Min-cap answers "the smallest limit"; this answers "the smallest card", where the pool
+    has no limit and grows as it does with room to spare (Note [Run handles]: whole runs
+    far from the device's capacity, a handle per granule near it). Returns a dict with
+    min_device, min_device_ratio (over peak requested), peak_requested and replays. The
+    config's own limit is ignored."""
+    _check_policy(policy)
+    trace = _as_trace(source, device=device)
+    config = _as_config(config).replace(limit=None)
+    replays = 0
+
+    def fits(capacity):
+        nonlocal replays
+        replays += 1
+        if progress is not None:
+            progress(f"{trace.name} {policy} min-device", replays, 0)
+        return replay(trace, policy, config=config, capacity=capacity, native_config=native_config,
+                      costs=costs, event_delay=event_delay).ooms == 0
+
+    def granules(nbytes):
+        return -(-int(nbytes) // precision) * precision
+
+    unlimited = replay(trace, policy, config=config, native_config=native_config, costs=costs,
+                       event_delay=event_delay)
+    requested = unlimited.peak_requested
+    if requested == 0:
+        return {"min_device": 0, "min_device_ratio": None, "peak_requested": 0, "replays": 1}
+    low = granules(requested) - precision   # nothing fits under what is live at once
+    high = granules(unlimited.peak_reserved) + precision
+    while not fits(high):
+        if high >= DEFAULT_CAPACITY * 4:
+            raise ValueError(f"{trace.name}: no simulated device up to {high >> 30} GiB replays it without OOM")
+        low, high = high, granules(high * 2)
+    while high - low > precision:
+        mid = granules((low + high) // 2)
+        if mid >= high:
+            mid = high - precision
+        if fits(mid):
+            high = mid
+        else:
+            low = mid
+    return {"min_device": high, "min_device_ratio": high / requested, "peak_requested": requested,
+            "replays": replays + 1}
 
 
 def snapshot_at(source, event, policy="torchmem", *, limit=0, config=None, capacity=DEFAULT_CAPACITY, device=None,

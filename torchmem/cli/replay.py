@@ -42,6 +42,10 @@ def add_arguments(parser):
                              "device (0.5 or 50%%, as install(limit=...)); default: the whole device")
     parser.add_argument("--min-cap", action="store_true",
                         help="also find the smallest budget with no OOM (bisection to 2 MiB)")
+    parser.add_argument("--min-device", action="store_true",
+                        help="also find the smallest simulated device the trace fits on with no budget set "
+                             "(bisection to 2 MiB): the largest model or batch a card takes, where --min-cap "
+                             "is the tightest limit")
     parser.add_argument("--json", action="store_true", help="one JSON object per line per (trace, policy)")
     parser.add_argument("--snapshot", metavar="OUT.pickle", default=None,
                         help="write the layout at peak reserved in PyTorch's memory-snapshot format "
@@ -118,6 +122,9 @@ def format_table(trace, results, requested=None, steps=None, step_ms=None):
     if any(r.min_cap is not None for r in results):
         row("min-cap", [_mib(r.min_cap) for r in results])
         row("min-cap ratio", [_ratio(r.min_cap_ratio) for r in results])
+    if any(r.min_device is not None for r in results):
+        row("min device (no limit)", [_mib(r.min_device) for r in results])
+        row("min device ratio", [_ratio(r.min_device_ratio) for r in results])
     if any(r.limit for r in results):
         row("budget", [_mib(r.limit) if r.limit else "device" for r in results])
     row("OOMs", [f"{r.ooms:,}" for r in results])
@@ -155,11 +162,13 @@ def _per_step(total_us, steps, step_ms):
     return f"{per_step_ms:,.1f} ms/step ({100 * per_step_ms / step_ms:.1f}% of a step)"
 
 
-def _json_line(result, with_min_cap):
+def _json_line(result, with_min_cap, with_min_device=False):
     record = result.as_dict()
-    if not with_min_cap:
-        for key in ("min_cap", "min_cap_ratio", "min_cap_replays"):
-            record.pop(key, None)
+    searches = (("min_cap", with_min_cap), ("min_device", with_min_device))
+    for prefix, wanted in searches:
+        if not wanted:
+            for key in (prefix, f"{prefix}_ratio", f"{prefix}_replays"):
+                record.pop(key, None)
     return json.dumps(record, sort_keys=False)
 
 
@@ -250,13 +259,13 @@ def run(args):
         results = []
         for policy in policies:
             result = replay_api.replay(trace, policy, limit=limit, config=config, capacity=capacity,
-                                       min_cap=args.min_cap, progress=show, name=path,
+                                       min_cap=args.min_cap, min_device=args.min_device, progress=show, name=path,
                                        event_delay=args.event_delay)
             results.append(result)
         progress.done()
         if args.json:
             for result in results:
-                print(_json_line(result, args.min_cap), flush=True)
+                print(_json_line(result, args.min_cap, args.min_device), flush=True)
         else:
             if not first:
                 print()
