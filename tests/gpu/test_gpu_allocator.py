@@ -8,6 +8,7 @@ and recovery, empty_cache, many threads, zero-size tensors, install order and
 idempotence, both backends, and bad config.
 """
 
+import re
 import textwrap
 
 import pytest
@@ -19,11 +20,24 @@ pytestmark = pytest.mark.gpu
 PRELUDE = """
 import os, sys, torch, torchmem
 from torchmem import _C
+
+def handles_created():
+    # driver handles (cuMemCreate) the pool has made so far
+    return torchmem.memory_stats()["torchmem.backend.create_calls"]
 """
 
 
 def run(body, **kwargs):
     return run_python(PRELUDE + textwrap.dedent(body), **kwargs)
+
+
+def handles_counted(body):
+    """Runs `body`, which leaves what it counted in `created`, checks the pool's invariants
+    after it, and returns that count as printed (and the process's stdout)."""
+    proc = run(textwrap.dedent(body) + '_C.runtime_check_invariants(0)\nprint("CREATED", created)\n')
+    found = re.search(r"^CREATED (.*)$", proc.stdout, re.MULTILINE)
+    assert found, proc.stdout
+    return found.group(1), proc.stdout
 
 
 TRAIN_SCRIPT = """
@@ -531,7 +545,7 @@ def test_oom_callback_can_free_memory_and_retry():
 def test_a_request_the_device_cannot_back_fails_without_creating_granules():
     # Note [Device room]: memory held outside the pool (here caching off's plain cudaMalloc, as
     # another process's would be) leaves the budget (the device's total) room the device lacks.
-    proc = run(
+    created, out = handles_counted(
         """
         torchmem.install(warn_unsupported=False)
         GiB = 1 << 30
@@ -540,63 +554,58 @@ def test_a_request_the_device_cannot_back_fails_without_creating_granules():
         torch.cuda.caching_allocator_enable(True)
         kept = torch.empty(GiB, dtype=torch.uint8, device="cuda")
         free = torch.cuda.mem_get_info()[0]
-        before = torchmem.memory_stats()["torchmem.backend.create_calls"]
+        before = handles_created()
         try:
             torch.empty(free + 4 * GiB, dtype=torch.uint8, device="cuda")
             raise SystemExit("expected an OOM")
         except torch.OutOfMemoryError:
             pass
-        created = torchmem.memory_stats()["torchmem.backend.create_calls"] - before
+        created = handles_created() - before
         fits = torch.empty(free // 2, dtype=torch.uint8, device="cuda")  # what the device can back still comes
-        _C.runtime_check_invariants(0)
-        print("CREATED", created)
         """
     )
-    assert "CREATED 0" in proc.stdout, proc.stdout
+    assert created == "0", out
 
 
 def test_growth_after_empty_cache_is_one_handle_per_hole():
     # Note [Run handles]: far from the device's capacity with no limit, a 14 MiB tensor after
     # empty_cache is one driver handle, not 7 (PyTorch's test_allocator_fuzz: 2-20 MiB tensors
     # with empty_cache every ~20 actions ran 1.5x native's time granule by granule)
-    proc = run(
+    created, out = handles_counted(
         """
         torchmem.install(warn_unsupported=False)
         MiB = 1 << 20
-        stats = lambda: torchmem.memory_stats()
         keep = torch.full((64 * MiB // 4,), 7, dtype=torch.int32, device="cuda")
         created = []
         for size in (14 * MiB, 6 * MiB, 18 * MiB):
             torch.cuda.empty_cache()
-            before = stats()["torchmem.backend.create_calls"]
+            before = handles_created()
             x = torch.full((size // 4,), 3, dtype=torch.int32, device="cuda")
-            created.append(stats()["torchmem.backend.create_calls"] - before)
+            created.append(handles_created() - before)
             assert bool((x == 3).all()) and bool((keep == 7).all())
             del x
         torch.cuda.empty_cache()
-        _C.runtime_check_invariants(0)
-        print("CREATED", created)
         """
     )
-    assert "CREATED [1, 1, 1]" in proc.stdout, proc.stdout
+    assert created == "[1, 1, 1]", out
 
 
 def test_nearly_the_whole_memory_fraction_at_once_is_one_handle():
     # Note [Huge holes] under a budget: PyTorch's test_set_per_process_memory_fraction asks for
     # 0.499 of the card under a fraction of 0.5 (2.6 s granule by granule against native's
     # 0.06 s); one run handle, released whole by empty_cache, and 0.5 of the card still fails
-    proc = run(
+    created, out = handles_counted(
         """
         torchmem.install(warn_unsupported=False)
         small = torch.zeros(1024, device="cuda")
         torch.cuda.empty_cache()
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(0.5, 0)
-        before = torchmem.memory_stats()["torchmem.backend.create_calls"]
+        before = handles_created()
         big = torch.empty(int(total * 0.499) - torch.cuda.max_memory_reserved(), dtype=torch.int8, device="cuda")
         big[-1] = 5
         torch.cuda.synchronize()
-        created = torchmem.memory_stats()["torchmem.backend.create_calls"] - before
+        created = handles_created() - before
         del big
         torch.cuda.empty_cache()
         try:
@@ -606,8 +615,6 @@ def test_nearly_the_whole_memory_fraction_at_once_is_one_handle():
             pass
         small.fill_(1)
         assert bool((small == 1).all())
-        _C.runtime_check_invariants(0)
-        print("CREATED", created, "RESERVED_AFTER", torch.cuda.memory_reserved())
         """
     )
-    assert "CREATED 1 " in proc.stdout, proc.stdout
+    assert created == "1", out
