@@ -14,6 +14,7 @@ actions (torchmem also reports its driver calls).
 """
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -42,6 +43,38 @@ def background_load(stop, ready):
         if rng.random() < 0.05:
             torch.cuda.empty_cache()
         torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def busy_gpu(tenants):
+    """`tenants` spawned processes running background_load (native allocator) while the block
+    runs; they have touched the GPU before it starts."""
+    ctx = mp.get_context("spawn")
+    stop, ready = ctx.Event(), ctx.Semaphore(0)
+    procs = [ctx.Process(target=background_load, args=(stop, ready), daemon=True) for _ in range(tenants)]
+    for p in procs:
+        p.start()
+    try:
+        started = 0
+        while started < len(procs):
+            if ready.acquire(timeout=1.0):
+                started += 1
+            elif any(not p.is_alive() for p in procs):
+                raise RuntimeError("busy_gpu: a background tenant exited before it started (see its stderr)")
+        yield
+    finally:
+        stop.set()
+        for p in procs:
+            p.join(10)
+
+
+def emit(row, out):
+    """Prints `row` as a JSON line and appends it to `out` (a path or None)."""
+    line = json.dumps(row)
+    print(line, flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(line + "\n")
 
 
 def fuzz(torch, actions, seed, check):
@@ -98,59 +131,38 @@ def main(argv=None):
                              "beside the load: what each call costs while other processes use the GPU")
     parser.add_argument("--out", help="JSON-lines file to append the result to")
     args = parser.parse_args(argv)
-    if args.allocator in ALLOC_CONF:
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ALLOC_CONF[args.allocator]
+    # The load starts before this process sets its allocator or touches CUDA: the tenants
+    # inherit the environment as it was (the native allocator).
+    with busy_gpu(args.load):
+        if args.allocator in ALLOC_CONF:
+            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ALLOC_CONF[args.allocator]
+        import torch
 
-    # The load starts (spawned, native allocator) before this process touches CUDA.
-    ctx = mp.get_context("spawn")
-    stop, ready = ctx.Event(), ctx.Semaphore(0)
-    env_conf = os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    tenants = [ctx.Process(target=background_load, args=(stop, ready), daemon=True) for _ in range(args.load)]
-    for p in tenants:
-        p.start()
-    for _ in tenants:
-        ready.acquire()
-    if env_conf is not None:
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = env_conf
+        if args.allocator == "torchmem":
+            import torchmem
 
-    import torch
-
-    if args.allocator == "torchmem":
-        import torchmem
-
-        if args.conf:
-            os.environ["TORCHMEM_CONF"] = args.conf
-        torchmem.install(patch_torch=False, warn_unsupported=False)
-        before = _driver_calls(torch)
-    try:
+            if args.conf:
+                os.environ["TORCHMEM_CONF"] = args.conf
+            torchmem.install(patch_torch=False, warn_unsupported=False)
+            before = _driver_calls(torch)
         torch.zeros(1, device="cuda")
         if args.probe:
             from torchmem import _C
 
-            row = {"bench": "vmm_probe", "load": args.load,
-                   "runs": [dict(_C.runtime_probe_backend(torch.cuda.current_device(), 20, g)) for g in (1, 8)]}
-            print(json.dumps(row))
-            if args.out:
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+            emit({"bench": "vmm_probe", "load": args.load,
+                  "runs": [dict(_C.runtime_probe_backend(torch.cuda.current_device(), 20, g)) for g in (1, 8)]},
+                 args.out)
             return 0
         t0 = time.perf_counter()
         spent, counts = fuzz(torch, args.actions, args.seed, not args.no_check)
         wall = time.perf_counter() - t0
-    finally:
-        stop.set()
-        for p in tenants:
-            p.join(10)
     row = {"bench": "empty_cache_fuzz", "allocator": args.allocator, "load": args.load, "conf": args.conf,
            "actions": args.actions, "wall_s": wall, "seconds": spent, "counts": counts,
            "us_per": {k: 1e6 * spent[k] / counts[k] for k in spent if counts[k]}}
     if args.allocator == "torchmem":
         after = _driver_calls(torch)
         row["driver_calls"] = {k: after[k] - before[k] for k in after}
-    print(json.dumps(row))
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(json.dumps(row) + "\n")
+    emit(row, args.out)
     return 0
 
 

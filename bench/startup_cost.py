@@ -12,7 +12,6 @@ the monitor off, optionally beside `--load` busy processes (bench/empty_cache_fu
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import subprocess
 import sys
@@ -64,16 +63,9 @@ def main(argv=None):
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from empty_cache_fuzz import background_load
+    from empty_cache_fuzz import busy_gpu, emit
 
-    ctx = mp.get_context("spawn")
-    stop, ready = ctx.Event(), ctx.Semaphore(0)
-    tenants = [ctx.Process(target=background_load, args=(stop, ready), daemon=True) for _ in range(args.load)]
-    for p in tenants:
-        p.start()
-    for _ in tenants:
-        ready.acquire()
-    try:
+    with busy_gpu(args.load):
         for mode in args.modes.split(","):
             rows = start_all(mode, args.procs)
             ok = [r for r in rows if "error" not in r]
@@ -81,19 +73,11 @@ def main(argv=None):
             def worst(key):
                 return round(max(r[key] for r in ok), 3) if ok else None
 
-            summary = {"bench": "startup_cost", "mode": mode, "procs": args.procs, "load": args.load,
-                       "failed": len(rows) - len(ok), "last_exit_s": round(max(r["wall_s"] for r in rows), 3),
-                       "max_import_s": worst("import_s"), "max_install_s": worst("install_s"),
-                       "max_first_tensor_s": worst("first_tensor_s"),
-                       "errors": [r["error"] for r in rows if "error" in r][:2]}
-            print(json.dumps(summary), flush=True)
-            if args.out:
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(summary) + "\n")
-    finally:
-        stop.set()
-        for p in tenants:
-            p.join(10)
+            emit({"bench": "startup_cost", "mode": mode, "procs": args.procs, "load": args.load,
+                  "failed": len(rows) - len(ok), "last_exit_s": round(max(r["wall_s"] for r in rows), 3),
+                  "max_import_s": worst("import_s"), "max_install_s": worst("install_s"),
+                  "max_first_tensor_s": worst("first_tensor_s"),
+                  "errors": [r["error"] for r in rows if "error" in r][:2]}, args.out)
     return 0
 
 

@@ -234,9 +234,7 @@ def find_min_device(source, policy="torchmem", *, config=None, precision=GRANULE
             raise ValueError(f"{trace.name}: no simulated device up to {high >> 30} GiB replays it without OOM")
         low, high = high, granules(high * 2)
     while high - low > precision:
-        mid = granules((low + high) // 2)
-        if mid >= high:
-            mid = high - precision
+        mid = granules((low + high) // 2)  # both are multiples of precision: low < mid < high
         if fits(mid):
             high = mid
         else:

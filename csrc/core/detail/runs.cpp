@@ -68,13 +68,13 @@ using detail::Granule;
 using detail::Heap;
 
 namespace {
-// A hole of one granule is a handle of one granule (Note [Run handles]).
+// The smallest run: a hole of one granule is a plain granule handle (Note [Run handles]).
 constexpr std::size_t kMinRunGranules = 2;
 }  // namespace
 
 bool Pool::Impl::grow_by_runs(Heap& heap, Addr addr, std::size_t size, std::size_t missing) {
-  // A hole of kMinRunGranules or more gets one run handle; a smaller one a
-  // handle per granule, still mapped with one call.
+  // A hole of kMinRunGranules or more gets one run handle; a single missing
+  // granule gets a plain granule handle (a run is two granules or more).
   struct Grown {
     Hole hole;
     std::vector<GranuleHandle> handles;  // one (a run) or hole.count
