@@ -196,8 +196,9 @@ OPTIONS = (
            "Make torch.cuda.memory_stats / memory_allocated / max_memory_* / memory_summary / "
            "reset_peak_memory_stats answer from torchmem instead of raising."),
     Option("warn_unsupported", True, parse_bool,
-           "Warn at install about torch features no pluggable allocator supports "
-           "(CUDA IPC). cudnn.benchmark works: torchmem answers its cacheInfo query."),
+           "Kept so that configs which set it still parse: install() used to warn that CUDA IPC "
+           "was unsupported; it works now (docs/pluggable_allocator.md), and no torch feature is "
+           "left to warn about."),
     # Watching and sharing (torchmem/monitor/, docs/monitoring.md, docs/sharing.md).
     Option("monitor", True, parse_bool,
            "Publish this process's figures to a shared-memory record for `python -m torchmem top` "

@@ -42,7 +42,6 @@ __all__ = ["install", "is_installed", "mem_pool_allocator"]
 _lock = threading.Lock()
 _installed_config = None
 _mem_pool_allocator = None
-_warned_unsupported = False
 
 _INIT_ORDER_HELP = (
     "PyTorch's CUDA allocator initializes on the first CUDA tensor or torch.cuda call "
@@ -106,24 +105,6 @@ def _gpu_present():
     return torch.cuda.is_available()  # no NVML: ask CUDA itself (this initializes the driver)
 
 
-def _warn_unsupported_once():
-    global _warned_unsupported
-    if _warned_unsupported:
-        return
-    _warned_unsupported = True
-    # cudnn.benchmark works: torchmem answers torch's cacheInfo query (csrc/shim/install.cpp).
-    # torch.compile(mode="reduce-overhead") works too: csrc/shim/checkpoint.cpp.
-    problems = [
-        "sharing CUDA tensors between processes (CUDA IPC)",
-    ]
-    warnings.warn(
-        "torchmem is installed as PyTorch's CUDA allocator. PyTorch does not support these with any "
-        "pluggable allocator: " + "; ".join(problems) + ". (Silence with warn_unsupported=False.)",
-        UserWarning,
-        stacklevel=3,
-    )
-
-
 def install(**options):
     """Replace PyTorch's CUDA caching allocator with torchmem's pool; returns the Config in force.
 
@@ -154,8 +135,6 @@ def install(**options):
                 raise RuntimeError(f"torchmem.install() failed: {exc}") from None
             raise
         _installed_config = cfg
-    if cfg.warn_unsupported:
-        _warn_unsupported_once()
     _hooks._attach_runtime()
     if cfg.patch_torch:
         _patch.patch_torch()

@@ -7,6 +7,7 @@
 #include "backend/vmm_backend_cuda.h"
 
 #include <cuda.h>
+#include <unistd.h>
 
 #include <stdexcept>
 #include <string>
@@ -27,6 +28,9 @@ struct DriverApi {
   decltype(&cuMemUnmap) unmap = nullptr;
   decltype(&cuMemSetAccess) set_access = nullptr;
   decltype(&cuMemGetAllocationGranularity) get_granularity = nullptr;
+  // Optional (Note [Shareable handles]): absent, handles are simply not shareable.
+  decltype(&cuMemExportToShareableHandle) export_shareable = nullptr;
+  decltype(&cuMemImportFromShareableHandle) import_shareable = nullptr;
 };
 
 namespace {
@@ -64,6 +68,12 @@ const DriverApi& driver_api() {
     ok = resolve("cuMemUnmap", a.unmap, e) && ok;
     ok = resolve("cuMemSetAccess", a.set_access, e) && ok;
     ok = resolve("cuMemGetAllocationGranularity", a.get_granularity, e) && ok;
+    std::string optional_error;
+    if (!resolve("cuMemExportToShareableHandle", a.export_shareable, optional_error) ||
+        !resolve("cuMemImportFromShareableHandle", a.import_shareable, optional_error)) {
+      a.export_shareable = nullptr;
+      a.import_shareable = nullptr;
+    }
     a.loaded = ok;
     return a;
   }();
@@ -92,13 +102,20 @@ void check_driver(const DriverApi& api, CUresult status, const char* call) {
   if (status != CUDA_SUCCESS) throw_driver_error(api, call, status);
 }
 
-CUmemAllocationProp granule_properties(int device) {
+CUmemAllocationProp granule_properties(int device, bool shareable = false) {
   CUmemAllocationProp prop = {};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device;
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+  prop.requestedHandleTypes = shareable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
   return prop;
+}
+
+// Statuses with which a driver or a container refuses exportable handles (the
+// handle type is unsupported or not permitted), as opposed to a real failure.
+bool refuses_shareable(CUresult status) {
+  return status == CUDA_ERROR_NOT_SUPPORTED || status == CUDA_ERROR_INVALID_VALUE ||
+         status == CUDA_ERROR_NOT_PERMITTED;
 }
 
 bool is_out_of_memory(CUresult status) { return status == CUDA_ERROR_OUT_OF_MEMORY; }
@@ -143,9 +160,18 @@ VmmBackend::VmmBackend(int device) : CudaDeviceBackend(device), api_(loaded_driv
   if (granularity_ == 0 || (granularity_ & (granularity_ - 1)) != 0 || granularity_ % kMinBlockSize != 0) {
     throw std::runtime_error("torchmem: unexpected CUDA allocation granularity " + std::to_string(granularity_));
   }
+  CUdevice cu_device = 0;
+  int fd_handles = 0;
+  shareable_ = api_.export_shareable != nullptr && api_.device_get(&cu_device, device_) == CUDA_SUCCESS &&
+               api_.device_get_attribute(&fd_handles, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                                         cu_device) == CUDA_SUCCESS &&
+               fd_handles != 0;
 }
 
-VmmBackend::~VmmBackend() = default;
+VmmBackend::~VmmBackend() {
+  std::lock_guard<std::mutex> lock(export_mutex_);
+  for (const auto& [handle, exported] : exported_) ::close(exported.fd);
+}
 
 Addr VmmBackend::reserve(std::size_t bytes) {
   cuda::RelaxedCaptureGuard relaxed;
@@ -174,9 +200,18 @@ GranuleHandle VmmBackend::create_run(std::size_t granules) {
 GranuleHandle VmmBackend::create_handle(std::size_t granules) {
   cuda::RelaxedCaptureGuard relaxed;
   cuda::DeviceGuard on_device(device_);
-  CUmemAllocationProp prop = granule_properties(device_);
+  CUmemAllocationProp prop = granule_properties(device_, shareable_);
   CUmemGenericAllocationHandle handle = 0;
   CUresult status = api_.create(&handle, granules * granularity_, &prop, 0);
+  if (shareable_ && refuses_shareable(status)) {
+    // Note [Shareable handles]: a driver that advertises file descriptors
+    // but refuses them here (a container's policy) gets plain handles from
+    // now on; only sharing with another process is lost.
+    (void)cudaGetLastError();
+    shareable_ = false;
+    prop = granule_properties(device_, false);
+    status = api_.create(&handle, granules * granularity_, &prop, 0);
+  }
   if (is_out_of_memory(status)) {
     (void)cudaGetLastError();
     return 0;
@@ -187,6 +222,7 @@ GranuleHandle VmmBackend::create_handle(std::size_t granules) {
 }
 
 void VmmBackend::release_granule(GranuleHandle handle) {
+  if (exported_count_.load(std::memory_order_relaxed) != 0) forget_export(handle);
   cuda::RelaxedCaptureGuard relaxed;
   cuda::DeviceGuard on_device(device_);
   check_driver(api_, api_.release(static_cast<CUmemGenericAllocationHandle>(handle)), "cuMemRelease");
@@ -256,6 +292,104 @@ Addr VmmBackend::allocate_segment(std::size_t) {
 
 void VmmBackend::free_segment(Addr, std::size_t) {
   throw std::logic_error("torchmem: the vmm backend has no plain segments (free_segment called)");
+}
+
+// ---- Note [Shareable handles] ---------------------------------------------------
+// CUDA IPC of VMM memory (csrc/shim/ipc.cpp): a handle created with the POSIX
+// file-descriptor handle type can be exported as a file descriptor, which
+// another process duplicates (pidfd_getfd) and imports. Handles are created
+// so whenever the device supports it, as PyTorch's expandable segments do:
+// the type costs nothing until a handle is exported. A handle is exported
+// at most once; its descriptor stays open for receivers to duplicate until
+// the handle goes back to the device.
+
+VmmBackend::SharedHandle VmmBackend::export_handle(GranuleHandle handle) {
+  std::lock_guard<std::mutex> lock(export_mutex_);
+  auto found = exported_.find(handle);
+  if (found != exported_.end()) return found->second;
+  if (api_.export_shareable == nullptr) {
+    throw std::runtime_error("torchmem: this CUDA driver cannot export memory handles "
+                             "(cuMemExportToShareableHandle is missing); use backend='cuda_malloc' to share CUDA "
+                             "tensors between processes");
+  }
+  int fd = -1;
+  CUresult status = api_.export_shareable(&fd, static_cast<CUmemGenericAllocationHandle>(handle),
+                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  if (status != CUDA_SUCCESS) {
+    (void)cudaGetLastError();
+    const char* text = nullptr;
+    if (api_.get_error_string == nullptr || api_.get_error_string(status, &text) != CUDA_SUCCESS) text = "unknown";
+    throw std::runtime_error(std::string("torchmem: cannot share this CUDA tensor with another process: ") +
+                             "cuMemExportToShareableHandle failed (" + text +
+                             "); the block's memory was created without a shareable handle type (the driver or "
+                             "container refused POSIX file descriptors). Use backend='cuda_malloc' to share CUDA "
+                             "tensors between processes");
+  }
+  static std::atomic<std::uint64_t> exports_made{0};  // across devices: ids name one export per process
+  SharedHandle shared{fd, ++exports_made};
+  exported_.emplace(handle, shared);
+  exported_count_.store(exported_.size(), std::memory_order_relaxed);
+  return shared;
+}
+
+void VmmBackend::forget_export(GranuleHandle handle) {
+  std::lock_guard<std::mutex> lock(export_mutex_);
+  auto found = exported_.find(handle);
+  if (found == exported_.end()) return;
+  ::close(found->second.fd);
+  exported_.erase(found);
+  exported_count_.store(exported_.size(), std::memory_order_relaxed);
+}
+
+std::shared_ptr<void> VmmBackend::import_shared(int device, std::size_t span, const std::vector<ImportPiece>& pieces) {
+  const DriverApi& api = loaded_driver_api();
+  if (api.import_shareable == nullptr) {
+    throw std::runtime_error("torchmem: this CUDA driver cannot import memory handles "
+                             "(cuMemImportFromShareableHandle is missing)");
+  }
+  cuda::DeviceGuard on_device(device);
+  struct Imported {
+    int device = 0;
+    CUdeviceptr base = 0;
+    std::size_t span = 0;
+    std::vector<std::pair<std::size_t, std::size_t>> mapped;  // (offset, bytes)
+    std::vector<CUmemGenericAllocationHandle> handles;
+  };
+  auto undo = [&api](Imported& m, bool wait) {
+    cuda::DeviceGuard guard(m.device);
+    // The receiver's streams may still read the memory: unmap only behind a
+    // device barrier (Note [Device barrier] in core/pool.h).
+    if (wait && cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+    for (const auto& [offset, bytes] : m.mapped) api.unmap(m.base + offset, bytes);
+    for (CUmemGenericAllocationHandle h : m.handles) api.release(h);
+    if (m.base != 0) api.address_free(m.base, m.span);
+  };
+  auto made = std::make_unique<Imported>();
+  made->device = device;
+  made->span = span;
+  try {
+    CUresult status = api.address_reserve(&made->base, span, 0, 0, 0);
+    check_driver(api, status, "cuMemAddressReserve");
+    for (const ImportPiece& piece : pieces) {
+      CUmemGenericAllocationHandle handle = 0;
+      status = api.import_shareable(&handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(piece.fd)),
+                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      check_driver(api, status, "cuMemImportFromShareableHandle");
+      made->handles.push_back(handle);
+      check_driver(api, api.map(made->base + piece.offset, piece.bytes, 0, handle, 0), "cuMemMap");
+      made->mapped.emplace_back(piece.offset, piece.bytes);
+    }
+    check_driver(api, grant_access(api, device, static_cast<Addr>(made->base), span), "cuMemSetAccess");
+  } catch (...) {
+    (void)cudaGetLastError();
+    undo(*made, false);
+    throw;
+  }
+  Imported* raw = made.release();
+  return std::shared_ptr<void>(reinterpret_cast<void*>(raw->base), [raw, undo](void*) mutable {
+    undo(*raw, true);
+    delete raw;
+  });
 }
 
 }  // namespace torchmem

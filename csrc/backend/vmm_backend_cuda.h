@@ -14,8 +14,13 @@
 // this file, decides how rarely granules move and when runs pay.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "backend/cuda_device_backend_cuda.h"
 
@@ -51,11 +56,39 @@ class VmmBackend final : public CudaDeviceBackend {
   Addr allocate_segment(std::size_t bytes) override;
   void free_segment(Addr base, std::size_t bytes) override;
 
+  // ---- sharing with other processes (Note [Shareable handles], the .cpp) ----
+  // True while new handles are created exportable.
+  bool shareable() const { return shareable_; }
+  // A handle's file descriptor in this process (open until the handle goes
+  // back to the device) and a number no other export of this backend has.
+  // Throws std::runtime_error, naming the fix, when the handle cannot be exported.
+  struct SharedHandle {
+    int fd;
+    std::uint64_t id;
+  };
+  SharedHandle export_handle(GranuleHandle handle);
+  // Maps another process's exported handles (`fd`: a descriptor of this
+  // process) into a fresh range of `span` bytes on `device`, each piece at its
+  // offset. The result points at the range; dropping it waits for the device,
+  // then unmaps and releases everything. Descriptors stay the caller's.
+  struct ImportPiece {
+    int fd;
+    std::size_t offset;
+    std::size_t bytes;
+  };
+  static std::shared_ptr<void> import_shared(int device, std::size_t span, const std::vector<ImportPiece>& pieces);
+
  private:
   GranuleHandle create_handle(std::size_t granules);  // 0 when the device is full
+  void forget_export(GranuleHandle handle);           // closes its descriptor, if exported
 
   const DriverApi& api_;
   std::size_t granularity_ = 0;
+  bool shareable_ = false;  // handles get the POSIX file-descriptor type
+
+  std::mutex export_mutex_;  // guards exported_
+  std::unordered_map<GranuleHandle, SharedHandle> exported_;
+  std::atomic<std::size_t> exported_count_{0};  // release_granule's lock-free check
 };
 
 }  // namespace torchmem

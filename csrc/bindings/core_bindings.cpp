@@ -221,6 +221,27 @@ void bind_core(py::module_& m) {
              if (!problem.empty()) throw std::runtime_error("torchmem pool invariant violated: " + problem);
            })
       .def("block_size", &Pool::block_size, py::arg("addr"))
+      .def(
+          "backing_of",
+          [](const Pool& p, Addr addr) {
+            const BlockBacking backing = p.backing_of(addr);
+            py::list pieces;
+            for (const BackingPiece& piece : backing.pieces) {
+              py::dict d;
+              d["at"] = piece.at;
+              d["bytes"] = piece.bytes;
+              d["handle"] = piece.handle;
+              pieces.append(d);
+            }
+            py::dict out;
+            out["block"] = backing.block;
+            out["size"] = backing.size;
+            out["pieces"] = pieces;
+            return out;
+          },
+          py::arg("addr"),
+          "What backs the live block at `addr`: {'block', 'size', 'pieces': [{'at', 'bytes', 'handle'}]} "
+          "(Note [Block backing]); PoolError if `addr` is not a live block's start")
       .def("checkpoint_private_pool", &checkpoint_to_dict, py::arg("id"),
            "The live blocks of private pool `id`: {'pool', 'blocks': [{'addr', 'size', 'requested', "
            "'stream', 'context'}]} (Note [Pool checkpoints])")

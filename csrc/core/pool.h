@@ -229,6 +229,26 @@ struct PoolSnapshot {
   std::vector<TraceEntry> trace;  // oldest first
 };
 
+// Note [Block backing] What physically backs a live block, for sharing it
+// with another process (CUDA IPC, csrc/shim/ipc.cpp): the pieces the other
+// process must map, ascending and contiguous, covering the block. VMM: each
+// driver handle under the block where it is mapped, a granule or a whole run
+// (a run handle maps only whole, so its piece may reach past the block).
+// cuda_malloc: the block's segment, handle 0. A live block's pieces cannot
+// change: its granules are pinned, and a pinned granule never moves or goes
+// back to the device (Note [Policy] in detail/granules.cpp).
+struct BackingPiece {
+  Addr at;
+  std::size_t bytes;
+  GranuleHandle handle;  // 0 for a cuda_malloc segment
+};
+
+struct BlockBacking {
+  Addr block = 0;
+  std::size_t size = 0;  // rounded size
+  std::vector<BackingPiece> pieces;
+};
+
 // One live block of a checkpoint (Note [Pool checkpoints]).
 struct CheckpointBlock {
   Addr addr;
@@ -331,6 +351,9 @@ class Pool {
   PoolSnapshot snapshot() const;
   // Size of the live block at `addr` (its rounded size), or 0 if none.
   std::size_t block_size(Addr addr) const;
+  // Note [Block backing]. Throws PoolError when `addr` is not the start of a
+  // live block.
+  BlockBacking backing_of(Addr addr) const;
   // Bytes of live blocks and bytes reserved, the two totals torch's profiler
   // takes with each memory event: cheaper than stats() (no free-block scan).
   struct Usage {

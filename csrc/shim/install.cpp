@@ -7,8 +7,8 @@
 // checkpoint.cpp and torch_history.cpp are the only files that include torch's
 // allocator headers (each costs ~1 minute to compile). It also answers torch's
 // stats and cacheInfo queries (Note [Answering torch's own queries]) and
-// forwards CUDA graph trees' checkpoint calls to checkpoint.cpp and torch's C++
-// history and snapshot to torch_history.cpp.
+// forwards CUDA graph trees' checkpoint calls to checkpoint.cpp, torch's C++
+// history and snapshot to torch_history.cpp and CUDA IPC to ipc.cpp.
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "shim/checkpoint.h"
+#include "shim/ipc.h"
 #include "shim/runtime.h"
 #include "shim/torch_history.h"
 
@@ -161,6 +162,13 @@ class TorchmemAllocator final : public CUDAPluggableAllocator {
   // Note [Compile context] (runtime.h). No `override`: older torch lacks them.
   void pushCompileContext(std::string& md) { push_compile_context(md); }
   void popCompileContext() { pop_compile_context(); }
+
+  // Note [CUDA IPC] (ipc.cpp): torch.multiprocessing's CUDA tensors.
+  c10::cuda::CUDACachingAllocator::ShareableHandle shareIpcHandle(void* ptr) override {
+    IpcShare share = share_ipc(ptr);
+    return {share.offset, std::move(share.handle)};
+  }
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override { return open_ipc(handle); }
 
   // Note [Memory fraction] (runtime.h)
   double getMemoryFraction(c10::DeviceIndex device) override { return memory_fraction(device); }

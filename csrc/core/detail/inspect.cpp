@@ -1,5 +1,5 @@
-// inspect.cpp: read-only views of the pool: check_invariants(), snapshot()
-// and the largest free block.
+// inspect.cpp: read-only views of the pool: check_invariants(), snapshot(),
+// the largest free block and what backs a live block (Note [Block backing]).
 //
 // check_invariants() recomputes everything the pool keeps incrementally
 // (tiling, merges, granule use counts, reclaimable lists, held bytes, stats)
@@ -312,6 +312,35 @@ std::size_t Pool::Impl::largest_free_block() const {
     });
   }
   return best;
+}
+
+BlockBacking Pool::Impl::backing_of(Addr addr) const {
+  const Block* b = live.find(addr);
+  if (b == nullptr) {
+    throw PoolError("torchmem: " + hex(addr) + " is not the start of a live block of this pool (was it freed, "
+                    "or allocated by another allocator?)");
+  }
+  BlockBacking out{b->addr, b->size, {}};
+  if (!vmm) {
+    out.pieces.push_back(BackingPiece{b->segment->addr, b->segment->size, 0});
+    return out;
+  }
+  const Heap& h = *b->heap;
+  const std::size_t end = end_granule(h, b->end());
+  for (std::size_t g = first_granule(h, b->addr); g < end;) {
+    const Granule& granule = h.granules[g];
+    // A run maps whole: its piece starts at its first granule, which may lie before the block.
+    const std::size_t first = granule.run_count > 0 ? granule.run_first : g;
+    const std::size_t count = granule.run_count > 0 ? granule.run_count : 1;
+    out.pieces.push_back(BackingPiece{h.base + (first << gran_shift), count << gran_shift, granule.handle});
+    g = first + count;
+  }
+  return out;
+}
+
+BlockBacking Pool::backing_of(Addr addr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return impl_->backing_of(addr);
 }
 
 }  // namespace torchmem

@@ -233,6 +233,7 @@ struct Pool::Impl {
   std::vector<std::pair<Addr, Addr>> map_group_pieces(const detail::Heap& h, std::size_t first, std::size_t end,
                                                       const detail::Block* from) const;
   std::size_t largest_free_block() const;
+  BlockBacking backing_of(Addr addr) const;  // Note [Block backing] (pool.h)
 
   // ---- state ----------------------------------------------------------------
   Backend& backend;

@@ -1,0 +1,60 @@
+"""On a GPU: CUDA IPC (Note [CUDA IPC], csrc/shim/ipc.cpp). torch.multiprocessing sends
+CUDA tensors from a producer to a spawned consumer (ipc_scene.py): every value arrives,
+a write in the consumer is seen by the producer, and the producer frees and empties its
+cache afterwards without a fault. torchmem to torchmem on the vmm backend (granule
+handles exported as file descriptors); on the cuda_malloc backend PyTorch's own handle
+format, which a native consumer opens; a native producer's handles open under torchmem.
+A vmm handle sent to a native consumer fails there with torch's own error."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from support import REPO
+
+pytestmark = pytest.mark.gpu
+
+SCENE = os.path.join(REPO, "tests", "gpu", "ipc_scene.py")
+
+
+def run_scene(producer, consumer, conf="", consumer_conf=None):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TORCHMEM_CONF=conf)
+    if consumer_conf is not None:
+        env["TORCHMEM_CONSUMER_CONF"] = consumer_conf
+    proc = subprocess.run([sys.executable, SCENE, producer, consumer], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def assert_shared(out):
+    assert "error" not in out["reply"], out
+    assert out["reply"]["data_ok"], out
+    assert out["write_seen"], out
+    assert out["consumer_exit"] == 0, out
+    assert out["allocated_after"] == 0, out
+
+
+def test_torchmem_to_torchmem_on_vmm():
+    out = run_scene("torchmem", "torchmem")
+    assert_shared(out)
+    assert out["reply"]["installed"]
+    # Opening a handle in the process that made it (descriptors duplicated, not taken over pidfd).
+    assert out["same_process"] == {"ok": True, "distinct": True}, out
+
+
+def test_cuda_malloc_backend_speaks_pytorchs_format_both_ways():
+    assert_shared(run_scene("torchmem", "native", conf="backend=cuda_malloc"))
+    assert_shared(run_scene("torchmem", "torchmem", conf="backend=cuda_malloc"))
+
+
+def test_a_native_producers_tensors_open_under_torchmem():
+    assert_shared(run_scene("native", "torchmem"))
+
+
+def test_a_vmm_handle_sent_to_a_native_consumer_fails_there_not_silently():
+    out = run_scene("torchmem", "native")
+    assert "shareable handle" in out["reply"].get("error", ""), out
