@@ -26,8 +26,8 @@
 #   scene          tests/gpu/stream_safety_scene.py under this build and under the
 #                  build in .old/ (a `git archive` of an older commit, carried):
 #                  the foreign-stream reader that faulted before the device barrier
-#   rounds         gpt2, llama_ckpt, kv_generate, vision under native, expandable
-#                  and torchmem, ROUNDS rounds (default 2), order reversed each round
+#   rounds         gpt2, llama_ckpt, kv_generate, vision (ROUND_WORKLOADS) under native, expandable
+#                  and torchmem (ROUND_ALLOCATORS), ROUNDS rounds (default 2), order reversed each round
 #   peer           PyTorch's test_cuda.py, native vs torchmem (.peer/, carried)
 #   host           bench/host_bench.py and bench/offload_bench.py (pinned pool, offload)
 #   ddp            bench/ddp_batch.py on both GPUs (torchrun, NCCL)
@@ -36,6 +36,8 @@
 #   compile        bench/compile_reduce_overhead.py (reduce-overhead, native vs torchmem)
 #   fuzz           bench/empty_cache_fuzz.py (test_allocator_fuzz: churn with empty_cache), alone and under load
 #   peer_one       the peer tests in PEER_TESTS, each once under torchmem, with durations
+#   peer_order     the peer tests in PEER_TESTS in this order in ONE pytest process, natively
+#                  (PEER_ORDER_MODE=torchmem: under torchmem): does a failure follow from test order?
 #   startup        bench/startup_cost.py (8 processes starting together, beside 4 busy ones)
 # DEADLINE_S (default 570) bounds the whole call: DDP runs only if 90 s are left.
 set -uo pipefail
@@ -179,7 +181,7 @@ job_scene() {
 }
 
 job_rounds() {
-  local order="native expandable torchmem" round w a
+  local order="${ROUND_ALLOCATORS:-native expandable torchmem}" round w a
   # one unrecorded run first: the first process of a call found the GPU cold (clocks, module loads)
   timeout 60 python3 bench/gpu_workloads.py --workload gpt2 --allocator native --steps 4 --out /tmp/rounds_warm.jsonl > "$OUT/rounds_warm.log" 2>&1
   for round in $(seq 1 "${ROUNDS:-2}"); do
@@ -267,6 +269,17 @@ job_peer_one() {  # PEER_TESTS (space-separated Class::test), each once under to
       >> "$OUT/peer_one.log" 2>&1
     echo "peer_one $t rc=$? :: $(grep -E '^[0-9.]+s call' "$OUT/peer_one.log" | tail -1)"
   done
+}
+
+job_peer_order() {
+  [ -d .peer ] || { echo "no .peer folder carried"; return 0; }
+  local t ids=()
+  peer_site
+  for t in ${PEER_TESTS:-}; do ids+=(".peer/test_cuda.py::$t"); done
+  local tm=(); [ "${PEER_ORDER_MODE:-native}" = torchmem ] && tm=(env TORCHMEM_PEER=1)
+  "${tm[@]}" env PYTHONPATH=/tmp/site:$PWD/.peer/tm_site timeout "$(bounded 120)" python3 -m pytest "${ids[@]}" \
+    -c .peer/pytest.ini --rootdir .peer -rfE -q -p no:cacheprovider > "$OUT/peer_order.log" 2>&1
+  echo "peer_order ${PEER_ORDER_MODE:-native} rc=$? :: $(grep -E '^(FAILED|ERROR)|passed|failed' "$OUT/peer_order.log" | tr '\n' ' ' | cut -c1-400)"
 }
 
 job_compile() {

@@ -83,10 +83,10 @@ def main():
     proc.join(timeout=120)
     out["consumer_exit"] = proc.exitcode
     del sent, base
-    torch.cuda.ipc_collect()
+    torch.cuda.ipc_collect()  # torch keeps sent storages until their consumers let go
     torch.cuda.empty_cache()
-    out["same_process"] = same_process_round_trip(torch)
     out["allocated_after"] = torch.cuda.memory_allocated()
+    out["same_process"] = same_process_round_trip(torch)
     print(json.dumps(out))
 
 

@@ -31,11 +31,12 @@ def run_scene(producer, consumer, conf="", consumer_conf=None):
 
 
 def assert_shared(out):
-    assert "error" not in out["reply"], out
-    assert out["reply"]["data_ok"], out
-    assert out["write_seen"], out
-    assert out["consumer_exit"] == 0, out
-    assert out["allocated_after"] == 0, out
+    shown = json.dumps(out)  # pytest shortens a dict in the message
+    assert "error" not in out["reply"], shown
+    assert out["reply"]["data_ok"], shown
+    assert out["write_seen"], shown
+    assert out["consumer_exit"] == 0, shown
+    assert out["allocated_after"] == 0, shown  # nothing left once the consumer let go
 
 
 def test_torchmem_to_torchmem_on_vmm():
@@ -43,7 +44,7 @@ def test_torchmem_to_torchmem_on_vmm():
     assert_shared(out)
     assert out["reply"]["installed"]
     # Opening a handle in the process that made it (descriptors duplicated, not taken over pidfd).
-    assert out["same_process"] == {"ok": True, "distinct": True}, out
+    assert out["same_process"] == {"ok": True, "distinct": True}, json.dumps(out)
 
 
 def test_cuda_malloc_backend_speaks_pytorchs_format_both_ways():
@@ -57,4 +58,4 @@ def test_a_native_producers_tensors_open_under_torchmem():
 
 def test_a_vmm_handle_sent_to_a_native_consumer_fails_there_not_silently():
     out = run_scene("torchmem", "native")
-    assert "shareable handle" in out["reply"].get("error", ""), out
+    assert "shareable handle" in out["reply"].get("error", ""), json.dumps(out)
