@@ -320,10 +320,13 @@ VmmBackend::SharedHandle VmmBackend::export_handle(GranuleHandle handle) {
     const char* text = nullptr;
     if (api_.get_error_string == nullptr || api_.get_error_string(status, &text) != CUDA_SUCCESS) text = "unknown";
     throw std::runtime_error(std::string("torchmem: cannot share this CUDA tensor with another process: ") +
-                             "cuMemExportToShareableHandle failed (" + text +
-                             "); the block's memory was created without a shareable handle type (the driver or "
-                             "container refused POSIX file descriptors). Use backend='cuda_malloc' to share CUDA "
-                             "tensors between processes");
+                             "cuMemExportToShareableHandle failed (" + text + ") with " +
+                             std::to_string(exported_.size()) +
+                             " handles of this device exported and open. Either the process ran out of file "
+                             "descriptors (raise `ulimit -n`), or the memory was created without a shareable "
+                             "handle type (the driver or container refused POSIX file descriptors: " +
+                             (shareable_ ? "not so far" : "it did") +
+                             "). backend='cuda_malloc' shares through cudaIpc handles instead");
   }
   static std::atomic<std::uint64_t> exports_made{0};  // across devices: ids name one export per process
   SharedHandle shared{fd, ++exports_made};
