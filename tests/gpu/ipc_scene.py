@@ -92,10 +92,15 @@ def main():
 
 def same_process_round_trip(torch):
     """Share a storage and open the handle again in this process (torch's own Python
-    cache is bypassed: _new_shared_cuda always asks the allocator)."""
+    cache is bypassed: _new_shared_cuda always asks the allocator). torch's IPC event
+    cannot be opened in the process that made it (cudaIpcOpenEventHandle: "invalid
+    device context", H200 2026-12-02), so the receiver is told not to wait on it; the
+    producer synchronized already."""
     t = torch.arange(3 * MiB, dtype=torch.int32, device="cuda")
+    torch.cuda.synchronize()
     try:
-        args = t.untyped_storage()._share_cuda_()
+        args = list(t.untyped_storage()._share_cuda_())
+        args[7] = False  # event_sync_required
         opened = torch.UntypedStorage._new_shared_cuda(*args)
         view = torch.empty(0, dtype=torch.int32, device="cuda").set_(opened)
         return {"ok": bool(torch.equal(view, t)), "distinct": opened.data_ptr() != t.data_ptr()}
