@@ -27,7 +27,7 @@
 #                  build in .old/ (a `git archive` of an older commit, carried):
 #                  the foreign-stream reader that faulted before the device barrier
 #   rounds         gpt2, llama_ckpt, kv_generate, vision (ROUND_WORKLOADS) under native, expandable
-#                  and torchmem (ROUND_ALLOCATORS), ROUNDS rounds (default 2), order reversed each round
+#                  and torchmem (ROUND_ALLOCATORS), ROUNDS rounds (default 2), order rotated each round
 #   peer           PyTorch's test_cuda.py, native vs torchmem (.peer/, carried)
 #   host           bench/host_bench.py and bench/offload_bench.py (pinned pool, offload)
 #   ddp            bench/ddp_batch.py on both GPUs (torchrun, NCCL)
@@ -192,7 +192,9 @@ job_rounds() {
         --seed "$round" --out "$R" >> "$OUT/rounds.log" 2>&1 || echo "rounds $w $a rc=$?"
       pack
     done; done
-    order=$(echo $order | tr ' ' '\n' | tac | tr '\n' ' ')
+    # rotate, not reverse: over as many rounds as allocators each takes every position once (in
+    # BENCHMARKS.md section 15 the one that ran third in a workload was 1.18-1.29x slower, whichever it was)
+    order=$(echo $order | awk '{for (i = 2; i <= NF; i++) printf "%s ", $i; print $1}')
   done
   echo "rounds: $(wc -l < "$R") results"
 }
