@@ -89,13 +89,16 @@ const DriverApi& loaded_driver_api() {
   return api;
 }
 
-[[noreturn]] void throw_driver_error(const DriverApi& api, const char* call, CUresult status) {
+std::string driver_error_text(const DriverApi& api, CUresult status) {
   const char* text = nullptr;
   if (api.get_error_string == nullptr || api.get_error_string(status, &text) != CUDA_SUCCESS || text == nullptr) {
     text = "unknown error";
   }
-  throw std::runtime_error(std::string("torchmem: ") + call + " failed: CUresult " + std::to_string(status) + " (" +
-                           text + ")");
+  return "CUresult " + std::to_string(status) + " (" + text + ")";
+}
+
+[[noreturn]] void throw_driver_error(const DriverApi& api, const char* call, CUresult status) {
+  throw std::runtime_error(std::string("torchmem: ") + call + " failed: " + driver_error_text(api, status));
 }
 
 void check_driver(const DriverApi& api, CUresult status, const char* call) {
@@ -317,10 +320,8 @@ VmmBackend::SharedHandle VmmBackend::export_handle(GranuleHandle handle) {
                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
   if (status != CUDA_SUCCESS) {
     (void)cudaGetLastError();
-    const char* text = nullptr;
-    if (api_.get_error_string == nullptr || api_.get_error_string(status, &text) != CUDA_SUCCESS) text = "unknown";
     throw std::runtime_error(std::string("torchmem: cannot share this CUDA tensor with another process: ") +
-                             "cuMemExportToShareableHandle failed (" + text + ") with " +
+                             "cuMemExportToShareableHandle failed: " + driver_error_text(api_, status) + ", with " +
                              std::to_string(exported_.size()) +
                              " handles of this device exported and open. Either the process ran out of file "
                              "descriptors (raise `ulimit -n`), or the memory was created without a shareable "

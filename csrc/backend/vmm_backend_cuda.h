@@ -57,10 +57,8 @@ class VmmBackend final : public CudaDeviceBackend {
   void free_segment(Addr base, std::size_t bytes) override;
 
   // ---- sharing with other processes (Note [Shareable handles], the .cpp) ----
-  // True while new handles are created exportable.
-  bool shareable() const { return shareable_; }
   // A handle's file descriptor in this process (open until the handle goes
-  // back to the device) and a number no other export of this backend has.
+  // back to the device) and a number no other export of this process has.
   // Throws std::runtime_error, naming the fix, when the handle cannot be exported.
   struct SharedHandle {
     int fd;

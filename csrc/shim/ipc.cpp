@@ -93,19 +93,12 @@ T take(const std::string& in, std::size_t& at) {
   return value;
 }
 
-void check_cuda(cudaError_t status, const char* call) {
-  if (status != cudaSuccess) {
-    (void)cudaGetLastError();
-    fail(std::string(call) + " failed: " + cudaGetErrorString(status));
-  }
-}
-
 // ---- sending ----------------------------------------------------------------
 
 IpcShare share_segment(const BlockBacking& backing, Addr ptr) {
   const BackingPiece& segment = backing.pieces.front();
   cudaIpcMemHandle_t handle;
-  check_cuda(cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(segment.at)), "cudaIpcGetMemHandle");
+  cuda::check(cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(segment.at)), "cudaIpcGetMemHandle");
   IpcShare out;
   out.offset = static_cast<std::ptrdiff_t>(ptr - segment.at);
   out.handle.push_back(kHandleVersion);
@@ -189,7 +182,7 @@ std::shared_ptr<void> open_granules(const std::string& handle) {
     pieces.push_back(VmmBackend::ImportPiece{local.back().fd, piece.offset, piece.bytes});
   }
   int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  cuda::check(cudaGetDevice(&device), "cudaGetDevice");
   return VmmBackend::import_shared(device, header.span, pieces);
 }
 
@@ -197,9 +190,9 @@ std::shared_ptr<void> open_cuda_malloc(const char* raw_handle) {
   cudaIpcMemHandle_t handle;
   std::memcpy(&handle, raw_handle, kCudaIpcHandleBytes);
   int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  cuda::check(cudaGetDevice(&device), "cudaGetDevice");
   void* ptr = nullptr;
-  check_cuda(cudaIpcOpenMemHandle(&ptr, handle, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+  cuda::check(cudaIpcOpenMemHandle(&ptr, handle, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
   return std::shared_ptr<void>(ptr, [device](void* opened) {
     cuda::DeviceGuard on_device(device);
     if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();  // Note [CUDA IPC]: readers first

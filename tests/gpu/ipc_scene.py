@@ -10,7 +10,6 @@ its cache once the consumer let go. Prints one JSON line.
 """
 
 import json
-import os
 import sys
 
 MiB = 1 << 20
@@ -63,9 +62,6 @@ def main():
 
     ctx = mp.get_context("spawn")
     inbox, outbox = ctx.Queue(), ctx.Queue()
-    child_env = os.environ.get("TORCHMEM_CONSUMER_CONF")
-    if child_env is not None:
-        os.environ["TORCHMEM_CONF"] = child_env  # the consumer's options (spawn passes the environment)
     proc = ctx.Process(target=consumer, args=(consumer_mode, inbox, outbox))
     proc.start()
     expected = expected_tensors(torch)

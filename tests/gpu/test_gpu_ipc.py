@@ -20,10 +20,9 @@ pytestmark = pytest.mark.gpu
 SCENE = os.path.join(REPO, "tests", "gpu", "ipc_scene.py")
 
 
-def run_scene(producer, consumer, conf="", consumer_conf=None):
+def run_scene(producer, consumer, conf=""):
+    """`conf`: TORCHMEM_CONF of both processes (spawn passes the environment on)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", TORCHMEM_CONF=conf)
-    if consumer_conf is not None:
-        env["TORCHMEM_CONSUMER_CONF"] = consumer_conf
     proc = subprocess.run([sys.executable, SCENE, producer, consumer], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
@@ -39,17 +38,23 @@ def assert_shared(out):
     assert out["allocated_after"] == 0, shown  # nothing left once the consumer let go
 
 
-def test_torchmem_to_torchmem_on_vmm():
-    out = run_scene("torchmem", "torchmem")
+@pytest.fixture(scope="module")
+def vmm_scene():
+    """torchmem to torchmem on the vmm backend, run once for the two tests that read it."""
+    return run_scene("torchmem", "torchmem")
+
+
+def test_torchmem_to_torchmem_on_vmm(vmm_scene):
+    out = vmm_scene
     assert_shared(out)
     assert out["reply"]["installed"]
 
 
-def test_a_handle_opens_in_the_process_that_made_it():
+def test_a_handle_opens_in_the_process_that_made_it(vmm_scene):
     # Descriptors duplicated (dup), not taken over pidfd_getfd. Not yet run on a GPU in
     # this form: the first run failed in torch's own cudaIpcOpenEventHandle, which no
     # process can do on its own event (see ipc_scene.same_process_round_trip).
-    out = run_scene("torchmem", "torchmem")
+    out = vmm_scene
     assert out["same_process"] == {"ok": True, "distinct": True}, json.dumps(out)
 
 
