@@ -15,6 +15,12 @@ Figures per run (each allocator's own where it has one):
                    figure measured before the model existed (CUDA context etc.)
   ratio            peak_reserved / peak_allocated
   median_step_s    median wall time of a step (synchronized), after warm-up steps
+  step_s           every timed step's wall time, in order
+Shapes: with --shapes K (default 4) the run draws K step shapes (batch, sequence
+length, resolution...) from the seed and cycles through them; the warm-up covers
+each once, so the timed steps see no first use of a kernel or cuBLAS heuristic
+(a fresh shape per step made one run's median move 1.3x between runs of the same
+allocator, BENCHMARKS.md section 15). --shapes 0 draws a new shape every step.
 Workloads: gpt2 (GPT-2 124M, AdamW, bf16 autocast, batch 2..16 x seq 64..1024),
 llama_ckpt (Llama-style ~300M, 16 layers, 1024 wide, GQA 16/4, gradient
 checkpointing, batch 1..8 x seq 128..4096), kv_generate (autoregressive decoding
@@ -44,12 +50,18 @@ def parse_args(argv=None):
     parser.add_argument("--workload", choices=WORKLOADS, required=True)
     parser.add_argument("--allocator", choices=ALLOCATORS, required=True)
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=3, help="steps excluded from the step-time median")
+    parser.add_argument("--shapes", type=int, default=4, help="step shapes to cycle through (0: a new one each step)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="steps excluded from the step-time median (default: --shapes, or 3 with --shapes 0)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="JSON-lines file to append the result to")
     parser.add_argument("--record-trace", metavar="PATH", help="record torch's memory history (native only)")
     parser.add_argument("--torchmem-conf", default="", help="extra torchmem options, key=value,...")
     args = parser.parse_args(argv)
+    if args.shapes < 0:
+        parser.error("--shapes must be 0 or more")
+    if args.warmup is None:
+        args.warmup = args.shapes or 3
     if args.record_trace and args.allocator != "native":
         parser.error("--record-trace needs --allocator native (torch's history exists only there)")
     if args.steps <= args.warmup:
@@ -110,14 +122,17 @@ def reset_peaks(torch, allocator):
         torch.cuda.reset_peak_memory_stats()
 
 
-# ---- workloads: each returns a step(rng) callable ------------------------------------
+# ---- workloads: each returns (draw(rng) -> shape, step(shape) -> info) ------------------
 
 def causal_lm_step(torch, model, opt, vocab, batches, seqs):
     """One training step of a causal LM on random tokens, batch and sequence
-    length drawn uniformly from the given (low, high) ranges each step."""
+    length drawn uniformly from the given (low, high) ranges."""
 
-    def step(rng):
-        batch, seq = rng.randint(*batches), rng.randint(*seqs)
+    def draw(rng):
+        return rng.randint(*batches), rng.randint(*seqs)
+
+    def step(shape):
+        batch, seq = shape
         ids = torch.randint(0, vocab, (batch, seq), device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=ids).loss
@@ -126,7 +141,7 @@ def causal_lm_step(torch, model, opt, vocab, batches, seqs):
         opt.zero_grad(set_to_none=True)
         return {"batch": batch, "seq": seq, "loss": float(loss)}
 
-    return step
+    return draw, step
 
 
 def gpt2_workload(torch):
@@ -165,9 +180,12 @@ def kv_generate_workload(torch):
         model = GPT2LMHeadModel(GPT2Config(n_positions=2048)).to(torch.bfloat16).eval()
     vocab = model.config.vocab_size
 
+    def draw(rng):
+        return rng.randint(1, 32), rng.randint(16, 1024), rng.randint(8, 32)
+
     @torch.no_grad()
-    def step(rng):
-        batch, prompt, new = rng.randint(1, 32), rng.randint(16, 1024), rng.randint(8, 32)
+    def step(shape):
+        batch, prompt, new = shape
         ids = torch.randint(0, vocab, (batch, prompt), device="cuda")
         out = model(input_ids=ids, use_cache=True)
         past = out.past_key_values
@@ -178,7 +196,7 @@ def kv_generate_workload(torch):
             token = out.logits[:, -1:].argmax(-1)
         return {"batch": batch, "seq": prompt + new}
 
-    return step
+    return draw, step
 
 
 def resnet50(torch):
@@ -222,8 +240,11 @@ def vision_workload(torch):
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-    def step(rng):
-        batch, size = rng.randint(16, 96), rng.choice([128, 160, 192, 224, 256, 288, 320])
+    def draw(rng):
+        return rng.randint(16, 96), rng.choice([128, 160, 192, 224, 256, 288, 320])
+
+    def step(shape):
+        batch, size = shape
         images = torch.randn(batch, 3, size, size, device="cuda").to(memory_format=torch.channels_last)
         labels = torch.randint(0, 1000, (batch,), device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -233,7 +254,7 @@ def vision_workload(torch):
         opt.zero_grad(set_to_none=True)
         return {"batch": batch, "seq": size, "loss": float(loss.detach())}
 
-    return step
+    return draw, step
 
 
 BUILDERS = {"gpt2": gpt2_workload, "llama_ckpt": llama_workload, "kv_generate": kv_generate_workload,
@@ -272,14 +293,15 @@ def main(argv=None):
     baseline_used = total - torch.cuda.mem_get_info()[0]
     if args.record_trace:
         torch.cuda.memory._record_memory_history(max_entries=5_000_000, context=None, stacks="python")
-    step = BUILDERS[args.workload](torch)
+    draw, step = BUILDERS[args.workload](torch)
+    shapes = [draw(rng) for _ in range(args.shapes)]
     reset_peaks(torch, args.allocator)
     times, device_used_peak, info = [], 0, {}
     wall_start = time.perf_counter()
     for i in range(args.steps):
         torch.cuda.synchronize()
         start = time.perf_counter()
-        info = step(rng)
+        info = step(shapes[i % len(shapes)] if shapes else draw(rng))
         torch.cuda.synchronize()
         if i >= args.warmup:
             times.append(time.perf_counter() - start)
@@ -289,14 +311,14 @@ def main(argv=None):
     figures = memory_figures(torch, args.allocator)
     result = {
         "workload": args.workload, "allocator": args.allocator, "seed": args.seed, "steps": args.steps,
-        "warmup": args.warmup, "torch": torch.__version__, "device": torch.cuda.get_device_name(),
+        "warmup": args.warmup, "shapes": args.shapes, "torch": torch.__version__, "device": torch.cuda.get_device_name(),
         **figures,
         "device_used_peak": device_used_peak,
         "ratio": figures["peak_reserved"] / figures["peak_allocated"] if figures["peak_allocated"] else None,
         "device_ratio": device_used_peak / figures["peak_allocated"] if figures["peak_allocated"] else None,
         "median_step_s": statistics.median(times),
         "mean_step_s": statistics.fmean(times),
-        "total_s": sum(times), "wall_s": wall,
+        "total_s": sum(times), "wall_s": wall, "step_s": times,
         "last_step": info,
     }
     if args.record_trace:

@@ -34,12 +34,56 @@ def test_a_large_block_far_from_the_budget_takes_one_handle():
 
 def test_small_holes_are_runs_too_and_run_below_zero_takes_a_handle_per_granule():
     sim, pool = make()
-    pool.allocate(14 * MiB)  # 7 granules: one handle (test_allocator_fuzz's 2-20 MiB tensors)
-    pool.allocate(2 * MiB)   # one granule: a handle of one
-    assert calls(sim)["create_calls"] == 2
+    a = pool.allocate(40 * MiB)
+    pool.allocate(4 * MiB)   # keeps a's run from growing in place
+    pool.free(a)
+    pool.allocate(38 * MiB)  # a's run serves it in place
+    pool.allocate(22 * MiB)  # the rest of a's 40 MiB (2 MiB) and 10 new granules: one handle
+    assert calls(sim)["create_calls"] == 3
+    pool.check_invariants()
     sim, pool = make(run_below=0.0)
     pool.allocate(40 * MiB)
     assert calls(sim)["create_calls"] == 20
+
+
+def test_a_run_maps_20_MiB_ahead_for_the_blocks_after_it():
+    # Note [Runs ahead]: test_allocator_fuzz's 2-20 MiB tensors each took a handle of their own
+    # after every empty_cache, where PyTorch's 20 MiB segments serve several.
+    sim, pool = make()
+    a = pool.allocate(6 * MiB)            # 3 granules and 7 ahead: one 20 MiB handle
+    assert calls(sim)["create_calls"] == 1
+    assert pool.stats()["reserved_bytes"]["all"]["current"] == 20 * MiB
+    b = pool.allocate(8 * MiB)            # in the granules ahead: no driver call
+    c = pool.allocate(6 * MiB)
+    assert calls(sim)["create_calls"] == 1 and calls(sim)["map_calls"] == 1
+    assert pool.backing_of(b)["pieces"] == pool.backing_of(a)["pieces"]
+    for addr in (a, b, c):
+        pool.free(addr)
+    assert pool.release_cached() == 20 * MiB   # the run goes back whole
+    assert sim.device_used() == 0
+    pool.check_invariants()
+
+
+def test_a_run_maps_ahead_only_where_nothing_is():
+    sim, pool = make()
+    a = pool.allocate(20 * MiB)
+    keep = pool.allocate(2 * MiB)         # a run of its own, mapped 20 MiB ahead
+    pool.free(a)
+    b = pool.allocate(6 * MiB)            # in a's free run: nothing to create
+    assert calls(sim)["create_calls"] == 2
+    pool.free(b)
+    pool.free(keep)
+    pool.check_invariants()
+    # Not in the small heap (its requests take one 2 MiB granule, as PyTorch's small segments),
+    # not under a limit (no runs there), not above run_below.
+    for kwargs, requests, reserved in ((dict(), [512 * 1024], 2 * MiB),
+                                       (dict(limit=512 * MiB), [6 * MiB], 6 * MiB),
+                                       (dict(capacity=64 * MiB, run_below=0.5), [20 * MiB, 6 * MiB], 26 * MiB)):
+        sim, pool = make(**kwargs)
+        for request in requests:
+            assert pool.allocate(request)
+        assert pool.stats()["reserved_bytes"]["all"]["current"] == reserved, (kwargs, requests)
+        pool.check_invariants()
 
 
 def test_above_run_below_the_pool_grows_granule_by_granule():
@@ -104,14 +148,15 @@ def test_near_capacity_a_free_run_is_released_and_its_room_refilled_granule_by_g
 
 
 def full_device_with_a_free_run(run):
-    """A 128 MiB device: the pool's free run of `run` bytes, a 4 MiB block after it (the run
-    cannot grow in place), and a neighbour pool holding all but 4 MiB of the rest."""
+    """A 128 MiB device: the pool's free run of `run` bytes, a 20 MiB block after it (the run
+    cannot grow in place; 20 MiB, so that it maps nothing ahead), and a neighbour pool
+    holding all but 4 MiB of the rest."""
     sim, pool = make(capacity=128 * MiB)
     neighbour = _C.Pool(sim, dict(debug_checks=True))
     a = pool.allocate(run)
-    keep = pool.allocate(4 * MiB)
+    keep = pool.allocate(20 * MiB)
     pool.free(a)
-    other = neighbour.allocate(128 * MiB - run - 8 * MiB)
+    other = neighbour.allocate(128 * MiB - run - 24 * MiB)
     return sim, pool, neighbour, keep, other
 
 
@@ -136,7 +181,7 @@ def test_an_oom_that_free_runs_cannot_serve_keeps_them():
     assert pool.allocate(80 * MiB) == 0    # 32 cached + 4 free < 80
     after = sim.counters()
     assert after["unmap_calls"] == before["unmap_calls"]  # the run stayed
-    assert pool.stats()["reserved_bytes"]["all"]["current"] == 36 * MiB
+    assert pool.stats()["reserved_bytes"]["all"]["current"] == 52 * MiB
     assert pool.allocate(30 * MiB)         # and serves what fits in it
     pool.free(keep)
     neighbour.free(other)

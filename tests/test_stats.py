@@ -55,7 +55,9 @@ def test_figures_follow_allocations():
     assert torchmem.max_memory_reserved(pool=pool) == torchmem.memory_reserved(pool=pool)
 
     released = torchmem.empty_cache(pool=pool)
-    assert released >= 40 * MiB - 2 * MiB
+    # The 40 MiB block's own run goes back; its first 16 MiB lie in the 20 MiB run mapped for
+    # the 3 MiB block before it (Note [Runs ahead]), which stays with that live block.
+    assert released == 24 * MiB
     assert torchmem.memory_reserved(pool=pool) == reserved - released
     assert torchmem.memory_stats(pool=pool)["torchmem.num_cache_releases"] == 1
     stats.reset_accumulated_memory_stats(pool=pool)

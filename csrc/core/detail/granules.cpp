@@ -299,15 +299,21 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
   // Note [Run handles] (runs.cpp): far from the device's capacity, one handle per hole;
   // Note [Huge holes]: one for a huge hole anywhere, under a budget too.
   if (heap.pool == 0 && room >= missing && config.run_below > 0.0) {
-    const double after = double(held + missing * gran);
+    auto roomy = [&](std::size_t granules) {
+      const double after = double(held + granules * gran);
+      return config.limit_bytes == 0 && after <= config.run_below * double(limit) && after <= create_ceiling(request);
+    };
     const bool huge = missing >= kHugeRunGranules;
-    const bool roomy = config.limit_bytes == 0 && after <= config.run_below * double(limit);
+    // Note [Runs ahead]: far from every limit, a large heap's run maps on past the block.
+    std::size_t ahead = 0;
+    if (!huge && !heap.small && roomy(missing)) {
+      ahead = run_ahead(heap, addr, size, room - missing);
+      if (!roomy(missing + ahead)) ahead = 0;
+    }
     // A huge hole the budget can back is created whatever is cached: stitching
     // it granule by granule is the 35,000-handle cost the run avoids, and the
     // cached granules stay reclaimable for the requests after it.
-    if ((huge || (roomy && after <= create_ceiling(request))) && grow_by_runs(heap, addr, size, missing)) {
-      return true;
-    }
+    if ((huge || roomy(missing)) && grow_by_runs(heap, addr, size, missing, ahead)) return true;
   }
   std::vector<GranuleRef> victims, aliases;
   if (room < missing) {

@@ -45,6 +45,9 @@ constexpr std::size_t kDeviceRoomProbe = 32;
 // takes one run handle above run_below and under a budget too.
 constexpr std::size_t kHugeRunGranules = 4096;
 
+// Note [Runs ahead] (runs.cpp): a large heap's run reaches at least this far.
+constexpr std::size_t kRunAheadBytes = std::size_t{20} << 20;
+
 struct Pool::Impl {
   Impl(Backend& backend, PoolConfig& config);
   ~Impl();
@@ -176,7 +179,10 @@ struct Pool::Impl {
   // ---- detail/runs.cpp (Note [Run handles]) ------------------------------------
   // Fills each hole of missing granules under the (pinned)
   // range with one handle; false, with nothing changed, when the device is full.
-  bool grow_by_runs(detail::Heap& heap, Addr addr, std::size_t size, std::size_t missing);
+  bool grow_by_runs(detail::Heap& heap, Addr addr, std::size_t size, std::size_t missing, std::size_t ahead);
+  // Note [Runs ahead] (runs.cpp): unmapped granules past the block at `addr`
+  // that its growth may map as well, at most `most`.
+  std::size_t run_ahead(const detail::Heap& heap, Addr addr, std::size_t size, std::size_t most) const;
   // Gives back whole free runs whose frees lie behind the device barrier
   // until `want_bytes` went (none at all, if `all_or_nothing` and they do
   // not add up to it); returns the bytes given back.
