@@ -196,7 +196,12 @@ job_rounds() {
     done; done
     # rotate, not reverse: over as many rounds as allocators each takes every position once (in
     # BENCHMARKS.md section 15 the one that ran third in a workload was 1.18-1.29x slower, whichever it was)
-    order=$(echo $order | awk '{for (i = 2; i <= NF; i++) printf "%s ", $i; print $1}')
+    # (ROUND_TURN=reverse: two rounds in opposite orders put the first and the last allocator at both ends once)
+    if [ "${ROUND_TURN:-rotate}" = reverse ]; then
+      order=$(echo $order | awk '{for (i = NF; i > 1; i--) printf "%s ", $i; print $1}')
+    else
+      order=$(echo $order | awk '{for (i = 2; i <= NF; i++) printf "%s ", $i; print $1}')
+    fi
   done
   echo "rounds: $(wc -l < "$R") results"
 }
