@@ -60,6 +60,9 @@ python3 -m pip install -q --no-build-isolation --no-deps --no-index -e . > "$OUT
 echo "built in $(( $(date +%s) - START )) s: $(python3 -m torchmem info | tr -d '\n ' | cut -c1-160)"
 
 left() { echo $(( DEADLINE - $(date +%s) )); }
+# PIN_CPUS=LIST runs the timed churn and step-time processes under `taskset -c LIST`: in BENCHMARKS.md
+# section 16 the same allocator's churn moved between ~2.5 and ~4.5 us from one process to the next
+pinned() { if [ -n "${PIN_CPUS:-}" ]; then taskset -c "$PIN_CPUS" "$@"; else "$@"; fi; }
 # bounded SECONDS: never past the deadline
 bounded() { local want=$1; local l; l=$(left); [ "$l" -lt "$want" ] && want=$l; [ "$want" -lt 5 ] && want=5; echo "$want"; }
 
@@ -102,7 +105,7 @@ job_churn() {  # CHURN_PATTERNS (torchmem/patterns.py), CHURN_ALLOCATORS, CHURN_
     timeout 40 python3 bench/churn_microbench.py --allocator native --pattern random --iters 5000 --repeats 1 \
       --seed 0 --out /tmp/churn_warm.jsonl > /dev/null 2>&1
     for p in ${CHURN_PATTERNS:-random}; do for a in $order; do
-      timeout 40 python3 bench/churn_microbench.py --allocator $a --pattern $p --iters "${CHURN_ITERS:-50000}" \
+      pinned timeout 40 python3 bench/churn_microbench.py --allocator $a --pattern $p --iters "${CHURN_ITERS:-50000}" \
         --repeats 3 --seed $round --out "$OUT/churn.jsonl" >> "$OUT/churn.log" 2>&1
     done; done
     order=$(echo $order | tr ' ' '\n' | tac | tr '\n' ' ')
@@ -190,7 +193,7 @@ job_rounds() {
     for w in ${ROUND_WORKLOADS:-gpt2 llama_ckpt kv_generate vision}; do for a in $order; do
       # a run needs ~15-25 s: never start one the deadline would cut, and keep what finished
       [ "$(left)" -lt 40 ] && { echo "rounds: no time left for round $round $w $a"; continue; }
-      timeout "$(bounded 90)" python3 bench/gpu_workloads.py --workload $w --allocator $a --steps "${ROUND_STEPS:-14}" \
+      pinned timeout "$(bounded 90)" python3 bench/gpu_workloads.py --workload $w --allocator $a --steps "${ROUND_STEPS:-14}" \
         --shapes "${ROUND_SHAPES:-4}" --seed "$round" --out "$R" >> "$OUT/rounds.log" 2>&1 || echo "rounds $w $a rc=$?"
       pack
     done; done
