@@ -21,6 +21,10 @@ splits each batch into the largest micro-batches that fit its budget. Modes:
                    take it back (the controller's budget is the arbiter's grant)
   static           PyTorch's allocator, set_per_process_memory_fraction(1/3)
   static_torchmem  torchmem with limit=1/3 (the same split under torchmem's pool)
+  elastic_runs, static_torchmem_runs
+                   the same with run_below_limit=0.5: growth by one driver handle per
+                   run in the bottom half of each limit (Note [Runs under a limit]);
+                   not in the default --modes
 Reported per mode (JSON to --out, a table on stdout):
   crashes          processes that died (an OOM nobody recovered from)
   samples_per_s    total throughput: samples trained by all three / wall time
@@ -43,6 +47,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ("elastic", "static", "static_torchmem")
+RUN_MODES = ("elastic_runs", "static_torchmem_runs")  # opt-in: Note [Runs under a limit]
 
 
 def parse_args(argv=None):
@@ -64,9 +69,9 @@ def parse_args(argv=None):
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--mode", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    bad = [m for m in args.modes.split(",") if m not in MODES]
+    bad = [m for m in args.modes.split(",") if m not in MODES + RUN_MODES]
     if bad:
-        p.error(f"unknown mode(s) {bad}; choose from {', '.join(MODES)}")
+        p.error(f"unknown mode(s) {bad}; choose from {', '.join(MODES + RUN_MODES)}")
     return args
 
 
@@ -76,12 +81,13 @@ def worker(args):
 
     rank, mode = args.worker, args.mode
     share = 1.0 / 3.0
-    if mode == "elastic":
+    runs = {"run_below_limit": 0.5} if mode in RUN_MODES else {}
+    if mode.startswith("elastic"):
         import torchmem
-        torchmem.install(share="scenario", guarantee=share * 0.98)
-    elif mode == "static_torchmem":
+        torchmem.install(share="scenario", guarantee=share * 0.98, **runs)
+    elif mode.startswith("static_torchmem"):
         import torchmem
-        torchmem.install(limit=share * 0.98)
+        torchmem.install(limit=share * 0.98, **runs)
     else:
         torch.cuda.set_per_process_memory_fraction(share * 0.98)
     import torchmem
@@ -134,7 +140,7 @@ def worker(args):
     torch.cuda.synchronize()
     wall = max(time.time(), end) - args.start_at
     waits, levers = [], {}
-    pub = monitor.publisher() if mode == "elastic" else None
+    pub = monitor.publisher() if mode.startswith("elastic") else None
     if pub is not None and pub.agent is not None:
         waits = [seconds for seconds, _ in pub.agent.waits]
         levers = dict(pub.agent.counts)

@@ -24,6 +24,8 @@ CASES = [
     # Run handles (Note [Run handles]) near a small device with lagging fences: runs are
     # made below half of it, released whole when free, and never unmapped under a reader.
     (6, 200_000, {"stitch_above": 0.95, "capacity": 256 * MiB, "event_delay": 2, "streams": 3}),
+    # Runs under a limit (Note [Runs under a limit]): runs below half the budget, granules above.
+    (7, 150_000, {"limit": 256 * MiB, "run_below_limit": 0.5, "event_delay": 2, "streams": 3}),
 ]
 
 

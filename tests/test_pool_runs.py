@@ -105,6 +105,27 @@ def test_under_a_limit_the_pool_grows_granule_by_granule():
     assert calls(sim)["create_calls"] == 21
 
 
+def test_run_below_limit_takes_runs_in_the_bottom_of_a_limit():
+    # Note [Runs under a limit]: opt-in; granule by granule above the line, no runs ahead.
+    sim, pool = make(limit=512 * MiB, run_below_limit=0.5)
+    a = pool.allocate(40 * MiB)       # held 40 of 512: one handle
+    assert calls(sim)["create_calls"] == 1
+    b = pool.allocate(6 * MiB)        # a run of 3, nothing mapped past it under a limit
+    assert calls(sim)["create_calls"] == 2
+    assert pool.stats()["reserved_bytes"]["all"]["current"] == 46 * MiB
+    c = pool.allocate(220 * MiB)      # would hold 266 > 256: 110 single granules
+    assert calls(sim)["create_calls"] == 112
+    for addr in (a, b, c):
+        pool.free(addr)
+    pool.check_invariants()
+    assert pool.release_cached() == 266 * MiB and sim.device_used() == 0
+
+
+def test_bad_run_below_limit_is_refused_with_the_field_named():
+    with pytest.raises(ValueError, match="run_below_limit"):
+        make(run_below_limit=-0.1)
+
+
 def test_a_run_goes_back_whole_and_only_when_wholly_free():
     sim, pool = make()
     a = pool.allocate(40 * MiB)

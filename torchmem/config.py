@@ -169,6 +169,14 @@ OPTIONS = (
            "whole run is free. Under a limit (or memory fraction, or share) the pool always grows "
            "granule by granule and packs as tightly as it can. 0 = a handle per granule always.",
            core="run_below"),
+    Option("run_below_limit", 0.0, _number(0.0, 1.0),
+           "Under a limit (a memory fraction, a share, the batch controller's ceiling), while the pool "
+           "holds less than this fraction of the limit it grows by one driver handle per run of missing "
+           "granules, as run_below does with no limit. 0 (the default) keeps a handle per granule under "
+           "a limit, so that every cached granule can be moved and the pool packs as tightly as it can; "
+           "0.5 trades some of that tightness for growth at cudaMalloc's cost in the bottom half of "
+           "the limit (Note [Runs under a limit]).",
+           core="run_below_limit"),
     Option("alias_reclaim", True, parse_bool,
            "Stitch granules freed on the requesting stream before the GPU finished with them, by "
            "mapping their memory at a second address and unmapping the old one later (keeps "

@@ -269,6 +269,7 @@ void bind_core(py::module_& m) {
             else if (key == "reclaim_slack") o.reclaim_slack = item.second.cast<double>();
             else if (key == "stitch_above") o.stitch_above = item.second.cast<double>();
             else if (key == "run_below") o.run_below = item.second.cast<double>();
+            else if (key == "run_below_limit") o.run_below_limit = item.second.cast<double>();
             else if (key == "foreign_readers") o.foreign_readers = item.second.cast<unsigned>();
             else if (key == "alias_reclaim") o.alias_reclaim = item.second.cast<bool>();
             else if (key == "private_pools") o.private_pools = item.second.cast<bool>();

@@ -159,6 +159,10 @@ namespace torchmem {
     "Without a limit, grow by one handle per run of missing granules while held stays under "      \
     "run_below x the device's memory, a handle per granule above or under a limit "                \
     "(Note [Run handles]); 0 = a handle per granule always.")            \
+  X(double, run_below_limit, 0.0,                                                                    \
+    "Under a limit, grow by one handle per run of missing granules while held stays under "        \
+    "run_below_limit x the budget (Note [Runs under a limit]); 0 = a handle per granule, "         \
+    "packing as tightly as the pool can.")                                                           \
   X(bool, alias_reclaim, true,                                                                       \
     "Stitch granules freed on the requesting stream before their fences complete, by mapping the " \
     "handle at a second address (Note [Alias reclaim]).")                                            \

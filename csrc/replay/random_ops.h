@@ -23,6 +23,7 @@ struct RandomOpsOptions {
   double reclaim_slack = 0.0;
   double stitch_above = 0.0;            // PoolConfig.stitch_above (0: stitch as often as possible)
   double run_below = 0.5;               // PoolConfig.run_below (Note [Run handles])
+  double run_below_limit = 0.0;         // PoolConfig.run_below_limit (Note [Runs under a limit])
   // Before one free in `foreign_readers`, a kernel on another stream keeps
   // reading the block (a free without record_stream); any unmap under it
   // fails the run (Note [Device barrier] in pool.h). 0 = never.

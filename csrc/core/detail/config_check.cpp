@@ -39,6 +39,10 @@ void validate_config(const PoolConfig& c, Backend& backend, std::size_t capacity
     throw PoolError("PoolConfig.run_below = " + std::to_string(c.run_below) +
                     " must be in [0, 1] (a fraction of the budget; 0 = a handle per granule)");
   }
+  if (!(c.run_below_limit >= 0.0 && c.run_below_limit <= 1.0)) {
+    throw PoolError("PoolConfig.run_below_limit = " + std::to_string(c.run_below_limit) +
+                    " must be in [0, 1] (a fraction of the limit; 0 = a handle per granule under a limit)");
+  }
   const std::size_t limit = c.limit_bytes ? c.limit_bytes : capacity;
   if (c.reserve_bytes > limit) {
     throw PoolError("PoolConfig.reserve_bytes = " + mib(c.reserve_bytes) + " exceeds the limit, " +

@@ -299,14 +299,17 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
   // Note [Run handles] (runs.cpp): far from the device's capacity, one handle per hole;
   // Note [Huge holes]: one for a huge hole anywhere, under a budget too.
   if (heap.pool == 0 && room >= missing && config.run_below > 0.0) {
+    // Under a limit, runs only below run_below_limit x the budget (Note [Runs under a limit]).
+    const bool limited = config.limit_bytes != 0;
+    const double run_line = limited ? config.run_below_limit : config.run_below;
     auto roomy = [&](std::size_t granules) {
       const double after = double(held + granules * gran);
-      return config.limit_bytes == 0 && after <= config.run_below * double(limit) && after <= create_ceiling(request);
+      return after <= run_line * double(limit) && after <= create_ceiling(request);
     };
     const bool huge = missing >= kHugeRunGranules;
     // Note [Runs ahead]: far from every limit, a large heap's run maps on past the block.
     std::size_t ahead = 0;
-    if (!huge && !heap.small && roomy(missing)) {
+    if (!huge && !limited && !heap.small && roomy(missing)) {
       ahead = run_ahead(heap, addr, size, room - missing);
       if (!roomy(missing + ahead)) ahead = 0;
     }

@@ -82,6 +82,23 @@
 // fits on with no limit moved from 1.0028 / 1.0165 / 1.0166 / 1.0011 to
 // 1.0021 / 1.0207 / 1.0181 / 1.0011 x peak requested; under a budget
 // nothing changes (no runs there).
+// Note [Runs under a limit] Under a limit (memory fraction, share, the batch
+// controller's ceiling) the pool grows granule by granule, ~30 us a granule
+// on the H200, so that every cached granule can be stitched: replays under
+// budgets of 1.05-1.2x peak requested spend 45-413 ms of modeled driver time
+// (gpt2 at 1.1x: 12,646 handles, 412.6 ms) where the same traces with no
+// limit spend 1.4-9.9 ms. run_below_limit (0 by default) takes runs while
+// held stays under that fraction of the limit, never with runs ahead.
+// Replays (2026-12-02) at 0.5: handles and modeled time halved (gpt2 at
+// 1.1x 6,807 handles, 240.6 ms; llama_ckpt at 1.2x 9,483 -> 5,269; kv at
+// 1.1x 1,513 -> 853; vision at 1.05x 2,942 -> 1,467), no OOM, while min-cap
+// rises from 1.0016 / 1.0027 / 1.0015 / 1.0011 to 1.0028 / 1.0165 / 1.0166 /
+// 1.0011 x peak requested (gpt2 / kv / llama / vision); at 0.8 llama's
+// min-cap is 1.131. Free space inside a partly used run cannot be stitched,
+// and #11 asks that a budget packs as tightly as it can: hence opt-in, for
+// processes whose limit is large and whose growth cost shows (the sharing
+// scenario's processes created 23,000-61,000 granules each under their
+// shares, BENCHMARKS.md section 9: bench/share_scenario.py's *_runs modes measure it).
 #include "core/detail/pool_impl.h"
 
 namespace torchmem {
