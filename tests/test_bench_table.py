@@ -43,3 +43,29 @@ def test_workload_script_validates_arguments():
     proc = subprocess.run([sys.executable, script, "--workload", "nope", "--allocator", "native", "--out", "x"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
+
+
+def load_bench(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(REPO, "bench", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_workloads_cycle_through_shapes_and_warm_up_on_each():
+    workloads = load_bench("gpu_workloads")
+    args = workloads.parse_args(["--workload", "gpt2", "--allocator", "native", "--out", "x", "--steps", "12"])
+    assert args.shapes == 4 and args.warmup == 4  # the warm-up covers every shape once
+    args = workloads.parse_args(["--workload", "gpt2", "--allocator", "native", "--out", "x", "--shapes", "0"])
+    assert args.warmup == 3  # a fresh shape every step, as before --shapes
+
+
+def test_share_scenario_offers_the_runs_modes_only_on_request():
+    scenario = load_bench("share_scenario")
+    assert scenario.parse_args([]).modes == "elastic,static,static_torchmem"
+    assert scenario.parse_args(["--modes", "elastic_runs,static_torchmem_runs"]).modes
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "share_scenario.py"), "--modes", "elastic,nope"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "unknown mode(s) ['nope']" in proc.stderr
