@@ -7,6 +7,11 @@ free through the whole PyTorch stack), under one allocator per process.
 
 Sizes are drawn log-uniformly from 512 B to 16 MiB and precomputed, with the
 slot to replace, so the timed loop holds nothing but the allocation churn.
+The same loop on the `meta` device (torch's dispatch with no allocator behind
+it) is timed in the same process (`meta_s_per_alloc`), with the CPU the process
+ran on (`placement`): in BENCHMARKS.md section 16 the same allocator's churn
+moved between ~2.5 and ~4.5 us from one process to the next, and this tells a
+slow process from a slow allocator.
 Anchors on the H200 (torch 2.11): native 2.7 us, expandable 3.2, cudaMallocAsync 4.3.
 """
 
@@ -18,6 +23,30 @@ import sys
 import time
 
 ALLOC_CONF = {"expandable": "expandable_segments:True", "async": "backend:cudaMallocAsync"}
+
+
+def placement():
+    """The CPU this process runs on now, its NUMA node and the CPUs it may run on (Linux)."""
+    try:
+        with open("/proc/self/stat") as f:
+            cpu = int(f.read().rsplit(")", 1)[1].split()[36])  # field 39, 'processor'
+    except (OSError, IndexError, ValueError):
+        return {}
+    nodes = [n for n in os.listdir(f"/sys/devices/system/cpu/cpu{cpu}") if n.startswith("node")] \
+        if os.path.isdir(f"/sys/devices/system/cpu/cpu{cpu}") else []
+    return {"cpu": cpu, "node": int(nodes[0][4:]) if nodes else None,
+            "allowed": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
+
+
+def timed_rounds(repeats, sizes, slots, live, make):
+    """Seconds per iteration of `repeats` rounds of the churn loop, allocating with `make`."""
+    rounds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for size, slot in zip(sizes, slots):
+            live[slot] = make(size)
+        rounds.append((time.perf_counter() - start) / len(sizes))
+    return rounds
 
 
 def main(argv=None):
@@ -63,14 +92,12 @@ def main(argv=None):
         return calls
 
     before = driver_calls()
-    rounds = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        for size, slot in zip(sizes, slots):
-            live[slot] = empty(size, dtype=dtype, device=device)
-        rounds.append((time.perf_counter() - start) / args.iters)
+    rounds = timed_rounds(args.repeats, sizes, slots, live, lambda size: empty(size, dtype=dtype, device=device))
     torch.cuda.synchronize()
     after = driver_calls()
+    meta = torch.device("meta")
+    meta_live = [empty(sizes[i], dtype=dtype, device=meta) for i in range(args.live)]
+    meta_rounds = timed_rounds(args.repeats, sizes, slots, meta_live, lambda size: empty(size, dtype=dtype, device=meta))
     per_iter = {name: (after[name] - before[name]) / (args.iters * args.repeats) for name in after}
 
     if args.allocator == "torchmem":
@@ -86,6 +113,7 @@ def main(argv=None):
         "device": torch.cuda.get_device_name(), "iters": args.iters, "repeats": args.repeats,
         "mean_s_per_alloc": statistics.median(rounds), "rounds_s_per_alloc": rounds,
         "spread_s": max(rounds) - min(rounds),
+        "meta_s_per_alloc": statistics.median(meta_rounds), "placement": placement(),
         "peak_allocated": peak_alloc, "peak_reserved": peak_reserved,
         "ratio": peak_reserved / peak_alloc if peak_alloc else None,
         "driver_calls_per_alloc": per_iter,
@@ -93,8 +121,8 @@ def main(argv=None):
     if args.out:
         with open(args.out, "a") as f:
             f.write(json.dumps(result) + "\n")
-    print(json.dumps({k: result[k] for k in ("pattern", "allocator", "mean_s_per_alloc", "spread_s", "ratio",
-                                             "driver_calls_per_alloc")}))
+    print(json.dumps({k: result[k] for k in ("pattern", "allocator", "mean_s_per_alloc", "spread_s",
+                                             "meta_s_per_alloc", "placement", "ratio", "driver_calls_per_alloc")}))
     return 0
 
 

@@ -69,3 +69,16 @@ def test_share_scenario_offers_the_runs_modes_only_on_request():
     proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "share_scenario.py"), "--modes", "elastic,nope"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown mode(s) ['nope']" in proc.stderr
+
+
+def test_churn_times_the_meta_baseline_and_says_where_it_ran():
+    import torch
+
+    churn = load_bench("churn_microbench")
+    where = churn.placement()
+    assert isinstance(where["cpu"], int) and where["allowed"] >= 1
+    live = [None] * 4
+    rounds = churn.timed_rounds(2, [512, 1024, 2048], [0, 1, 2], live,
+                                lambda size: torch.empty(size, dtype=torch.uint8, device="meta"))
+    assert len(rounds) == 2 and all(r > 0 for r in rounds)
+    assert [t.numel() for t in live[:3]] == [512, 1024, 2048]
