@@ -306,17 +306,20 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
       const double after = double(held + granules * gran);
       return after <= run_line * double(limit) && after <= create_ceiling(request);
     };
-    const bool huge = missing >= kHugeRunGranules;
-    // Note [Runs ahead]: far from every limit, a large heap's run maps on past the block.
-    std::size_t ahead = 0;
-    if (!huge && !limited && !heap.small && roomy(missing)) {
-      ahead = run_ahead(heap, addr, size, room - missing);
-      if (!roomy(missing + ahead)) ahead = 0;
-    }
     // A huge hole the budget can back is created whatever is cached: stitching
     // it granule by granule is the 35,000-handle cost the run avoids, and the
     // cached granules stay reclaimable for the requests after it.
-    if ((huge || roomy(missing)) && grow_by_runs(heap, addr, size, missing, ahead)) return true;
+    const bool huge = missing >= kHugeRunGranules;
+    if (huge || roomy(missing)) {
+      const std::vector<Hole> holes = unmapped_holes(heap, addr, size);
+      // Note [Runs ahead]: far from every limit, a large heap's run maps on past the block.
+      std::size_t ahead = 0;
+      if (!huge && !limited && !heap.small) {
+        ahead = run_ahead(heap, holes.back(), end_granule(heap, addr + size), room - missing);
+        if (!roomy(missing + ahead)) ahead = 0;
+      }
+      if (grow_by_runs(heap, holes, missing, ahead)) return true;
+    }
   }
   std::vector<GranuleRef> victims, aliases;
   if (room < missing) {

@@ -179,10 +179,13 @@ struct Pool::Impl {
   // ---- detail/runs.cpp (Note [Run handles]) ------------------------------------
   // Fills each hole of missing granules under the (pinned)
   // range with one handle; false, with nothing changed, when the device is full.
-  bool grow_by_runs(detail::Heap& heap, Addr addr, std::size_t size, std::size_t missing, std::size_t ahead);
-  // Note [Runs ahead] (runs.cpp): unmapped granules past the block at `addr`
-  // that its growth may map as well, at most `most`.
-  std::size_t run_ahead(const detail::Heap& heap, Addr addr, std::size_t size, std::size_t most) const;
+  // Maps `holes` (a block's unmapped_holes, `missing` granules in all) by runs,
+  // the last one `ahead` granules longer (Note [Runs ahead]).
+  bool grow_by_runs(detail::Heap& heap, const std::vector<Hole>& holes, std::size_t missing, std::size_t ahead);
+  // Note [Runs ahead] (runs.cpp): unmapped granules past a block ending at
+  // granule `block_end`, whose last hole is `last`, that its growth may map
+  // as well, at most `most`.
+  std::size_t run_ahead(const detail::Heap& heap, const Hole& last, std::size_t block_end, std::size_t most) const;
   // Gives back whole free runs whose frees lie behind the device barrier
   // until `want_bytes` went (none at all, if `all_or_nothing` and they do
   // not add up to it); returns the bytes given back.

@@ -111,17 +111,14 @@ namespace {
 constexpr std::size_t kMinRunGranules = 2;
 }  // namespace
 
-std::size_t Pool::Impl::run_ahead(const Heap& heap, Addr addr, std::size_t size, std::size_t most) const {
-  const std::size_t end = end_granule(heap, addr + size);
+std::size_t Pool::Impl::run_ahead(const Heap& heap, const Hole& last, std::size_t block_end, std::size_t most) const {
   // Only a hole that reaches the block's last granule can go on past it.
-  if (end == 0 || heap.granules[end - 1].handle) return 0;
-  std::size_t hole = 0;
-  for (std::size_t i = end; i > first_granule(heap, addr) && !heap.granules[i - 1].handle; --i) ++hole;
+  if (last.first + last.count != block_end) return 0;
   const std::size_t want = (kRunAheadBytes + gran - 1) / gran;
-  if (hole >= want) return 0;
-  const std::size_t last = std::min(heap.span / gran, end + std::min(most, want - hole));
+  if (last.count >= want) return 0;
+  const std::size_t stop = std::min(heap.span / gran, block_end + std::min(most, want - last.count));
   std::size_t ahead = 0;
-  for (std::size_t i = end; i < last; ++i, ++ahead) {
+  for (std::size_t i = block_end; i < stop; ++i, ++ahead) {
     if (i < heap.granules.size()) {
       const Granule& g = heap.granules[i];
       // Mapped, pending an unmap or under a block: the run stops here.
@@ -131,7 +128,8 @@ std::size_t Pool::Impl::run_ahead(const Heap& heap, Addr addr, std::size_t size,
   return ahead;
 }
 
-bool Pool::Impl::grow_by_runs(Heap& heap, Addr addr, std::size_t size, std::size_t missing, std::size_t ahead) {
+bool Pool::Impl::grow_by_runs(Heap& heap, const std::vector<Hole>& block_holes, std::size_t missing,
+                              std::size_t ahead) {
   // A hole of kMinRunGranules or more gets one run handle; a single missing
   // granule gets a plain granule handle (a run is two granules or more).
   struct Grown {
@@ -141,7 +139,7 @@ bool Pool::Impl::grow_by_runs(Heap& heap, Addr addr, std::size_t size, std::size
     bool run() const { return hole.count >= kMinRunGranules; }
   };
   std::vector<Grown> holes;
-  for (const Hole& hole : unmapped_holes(heap, addr, size)) holes.push_back(Grown{hole, 0, {}});
+  for (const Hole& hole : block_holes) holes.push_back(Grown{hole, 0, {}});
   if (ahead > 0) {
     Grown& last = holes.back();
     last.hole.count += ahead;
