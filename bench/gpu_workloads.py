@@ -57,6 +57,8 @@ def parse_args(argv=None):
     parser.add_argument("--out", required=True, help="JSON-lines file to append the result to")
     parser.add_argument("--record-trace", metavar="PATH", help="record torch's memory history (native only)")
     parser.add_argument("--torchmem-conf", default="", help="extra torchmem options, key=value,...")
+    parser.add_argument("--memory-fraction", type=float, default=None,
+                        help="torch.cuda.set_per_process_memory_fraction before the first step (any allocator)")
     args = parser.parse_args(argv)
     if args.shapes < 0:
         parser.error("--shapes must be 0 or more")
@@ -66,6 +68,8 @@ def parse_args(argv=None):
         parser.error("--record-trace needs --allocator native (torch's history exists only there)")
     if args.steps <= args.warmup:
         parser.error("--steps must exceed --warmup")
+    if args.memory_fraction is not None and not 0 < args.memory_fraction <= 1:
+        parser.error("--memory-fraction must be in (0, 1]")
     return args
 
 
@@ -289,6 +293,9 @@ def main(argv=None):
     rng = random.Random(args.seed)
     torch.manual_seed(args.seed)
     torch.cuda.init()
+    if args.memory_fraction is not None:
+        # a limit far above the working set: what a user's "leave room for others" costs each allocator
+        torch.cuda.set_per_process_memory_fraction(args.memory_fraction)
     total = torch.cuda.mem_get_info()[1]
     baseline_used = total - torch.cuda.mem_get_info()[0]
     if args.record_trace:
@@ -311,7 +318,8 @@ def main(argv=None):
     figures = memory_figures(torch, args.allocator)
     result = {
         "workload": args.workload, "allocator": args.allocator, "seed": args.seed, "steps": args.steps,
-        "warmup": args.warmup, "shapes": args.shapes, "torch": torch.__version__, "device": torch.cuda.get_device_name(),
+        "warmup": args.warmup, "shapes": args.shapes,
+        "memory_fraction": args.memory_fraction, "torch": torch.__version__, "device": torch.cuda.get_device_name(),
         **figures,
         "device_used_peak": device_used_peak,
         "ratio": figures["peak_reserved"] / figures["peak_allocated"] if figures["peak_allocated"] else None,

@@ -60,6 +60,12 @@ def test_workloads_cycle_through_shapes_and_warm_up_on_each():
     assert args.shapes == 4 and args.warmup == 4  # the warm-up covers every shape once
     args = workloads.parse_args(["--workload", "gpt2", "--allocator", "native", "--out", "x", "--shapes", "0"])
     assert args.warmup == 3  # a fresh shape every step, as before --shapes
+    assert args.memory_fraction is None  # no limit unless asked
+    args = workloads.parse_args(["--workload", "gpt2", "--allocator", "native", "--out", "x", "--memory-fraction", "0.5"])
+    assert args.memory_fraction == 0.5
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "gpu_workloads.py"), "--workload", "gpt2",
+                           "--allocator", "native", "--out", "x", "--memory-fraction", "1.5"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--memory-fraction must be in (0, 1]" in proc.stderr
 
 
 def test_share_scenario_offers_the_runs_modes_only_on_request():

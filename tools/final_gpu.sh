@@ -29,7 +29,8 @@
 #   rounds         gpt2, llama_ckpt, kv_generate, vision (ROUND_WORKLOADS) under native, expandable
 #                  and torchmem (ROUND_ALLOCATORS), ROUNDS rounds (default 2), order rotated each round;
 #                  ROUND_STEPS steps cycling through ROUND_SHAPES shapes (default 14 and 4; the first
-#                  cycle is the warm-up)
+#                  cycle is the warm-up); ROUND_FRACTION=F runs every process under
+#                  torch.cuda.set_per_process_memory_fraction(F)
 #   peer           PyTorch's test_cuda.py, native vs torchmem (.peer/, carried)
 #   host           bench/host_bench.py and bench/offload_bench.py (pinned pool, offload)
 #   ddp            bench/ddp_batch.py on both GPUs (torchrun, NCCL)
@@ -194,7 +195,8 @@ job_rounds() {
       # a run needs ~15-25 s: never start one the deadline would cut, and keep what finished
       [ "$(left)" -lt 40 ] && { echo "rounds: no time left for round $round $w $a"; continue; }
       pinned timeout "$(bounded 90)" python3 bench/gpu_workloads.py --workload $w --allocator $a --steps "${ROUND_STEPS:-14}" \
-        --shapes "${ROUND_SHAPES:-4}" --seed "$round" --out "$R" >> "$OUT/rounds.log" 2>&1 || echo "rounds $w $a rc=$?"
+        --shapes "${ROUND_SHAPES:-4}" --seed "$round" ${ROUND_FRACTION:+--memory-fraction $ROUND_FRACTION} \
+        --out "$R" >> "$OUT/rounds.log" 2>&1 || echo "rounds $w $a rc=$?"
       pack
     done; done
     # rotate, not reverse: over as many rounds as allocators each takes every position once (in
