@@ -71,7 +71,7 @@ def test_workloads_cycle_through_shapes_and_warm_up_on_each():
 def test_share_scenario_offers_the_runs_modes_only_on_request():
     scenario = load_bench("share_scenario")
     assert scenario.parse_args([]).modes == "elastic,static,static_torchmem"
-    assert scenario.parse_args(["--modes", "elastic_runs,static_torchmem_runs"]).modes
+    assert scenario.parse_args(["--modes", "elastic_granules,static_torchmem_runs"]).modes
     proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "share_scenario.py"), "--modes", "elastic,nope"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown mode(s) ['nope']" in proc.stderr

@@ -106,3 +106,17 @@ def test_every_config_applies_torchmem_conf_and_explicit_arguments_win(monkeypat
     monkeypatch.setenv(config.ENV_VAR, "limit=lots")
     with pytest.raises(ValueError, match="TORCHMEM_CONF='limit=lots'.*'limit'"):
         config.Config()
+
+
+def test_run_below_limit_is_auto_by_default_and_follows_share(monkeypatch):
+    # None = auto: runs under the limit only in a sharing group, whose limit keeps moving
+    monkeypatch.delenv(config.ENV_VAR, raising=False)
+    assert config.Config().run_below_limit is None
+    assert config.Config().core_dict(80 << 30)["run_below_limit"] == 0.0
+    shared = config.Config(share="team", guarantee="30GiB")
+    assert shared.core_dict(80 << 30)["run_below_limit"] == config.SHARE_RUN_BELOW_LIMIT == 0.5
+    assert config.Config(share="team", guarantee="30GiB", run_below_limit=0).core_dict(1 << 30)["run_below_limit"] == 0
+    assert config.Config(run_below_limit="auto").run_below_limit is None
+    assert config.Config(run_below_limit="0.8").core_dict(1 << 30)["run_below_limit"] == 0.8
+    with pytest.raises(ValueError, match="'run_below_limit': must be in"):
+        config.Config(run_below_limit=2)

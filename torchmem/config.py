@@ -112,6 +112,22 @@ def _number(low, high=None, integer=False):
     return parse
 
 
+def _auto_or(parse):
+    """None (or "auto", "none", ""): the option's value follows other options; else `parse`."""
+    def parse_or_auto(key, value):
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("", "auto", "none")):
+            return None
+        return parse(key, value)
+    return parse_or_auto
+
+
+# run_below_limit's auto value: with `share` the arbiter moves the limit all run long, and every
+# move back up is growth again; the share scenario grew with half the handles and a 2% higher
+# throughput at 0.5 (BENCHMARKS.md section 17). Under a fixed limit growth is a one-off warm-up
+# and 0 packs tightest (Note [Runs under a limit]).
+SHARE_RUN_BELOW_LIMIT = 0.5
+
+
 def _share_group(key, value):
     """A sharing group's name (torchmem/monitor/share.py checks it), or None."""
     from torchmem.monitor.share import parse_group
@@ -169,13 +185,15 @@ OPTIONS = (
            "whole run is free. Under a limit (or memory fraction, or share) the pool always grows "
            "granule by granule and packs as tightly as it can. 0 = a handle per granule always.",
            core="run_below"),
-    Option("run_below_limit", 0.0, _number(0.0, 1.0),
+    Option("run_below_limit", None, _auto_or(_number(0.0, 1.0)),
            "Under a limit (a memory fraction, a share, the batch controller's ceiling), while the pool "
            "holds less than this fraction of the limit it grows by one driver handle per run of missing "
-           "granules, as run_below does with no limit. 0 (the default) keeps a handle per granule under "
-           "a limit, so that every cached granule can be moved and the pool packs as tightly as it can; "
-           "0.5 trades some of that tightness for growth at cudaMalloc's cost in the bottom half of "
-           "the limit (Note [Runs under a limit]).",
+           "granules, as run_below does with no limit. 0 keeps a handle per granule under a limit, so "
+           "that every cached granule can be moved and the pool packs as tightly as it can; 0.5 trades "
+           "some of that tightness for growth at cudaMalloc's cost in the bottom half of the limit "
+           "(Note [Runs under a limit]). None (auto, the default): 0.5 with `share`, whose limit keeps "
+           "moving so that growth recurs all run long, else 0, where growth under a fixed limit is a "
+           "warm-up cost (BENCHMARKS.md section 17).",
            core="run_below_limit"),
     Option("alias_reclaim", True, parse_bool,
            "Stitch granules freed on the requesting stream before the GPU finished with them, by "
@@ -313,7 +331,14 @@ class Config:
         if limit and self.reserve > limit:
             raise ValueError(f"torchmem config 'reserve' ({self.reserve}) exceeds the limit ({limit} bytes)")
         fields = {option.core: getattr(self, option.name) for option in OPTIONS if option.core}
+        fields["run_below_limit"] = self.run_below_limit_value()
         return {"limit_bytes": limit, **fields}
+
+    def run_below_limit_value(self):
+        """run_below_limit, its auto value resolved (None: SHARE_RUN_BELOW_LIMIT with share, else 0)."""
+        if self.run_below_limit is not None:
+            return self.run_below_limit
+        return SHARE_RUN_BELOW_LIMIT if self.share else 0.0
 
     def __eq__(self, other):
         return isinstance(other, Config) and self.as_dict() == other.as_dict()

@@ -95,10 +95,13 @@
 // rises from 1.0016 / 1.0027 / 1.0015 / 1.0011 to 1.0028 / 1.0165 / 1.0166 /
 // 1.0011 x peak requested (gpt2 / kv / llama / vision); at 0.8 llama's
 // min-cap is 1.131. Free space inside a partly used run cannot be stitched,
-// and #11 asks that a budget packs as tightly as it can: hence opt-in, for
-// processes whose limit is large and whose growth cost shows (the sharing
-// scenario's processes created 23,000-61,000 granules each under their
-// shares, BENCHMARKS.md section 9: bench/share_scenario.py's *_runs modes measure it).
+// and #11 asks that a budget packs as tightly as it can: hence 0 in the core.
+// On the H200 (BENCHMARKS.md section 17) a fixed loose limit (memory
+// fraction 0.5) left the timed steps as fast as with no limit and cost the
+// warm-up ~0.4 s for gpt2's 10,714 granules; in the sharing scenario, whose
+// limits keep moving, 0.5 halved the granules created (37,948 -> 19,713 for
+// the first borrower) and raised throughput 2%. So the Python layer's auto
+// value (torchmem/config.py) is 0.5 with share and 0 otherwise.
 #include "core/detail/pool_impl.h"
 
 namespace torchmem {
