@@ -60,27 +60,17 @@ class FreeIndex {
   }
 
   // The entry (old_size, old_addr) now stands for `b` (its new size and
-  // address). When the new key sorts into the same slot of the same bin, as
-  // when a split or merge changes a block only a little, the entry is
-  // rewritten in place: no search in another bin, no memmove.
+  // address). A split or merge usually moves the block to another bin (the
+  // carved rest, then the merged block back: a malloc+free pair does that
+  // twice), so that case goes first, as one take and one put.
   void replace(std::size_t old_size, Addr old_addr, Block* b) {
     const int old_bin = bin_of(old_size), bin = bin_of(b->size);
-    if (old_bin == bin) {
-      std::vector<FreeEntry>& v = bins_[bin];
-      auto it = std::lower_bound(v.begin(), v.end(), FreeEntry{old_size, old_addr, nullptr});
-      const FreeEntry e{b->size, b->addr, b};
-      if ((it == v.begin() || *(it - 1) < e) && (it + 1 == v.end() || e < *(it + 1))) {
-        *it = e;
-        return;
-      }
-      v.erase(it);
-      v.insert(std::upper_bound(v.begin(), v.end(), e), e);
+    if (old_bin != bin) {
+      take(old_bin, old_size, old_addr);
+      put(bin, FreeEntry{b->size, b->addr, b});
       return;
     }
-    // A split or merge that moves the block to another bin (the usual case
-    // for a malloc+free pair: the carved rest, then the merged block back).
-    take(old_bin, old_size, old_addr);
-    put(bin, FreeEntry{b->size, b->addr, b});
+    replace_in_bin(bin, old_size, old_addr, b);
   }
 
   bool contains(const Block* b) const {
@@ -125,31 +115,47 @@ class FreeIndex {
   // end is tried first: an append needs no search and no memmove.
   void put(int bin, const FreeEntry& e) {
     std::vector<FreeEntry>& v = bins_[bin];
-    if (v.empty()) {
+    if (v.empty()) mark(bin);
+    if (v.empty() || v.back() < e) {
       v.push_back(e);
-      mark(bin);
-    } else if (v.back() < e) {
-      v.push_back(e);
-    } else {
-      v.insert(std::upper_bound(v.begin(), v.end(), e), e);
+      return;
     }
+    insert_inside(v, e);
   }
-  // Removes the entry (size, addr), which must be in `bin`.
+  // Removes the entry (size, addr), which must be in `bin`. Most often it is
+  // the bin's last (its only one, a split's rest, the block a free merged, at
+  // the top of its class): no search and no memmove. Addresses are unique
+  // within a heap, so the address alone matches.
   void take(int bin, std::size_t size, Addr addr) {
     std::vector<FreeEntry>& v = bins_[bin];
-    if (v.size() == 1) {
-      v.clear();
-      unmark(bin);
-      return;
-    }
-    // Most often the entry is the bin's last (a split's rest, the block a
-    // free merged, at the top of its class): no search and no memmove.
-    // Addresses are unique within a heap, so the address alone matches.
     if (v.back().addr == addr) {
       v.pop_back();
+      if (v.empty()) unmark(bin);
       return;
     }
+    erase_inside(v, size, addr);
+  }
+  // The searching cases of put() and take(), out of line: inlined, they made
+  // every replace() save and restore registers it needs only here.
+  [[gnu::noinline]] static void insert_inside(std::vector<FreeEntry>& v, const FreeEntry& e) {
+    v.insert(std::upper_bound(v.begin(), v.end(), e), e);
+  }
+  [[gnu::noinline]] static void erase_inside(std::vector<FreeEntry>& v, std::size_t size, Addr addr) {
     v.erase(std::lower_bound(v.begin(), v.end(), FreeEntry{size, addr, nullptr}));
+  }
+  // replace() within one bin. When the new key sorts into the same slot, as
+  // when a split or merge changes a block only a little, the entry is
+  // rewritten in place: no memmove.
+  [[gnu::noinline]] void replace_in_bin(int bin, std::size_t old_size, Addr old_addr, Block* b) {
+    std::vector<FreeEntry>& v = bins_[bin];
+    auto it = std::lower_bound(v.begin(), v.end(), FreeEntry{old_size, old_addr, nullptr});
+    const FreeEntry e{b->size, b->addr, b};
+    if ((it == v.begin() || *(it - 1) < e) && (it + 1 == v.end() || e < *(it + 1))) {
+      *it = e;
+      return;
+    }
+    v.erase(it);
+    v.insert(std::upper_bound(v.begin(), v.end(), e), e);
   }
   bool marked(int bin) const { return (words_[bin >> 6] >> (bin & 63)) & 1; }
   void mark(int bin) {
