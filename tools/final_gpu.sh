@@ -106,8 +106,10 @@ job_churn() {  # CHURN_PATTERNS (torchmem/patterns.py), CHURN_ALLOCATORS, CHURN_
     timeout 40 python3 bench/churn_microbench.py --allocator native --pattern random --iters 5000 --repeats 1 \
       --seed 0 --out /tmp/churn_warm.jsonl > /dev/null 2>&1
     for p in ${CHURN_PATTERNS:-random}; do for a in $order; do
-      pinned timeout 40 python3 bench/churn_microbench.py --allocator $a --pattern $p --iters "${CHURN_ITERS:-50000}" \
-        --repeats 3 --seed $round --out "$OUT/churn.jsonl" >> "$OUT/churn.log" 2>&1
+      [ "$(left)" -lt 20 ] && { echo "churn: no time left for round $round $p $a"; continue; }
+      pinned timeout "$(bounded 40)" python3 bench/churn_microbench.py --allocator $a --pattern $p \
+        --iters "${CHURN_ITERS:-50000}" --repeats 3 --seed $round --out "$OUT/churn.jsonl" >> "$OUT/churn.log" 2>&1
+      pack
     done; done
     order=$(echo $order | tr ' ' '\n' | tac | tr '\n' ' ')
   done
