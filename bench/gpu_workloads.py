@@ -16,6 +16,8 @@ Figures per run (each allocator's own where it has one):
   ratio            peak_reserved / peak_allocated
   median_step_s    median wall time of a step (synchronized), after warm-up steps
   step_s           every timed step's wall time, in order
+  host_speed       this process's own speed with no allocator (a `torch.empty` churn on the
+                   meta device) and its CPU: processes differ by up to 2x (section 17)
 Shapes: with --shapes K (default 4) the run draws K step shapes (batch, sequence
 length, resolution...) from the seed and cycles through them; the warm-up covers
 each once, so the timed steps see no first use of a kernel or cuBLAS heuristic
@@ -267,6 +269,24 @@ BUILDERS = {"gpt2": gpt2_workload, "llama_ckpt": llama_workload, "kv_generate": 
 
 # ---- traces -------------------------------------------------------------------------
 
+def host_speed(torch):
+    """This process's own speed, with no allocator: seconds per `torch.empty` on the meta device
+    (the churn loop of bench/churn_microbench.py, best of 3 rounds of 20,000) and the CPU it ran
+    on. In BENCHMARKS.md section 17 that loop ran at ~1.1 us in some processes and ~2.2 us in
+    others on the same CPU, and an allocator's churn fell in its process's band: beside a step
+    time, it tells a slow process from a slow allocator."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from churn_microbench import placement, timed_rounds
+
+    rng = random.Random(0)
+    sizes = [int(2 ** rng.uniform(9, 24)) for _ in range(20_000)]
+    slots = [rng.randrange(64) for _ in sizes]
+    live = [None] * 64
+    meta = torch.device("meta")
+    rounds = timed_rounds(3, sizes, slots, live, lambda size: torch.empty(size, dtype=torch.uint8, device=meta))
+    return {"meta_s_per_alloc": min(rounds), "placement": placement()}
+
+
 def write_trace(torch, path, workload):
     """torch's memory history -> the shared trace format (torchmem/data/traces/README.md)."""
     snapshot = torch.cuda.memory._snapshot()
@@ -300,6 +320,7 @@ def main(argv=None):
     baseline_used = total - torch.cuda.mem_get_info()[0]
     if args.record_trace:
         torch.cuda.memory._record_memory_history(max_entries=5_000_000, context=None, stacks="python")
+    speed = host_speed(torch)
     draw, step = BUILDERS[args.workload](torch)
     shapes = [draw(rng) for _ in range(args.shapes)]
     reset_peaks(torch, args.allocator)
@@ -326,7 +347,7 @@ def main(argv=None):
         "device_ratio": device_used_peak / figures["peak_allocated"] if figures["peak_allocated"] else None,
         "median_step_s": statistics.median(times),
         "mean_step_s": statistics.fmean(times),
-        "total_s": sum(times), "wall_s": wall, "step_s": times,
+        "total_s": sum(times), "wall_s": wall, "step_s": times, "host_speed": speed,
         "last_step": info,
     }
     if args.record_trace:
@@ -335,7 +356,7 @@ def main(argv=None):
     with open(args.out, "a") as f:
         f.write(json.dumps(result) + "\n")
     print(json.dumps({k: result[k] for k in ("workload", "allocator", "peak_allocated", "peak_reserved", "ratio",
-                                              "device_used_peak", "median_step_s")}))
+                                              "device_used_peak", "median_step_s", "host_speed")}))
     return 0
 
 

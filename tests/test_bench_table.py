@@ -68,6 +68,13 @@ def test_workloads_cycle_through_shapes_and_warm_up_on_each():
     assert proc.returncode == 2 and "--memory-fraction must be in (0, 1]" in proc.stderr
 
 
+def test_workloads_record_the_process_own_speed():
+    import torch
+
+    speed = load_bench("gpu_workloads").host_speed(torch)
+    assert 0 < speed["meta_s_per_alloc"] < 1e-3 and isinstance(speed["placement"]["cpu"], int)
+
+
 def test_share_scenario_offers_the_runs_modes_only_on_request():
     scenario = load_bench("share_scenario")
     assert scenario.parse_args([]).modes == "elastic,static,static_torchmem"
