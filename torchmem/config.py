@@ -182,8 +182,8 @@ OPTIONS = (
            "~0.3 us per 2 MiB at 256 granules against ~30 us with a handle per granule); above, it "
            "grows granule by granule so that it can stitch, except that a request missing 8 GiB or more "
            "still takes one handle (Note [Huge holes]). A run's memory goes back only when the "
-           "whole run is free. Under a limit (or memory fraction, or share) the pool always grows "
-           "granule by granule and packs as tightly as it can. 0 = a handle per granule always.",
+           "whole run is free. Under a limit (or memory fraction, or share) run_below_limit rules "
+           "instead. 0 = a handle per granule always.",
            core="run_below"),
     Option("run_below_limit", None, _auto_or(_number(0.0, 1.0)),
            "Under a limit (a memory fraction, a share, the batch controller's ceiling), while the pool "
@@ -331,14 +331,9 @@ class Config:
         if limit and self.reserve > limit:
             raise ValueError(f"torchmem config 'reserve' ({self.reserve}) exceeds the limit ({limit} bytes)")
         fields = {option.core: getattr(self, option.name) for option in OPTIONS if option.core}
-        fields["run_below_limit"] = self.run_below_limit_value()
+        if self.run_below_limit is None:  # auto
+            fields["run_below_limit"] = SHARE_RUN_BELOW_LIMIT if self.share else 0.0
         return {"limit_bytes": limit, **fields}
-
-    def run_below_limit_value(self):
-        """run_below_limit, its auto value resolved (None: SHARE_RUN_BELOW_LIMIT with share, else 0)."""
-        if self.run_below_limit is not None:
-            return self.run_below_limit
-        return SHARE_RUN_BELOW_LIMIT if self.share else 0.0
 
     def __eq__(self, other):
         return isinstance(other, Config) and self.as_dict() == other.as_dict()
