@@ -120,3 +120,15 @@ def test_run_below_limit_is_auto_by_default_and_follows_share(monkeypatch):
     assert config.Config(run_below_limit="0.8").core_dict(1 << 30)["run_below_limit"] == 0.8
     with pytest.raises(ValueError, match="'run_below_limit': must be in"):
         config.Config(run_below_limit=2)
+
+
+def test_install_hands_the_resolved_run_below_limit_to_the_runtime(monkeypatch):
+    # torchmem.install() builds the runtime's options from core_dict: the shim never sees None
+    import importlib
+
+    install = importlib.import_module("torchmem.install")  # the module; torchmem.install is the function
+
+    monkeypatch.delenv(config.ENV_VAR, raising=False)
+    shared = install._runtime_options(config.Config(share="team", guarantee="30GiB"))
+    assert shared["run_below_limit"] == 0.5 and shared["limit"] == 30 << 30
+    assert install._runtime_options(config.Config(limit="20GiB"))["run_below_limit"] == 0.0
