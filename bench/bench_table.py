@@ -5,7 +5,10 @@ bench/churn_microbench.py (as written by bench/run_gpu_bench.sh).
 
 Per workload and allocator: peak allocated, peak reserved and device memory used
 (MiB, medians over repeats), reserved/allocated ratio, median step time with its
-spread over repeats (max - min of the per-run medians) and its ratio to native.
+spread over repeats (max - min of the per-run medians) and its ratio to native,
+and the processes' own speed with no allocator (gpu_workloads' host_speed: us per
+`torch.empty` on the meta device, median over repeats; "-" for older rows), which
+moved 2x between processes in BENCHMARKS.md section 17.
 """
 
 import collections
@@ -31,8 +34,8 @@ def workload_table(rows):
         if row.get("workload") != "microbench":
             groups[(row["workload"], row["allocator"])].append(row)
     lines = ["| workload | allocator | runs | peak allocated MiB | peak reserved MiB | device used MiB | ratio "
-             "| median step ms (spread) | step vs native |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| median step ms (spread) | step vs native | process meta us |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for workload in sorted({w for w, _ in groups}):
         native = groups.get((workload, "native"))
         native_step = statistics.median(r["median_step_s"] for r in native) if native else None
@@ -45,10 +48,12 @@ def workload_table(rows):
             step = statistics.median(steps)
             spread = max(steps) - min(steps)
             vs_native = f"{step / native_step:.3f}" if native_step else "-"
+            speeds = [r["host_speed"]["meta_s_per_alloc"] for r in runs if r.get("host_speed")]
+            speed = f"{statistics.median(speeds) * 1e6:.2f}" if speeds else "-"
             lines.append(
                 f"| {workload} | {allocator} | {len(runs)} | {mib(med('peak_allocated'))} | "
                 f"{mib(med('peak_reserved'))} | {mib(med('device_used_peak'))} | {med('ratio'):.3f} | "
-                f"{step * 1e3:.1f} ({spread * 1e3:.1f}) | {vs_native} |"
+                f"{step * 1e3:.1f} ({spread * 1e3:.1f}) | {vs_native} | {speed} |"
             )
     return "\n".join(lines)
 
