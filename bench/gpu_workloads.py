@@ -267,25 +267,24 @@ BUILDERS = {"gpt2": gpt2_workload, "llama_ckpt": llama_workload, "kv_generate": 
             "vision": vision_workload}
 
 
-# ---- traces -------------------------------------------------------------------------
-
 def host_speed(torch):
     """This process's own speed, with no allocator: seconds per `torch.empty` on the meta device
-    (the churn loop of bench/churn_microbench.py, best of 3 rounds of 20,000) and the CPU it ran
-    on. In BENCHMARKS.md section 17 that loop ran at ~1.1 us in some processes and ~2.2 us in
-    others on the same CPU, and an allocator's churn fell in its process's band: beside a step
-    time, it tells a slow process from a slow allocator."""
+    (bench/churn_microbench.py's meta loop: the random pattern, 20,000 allocations, median of 3
+    rounds) and the CPU it ran on. In BENCHMARKS.md section 17 that loop ran at ~1.1 us in some
+    processes and ~2.2 us in others on the same CPU, and an allocator's churn fell in its
+    process's band: beside a step time, it tells a slow process from a slow allocator."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from churn_microbench import placement, timed_rounds
+    from torchmem.patterns import sizes_and_slots
 
-    rng = random.Random(0)
-    sizes = [int(2 ** rng.uniform(9, 24)) for _ in range(20_000)]
-    slots = [rng.randrange(64) for _ in sizes]
+    sizes, slots = sizes_and_slots("random", 20_000)
     live = [None] * 64
     meta = torch.device("meta")
     rounds = timed_rounds(3, sizes, slots, live, lambda size: torch.empty(size, dtype=torch.uint8, device=meta))
-    return {"meta_s_per_alloc": min(rounds), "placement": placement()}
+    return {"meta_s_per_alloc": statistics.median(rounds), "placement": placement()}
 
+
+# ---- traces -------------------------------------------------------------------------
 
 def write_trace(torch, path, workload):
     """torch's memory history -> the shared trace format (torchmem/data/traces/README.md)."""
