@@ -12,7 +12,7 @@
 #                  TEST_ARGS adds pytest options, e.g. -rP for the output of passing tests)
 #   bench          gpt2/llama_ckpt (torchmem, native) and kv_generate/vision
 #                  (native, expandable, torchmem): one seed
-#   churn          the torch.empty churn microbenchmark, four allocators
+#   churn          the torch.empty churn microbenchmark, four allocators (CHURN_ALLOCATORS), CHURN_ROUNDS rounds
 #   probe          bench/gpu_probe.py: driver call costs on this GPU
 #   traces         native memory-history traces of kv_generate and vision
 #   batch          bench/batch_compare.py (torchmem, accelerate, lightning, sweep, forced_oom;
@@ -32,7 +32,10 @@
 #                  cycle is the warm-up); ROUND_FRACTION=F runs every process under
 #                  torch.cuda.set_per_process_memory_fraction(F)
 #   peer           PyTorch's test_cuda.py, native vs torchmem (.peer/, carried)
-#   host           bench/host_bench.py and bench/offload_bench.py (pinned pool, offload)
+#   host           bench/host_bench.py and bench/offload_bench.py (pinned pool, offload;
+#                  OFFLOAD_MODELS, OFFLOAD_KEEP: the --keep fractions)
+#   timeline       bench/offload_timeline.py (OFFLOAD_MODELS, TIMELINE_KEEP): an offload step's
+#                  time on the GPU and the host, from CUDA events
 #   ddp            bench/ddp_batch.py on both GPUs (torchrun, NCCL)
 #   cusparse       one peer test (PEER_ONE) alone, 3x default, 3x stitch_above=0, once under memcheck
 #   share          bench/share_scenario.py (elastic vs static, SHARE_PHASE_S per phase)
@@ -98,9 +101,9 @@ job_bench() {
   echo "bench: $(wc -l < "$R") results"
 }
 
-job_churn() {  # CHURN_PATTERNS (torchmem/patterns.py), CHURN_ALLOCATORS, CHURN_ITERS; order reversed in round 2
+job_churn() {  # CHURN_PATTERNS (torchmem/patterns.py), CHURN_ALLOCATORS, CHURN_ITERS, CHURN_ROUNDS (2); order reversed each round
   local order="${CHURN_ALLOCATORS:-native expandable async torchmem}" round p a
-  for round in 1 2; do
+  for round in $(seq 1 "${CHURN_ROUNDS:-2}"); do
     # one unrecorded run first: in section 10's call 3 the first two processes of each round ran
     # 1.3-2.3x slower than the same cells later (native 4.32 then 2.57 us; torchmem 3.26 then 1.86)
     timeout 40 python3 bench/churn_microbench.py --allocator native --pattern random --iters 5000 --repeats 1 \
@@ -226,8 +229,18 @@ job_host() {  # HOST_BENCH=0: offload only
   fi
   local m
   for m in ${OFFLOAD_MODELS:-gpt2 llama}; do
-    timeout "$(bounded 240)" python3 bench/offload_bench.py --model $m --out "$OUT/offload_$m.json" > "$OUT/offload_$m.log" 2>&1
+    timeout "$(bounded 240)" python3 bench/offload_bench.py --model $m ${OFFLOAD_KEEP:+--keep $OFFLOAD_KEEP} \
+      --out "$OUT/offload_$m.json" > "$OUT/offload_$m.log" 2>&1
     echo "offload_bench $m rc=$? :: $(grep -E 'step .* ms' "$OUT/offload_$m.log" | tr -s ' ' | tr '\n' ';')"
+  done
+}
+
+job_timeline() {
+  local m
+  for m in ${OFFLOAD_MODELS:-llama gpt2}; do
+    timeout "$(bounded 180)" python3 bench/offload_timeline.py --model $m ${TIMELINE_KEEP:+--keep $TIMELINE_KEEP} \
+      --out "$OUT/timeline_$m.json" > "$OUT/timeline_$m.log" 2>&1
+    echo "offload_timeline $m rc=$? ::"; grep -E '^(none|keep)' "$OUT/timeline_$m.log"
   done
 }
 

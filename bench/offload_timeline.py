@@ -1,0 +1,216 @@
+"""Where an offload step's time goes, with CUDA events instead of a profiler:
+the model of bench/offload_bench.py, unprofiled, with no offload and with
+torchmem.offload_activations at budgets (--keep), timed on the GPU and the host.
+
+bench/offload_profile.py runs torch.profiler, which more than doubles a
+host-bound step's hook time (Llama: 87 ms unprofiled, 153 ms profiled,
+BENCHMARKS.md section 13), so its split is not the split of a real step. Here
+each step records timing events on the compute stream (start, end of forward,
+end of backward, end of the optimizer step) next to the host clock at the same
+points, and for each moved tensor: when forward saved it, when its copy out
+ended, when its fetch was issued (host clock and compute stream position),
+when the fetch ended, and when backward asked for it and could go on. From
+these:
+  - host-bound or not: the host's enqueue of forward/backward against the GPU's
+    completion of it (a GPU end within a few hundred us of the host's means the
+    GPU waited for the host);
+  - the hooks' host time (pack, unpack: perf_counter around the hooks);
+  - the copies out: first save to last end (effective GB/s);
+  - the fetches: first issue, last end, and the stall backward took waiting
+    for them (sum over moved tensors of resume - need on the compute stream).
+keep 1.0 runs the hooks with nothing moved: their cost alone.
+
+    python bench/offload_timeline.py [--model llama|gpt2] [--keep 1.0 0.75] [--steps 3] [--out timeline.json]
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from offload_bench import build_model  # noqa: E402 (the same models)
+
+MS = 1e3
+
+
+def summarize_moved(records, t_fwd_end):
+    """Figures of one step's moved tensors; each record holds ms since the step's
+    start: save, out_end, fetch_issue_gpu, fetch_issue_host, in_end, need, resume
+    (None where it did not happen), bytes and urgent. No torch here."""
+    if not records:
+        return {"moved": 0}
+    out_ends = [r["out_end"] for r in records]
+    fetched = [r for r in records if r.get("in_end") is not None]
+    stalls = [max(0.0, r["resume"] - r["need"]) for r in records if r.get("need") is not None]
+    moved_bytes = sum(r["bytes"] for r in records)
+    first_save = min(r["save"] for r in records)
+    out_span = max(out_ends) - first_save
+    return {
+        "moved": len(records),
+        "moved_bytes": moved_bytes,
+        "first_save_ms": first_save,
+        "last_out_end_ms": max(out_ends),
+        "out_gbps": moved_bytes / (out_span / MS) / 1e9 if out_span > 0 else None,
+        "out_done_at_fwd_end": sum(r["bytes"] for r in records if r["out_end"] <= t_fwd_end),
+        "first_fetch_issue_host_ms": min((r["fetch_issue_host"] for r in fetched), default=None),
+        "first_fetch_issue_gpu_ms": min((r["fetch_issue_gpu"] for r in fetched), default=None),
+        "last_in_end_ms": max((r["in_end"] for r in fetched), default=None),
+        "urgent": sum(1 for r in fetched if r["urgent"]),
+        "first_need_ms": min((r["need"] for r in records if r.get("need") is not None), default=None),
+        "stall_ms": sum(stalls),
+        "stalled": sum(1 for s in stalls if s > 0.05),
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=("gpt2", "llama"), default="llama")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--keep", type=float, nargs="+", default=[1.0, 0.75])
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per mode (after 2 warm-up steps)")
+    parser.add_argument("--out", help="write the figures as JSON here")
+    args = parser.parse_args(argv)
+
+    import torch
+    if not torch.cuda.is_available():
+        print("offload_timeline: no CUDA GPU here", file=sys.stderr)
+        return 2
+    import torchmem
+    from torchmem.offload import OffloadActivations, _Offloaded
+
+    def event():
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    class TimedOffload(OffloadActivations):
+        """Records, for each moved tensor, events and host times (see the module's text)."""
+
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.records = {}  # id(_Offloaded) -> events and host times
+            self.hook_s = {"pack": 0.0, "unpack": 0.0}
+
+        def _pack(self, t):
+            h0 = time.perf_counter()
+            out = super()._pack(t)
+            if isinstance(out, _Offloaded):
+                d2h = self._streams_for(t.device)[0]
+                out_end = torch.cuda.Event(enable_timing=True)
+                out_end.record(d2h)
+                self.records[id(out)] = {"bytes": out.nbytes, "save": event(), "out_end": out_end}
+            self.hook_s["pack"] += time.perf_counter() - h0
+            return out
+
+        def _fetch(self, h, urgent=False):
+            fresh = h.fetched is None
+            super()._fetch(h, urgent)
+            rec = self.records.get(id(h))
+            if fresh and rec is not None:
+                streams = self._streams_for(h.device)
+                in_end = torch.cuda.Event(enable_timing=True)
+                in_end.record(streams[2] if urgent else streams[1])
+                rec.update(fetch_issue_host=time.perf_counter(), fetch_issue_gpu=event(), in_end=in_end,
+                           urgent=urgent)
+
+        def _unpack(self, obj):
+            h0 = time.perf_counter()
+            rec = self.records.get(id(obj)) if isinstance(obj, _Offloaded) else None
+            if rec is not None:
+                rec["need"] = event()
+            out = super()._unpack(obj)
+            if rec is not None:
+                rec["resume"] = event()
+            self.hook_s["unpack"] += time.perf_counter() - h0
+            return out
+
+    model = build_model(torch, args.model, args.seq)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, model.config.vocab_size, (args.batch, args.seq), device="cuda")
+
+    def step(ctx, marks):
+        """One step; marks gets (name, gpu event, host seconds) at each phase end."""
+        with ctx:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids).loss
+        marks.append(("fwd", event(), time.perf_counter()))
+        loss.backward()
+        marks.append(("bwd", event(), time.perf_counter()))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        marks.append(("opt", event(), time.perf_counter()))
+
+    def timed_step(ctx, offload):
+        if offload is not None:
+            offload.records = {}
+            offload.hook_s = {"pack": 0.0, "unpack": 0.0}
+        torch.cuda.synchronize()
+        start, h_start = event(), time.perf_counter()
+        marks = []
+        step(ctx, marks)
+        torch.cuda.synchronize()
+        h_end = time.perf_counter()
+        row = {"wall_ms": (h_end - h_start) * MS}
+        for name, ev, host in marks:
+            row[f"gpu_{name}_ms"] = start.elapsed_time(ev)
+            row[f"host_{name}_ms"] = (host - h_start) * MS
+        if offload is not None:
+            row["pack_host_ms"] = offload.hook_s["pack"] * MS
+            row["unpack_host_ms"] = offload.hook_s["unpack"] * MS
+            records = []
+            for rec in offload.records.values():
+                r = {"bytes": rec["bytes"], "urgent": rec.get("urgent", False)}
+                for key in ("save", "out_end", "fetch_issue_gpu", "in_end", "need", "resume"):
+                    r[key] = start.elapsed_time(rec[key]) if key in rec else None
+                r["fetch_issue_host"] = ((rec["fetch_issue_host"] - h_start) * MS
+                                         if "fetch_issue_host" in rec else None)
+                records.append(r)
+            row.update(summarize_moved(records, row["gpu_fwd_ms"]))
+            offload.records = {}
+        return row
+
+    offload = TimedOffload(None)
+    step(offload, [])  # the measuring step
+    saved = offload.last_step["saved_bytes"]
+    modes = [("none", None)] + [(f"keep {k:.2f}", k) for k in args.keep]
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
+              "batch": args.batch, "seq": args.seq, "saved_bytes": saved, "modes": {}}
+    for name, keep in modes:
+        if keep is not None:
+            offload.set_budget(int(keep * saved))
+        ctx_of = (lambda: contextlib.nullcontext()) if keep is None else (lambda: offload)
+        for _ in range(2):
+            step(ctx_of(), [])
+        rows = [timed_step(ctx_of(), offload if keep is not None else None) for _ in range(args.steps)]
+        med = {k: statistics.median(r[k] for r in rows) for k in rows[0]
+               if all(isinstance(r.get(k), (int, float)) for r in rows)}
+        result["modes"][name] = {"median": med, "steps": rows}
+        line = (f"{name:10s} wall {med['wall_ms']:6.1f} ms | gpu fwd/bwd/opt end {med['gpu_fwd_ms']:6.1f}"
+                f" {med['gpu_bwd_ms']:6.1f} {med['gpu_opt_ms']:6.1f} | host fwd/bwd/opt {med['host_fwd_ms']:6.1f}"
+                f" {med['host_bwd_ms']:6.1f} {med['host_opt_ms']:6.1f}")
+        if keep is not None:
+            line += f" | hooks pack {med['pack_host_ms']:.1f} unpack {med['unpack_host_ms']:.1f} ms"
+            if med.get("moved"):
+                line += (f" | moved {med['moved']:.0f} ({med['moved_bytes'] / 2**30:.2f} GiB), out by fwd end"
+                         f" {med['out_done_at_fwd_end'] / 2**30:.2f} GiB, last out {med['last_out_end_ms']:.1f},"
+                         f" first fetch host/gpu {med.get('first_fetch_issue_host_ms', float('nan')):.1f}"
+                         f"/{med.get('first_fetch_issue_gpu_ms', float('nan')):.1f}, last in"
+                         f" {med.get('last_in_end_ms', float('nan')):.1f}, first need"
+                         f" {med.get('first_need_ms', float('nan')):.1f}, stall {med['stall_ms']:.1f} ms"
+                         f" ({med['stalled']:.0f} tensors, {med['urgent']:.0f} urgent)")
+        print(line, flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1, default=str)
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
