@@ -20,12 +20,18 @@ these:
   - the copies out: first save to last end (effective GB/s);
   - the fetches: first issue, last end, and the stall backward took waiting
     for them (sum over moved tensors of resume - need on the compute stream).
-keep 1.0 runs the hooks with nothing moved: their cost alone.
+keep 1.0 runs the hooks with nothing moved: their cost alone. Each row also has
+the time Python's cyclic garbage collector ran during the step (gc.callbacks),
+and --host-profile adds cProfile's own-time table for 3 steps at the last keep.
 
     python bench/offload_timeline.py [--model llama|gpt2] [--keep 1.0 0.75] [--steps 3] [--out timeline.json]
 """
 
 import argparse
+import cProfile
+import gc
+import io
+import pstats
 import contextlib
 import json
 import os
@@ -77,6 +83,8 @@ def main(argv=None):
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--keep", type=float, nargs="+", default=[1.0, 0.75])
     parser.add_argument("--steps", type=int, default=3, help="timed steps per mode (after 2 warm-up steps)")
+    parser.add_argument("--host-profile", action="store_true",
+                        help="then cProfile 3 steps at the last --keep: the host calls' own times")
     parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args(argv)
 
@@ -169,7 +177,22 @@ def main(argv=None):
         opt.zero_grad(set_to_none=True)
         marks.append(("opt", event(), time.perf_counter()))
 
+    gc_time = {"s": 0.0, "count": 0, "t0": None}
+
+    def on_gc(phase, info):
+        # Python's cyclic collector runs inside whatever allocates the object that trips it:
+        # a hook, a module's forward. Its pauses are host time a host-bound step pays for.
+        if phase == "start":
+            gc_time["t0"] = time.perf_counter()
+        elif gc_time["t0"] is not None:
+            gc_time["s"] += time.perf_counter() - gc_time["t0"]
+            gc_time["count"] += 1
+            gc_time["t0"] = None
+
+    gc.callbacks.append(on_gc)
+
     def timed_step(ctx, offload):
+        gc_time.update(s=0.0, count=0, t0=None)
         if offload is not None:
             offload.records, offload.storages = {}, {}
             offload.hook_s = {"pack": 0.0, "unpack": 0.0}
@@ -180,7 +203,7 @@ def main(argv=None):
         step(ctx, marks)
         torch.cuda.synchronize()
         h_end = time.perf_counter()
-        row = {"wall_ms": (h_end - h_start) * MS}
+        row = {"wall_ms": (h_end - h_start) * MS, "gc_ms": gc_time["s"] * MS, "gc_runs": gc_time["count"]}
         for name, ev, host in marks:
             row[f"gpu_{name}_ms"] = start.elapsed_time(ev)
             row[f"host_{name}_ms"] = (host - h_start) * MS
@@ -218,7 +241,7 @@ def main(argv=None):
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0]
                if all(isinstance(r.get(k), (int, float)) for r in rows)}
         result["modes"][name] = {"median": med, "steps": rows}
-        line = (f"{name:10s} wall {med['wall_ms']:6.1f} ms | gpu fwd/bwd/opt end {med['gpu_fwd_ms']:6.1f}"
+        line = (f"{name:10s} wall {med['wall_ms']:6.1f} ms | gc {med['gc_ms']:4.1f} ms | gpu fwd/bwd/opt end {med['gpu_fwd_ms']:6.1f}"
                 f" {med['gpu_bwd_ms']:6.1f} {med['gpu_opt_ms']:6.1f} | host fwd/bwd/opt {med['host_fwd_ms']:6.1f}"
                 f" {med['host_bwd_ms']:6.1f} {med['host_opt_ms']:6.1f}")
         if keep is not None:
@@ -234,6 +257,19 @@ def main(argv=None):
                          f" {med.get('first_need_ms', float('nan')):.1f}, stall {med['stall_ms']:.1f} ms"
                          f" ({med['stalled']:.0f} tensors, {med['urgent']:.0f} urgent)")
         print(line, flush=True)
+    if args.host_profile:
+        offload.set_budget(int(args.keep[-1] * saved))
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(3):
+            step(offload, [])
+        torch.cuda.synchronize()
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+        result["host_profile"] = text.getvalue()
+        print(f"cProfile, 3 steps at keep {args.keep[-1]:.2f}, by own time:")
+        print(text.getvalue())
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1, default=str)
