@@ -120,6 +120,36 @@ def test_new_shapes_replan_and_parameters_stay():
     assert offload.measured == [2 * n for n in first]
 
 
+def test_a_tensor_saved_twice_moves_once():
+    # Note [Shared storages]: h * h saves h twice; one host copy serves both unpacks, and the
+    # budget counts h once. Under a budget that keeps h, its second save stays too.
+    pool = sim_pool()
+    w = torch.randn(64, 64, requires_grad=True)
+    x = torch.randn(32, 64)
+    nbytes = 32 * 64 * 4
+
+    def run(ctx):
+        w.grad = None
+        with ctx:
+            h = x @ w  # saves x (movable) and w (a leaf that requires grad: stays)
+            y = (h * h).sin().sum()
+        y.backward()
+        return w.grad.clone()
+
+    reference = run(contextlib.nullcontext())
+    offload = OffloadActivations(None, min_bytes=nbytes, pool=pool, devices=("cpu",))
+    assert torch.equal(reference, run(offload))
+    assert offload.measured == [nbytes, nbytes, 0, nbytes]  # x, h, h again, h * h (sin's input)
+    assert offload.last_step["offloaded_count"] == 3
+    assert offload.last_step["offloaded_bytes"] == offload.last_step["saved_bytes"] == 3 * nbytes
+    offload.set_budget(2 * nbytes)  # moves x only: h stays, both its saves
+    assert offload.plan == {0}
+    assert torch.equal(reference, run(offload))
+    assert offload.last_step["offloaded_count"] == 1 and offload.last_step["kept_bytes"] == 2 * nbytes
+    assert pool.stats()["allocations.current"] == 0
+    pool.check()
+
+
 def test_strided_saved_tensors_keep_their_layout():
     pool = sim_pool()
     w = torch.randn(48, 32, requires_grad=True)
@@ -235,7 +265,7 @@ def test_room_comes_from_frees_each_storage_once():
     a, b = base[:128], base[128:]       # two kept tensors on it
     other = torch.zeros(64)             # 256 B, still referenced by the caller at the end
     for t in (a, b, other):
-        step.track_kept(t)
+        step.track_kept(t, t.untyped_storage())
     del base
     h = SimpleNamespace(nbytes=1024)
     assert not step.has_room(h, 0) and step.has_room(h, allowance=1024)

@@ -20,6 +20,21 @@ differ from the measurement (another shape) is followed by a new plan; tensors
 past the measured list are moved, which is always safe. budget_bytes=None moves
 every eligible tensor.
 
+Note [Shared storages]
+One tensor is often saved by several ops (Llama's RMSNorm saves its fp32 input
+for pow and again for mul; `x * x` saves x twice), and views of one storage
+too. Moving each save on its own copied the same bytes over PCIe twice, and
+moving one save of a storage that a kept save holds frees nothing: on the H200
+17% of the bytes Llama moved with a quarter of its activations moved, and 39%
+with half, were such saves (bench/offload_timeline.py, BENCHMARKS.md section
+18). So a save of a storage saved earlier in the same forward, while that
+earlier tensor is still alive (its address cannot have been reused), follows
+the earlier save: the same view of a moved storage, not written to since,
+shares its host copy (one copy each way, unpacked as often as it was saved);
+any save of a kept storage stays. It counts 0 bytes toward the budget when it is the same view, so the
+plan sees each storage once; another view of a moved storage is moved on its
+own (rare: a copy holds only its view's span).
+
 Note [Offload streams]
 Device to host: the pack hook makes a side stream wait for the current one
 (the tensor was produced there), copies into a pool block on the side stream
@@ -83,7 +98,8 @@ def offload_activations(budget_bytes=None, **kwargs):
 class _Offloaded:
     """One saved tensor living in host memory."""
 
-    __slots__ = ("host", "host_base", "shape", "stride", "dtype", "device", "step", "nbytes", "d2h_event", "h2d_event", "fetched", "used", "__weakref__")
+    __slots__ = ("host", "host_base", "shape", "stride", "dtype", "device", "step", "nbytes", "d2h_event", "h2d_event",
+                 "fetched", "used", "unpacks", "__weakref__")
 
 
 class _Step:
@@ -91,7 +107,7 @@ class _Step:
     fetch accounting (Note [Offload streams])."""
 
     __slots__ = ("refs", "ready", "end", "cursor", "fetched", "freed", "floor", "live", "watched",
-                 "freed_seen", "looked_at", "__weakref__")
+                 "freed_seen", "looked_at", "saved_storages", "__weakref__")
 
     def __init__(self):
         self.refs = []
@@ -105,19 +121,20 @@ class _Step:
         self.watched = {}  # id(weakref) -> (weakref, storage key of a kept tensor or None, bytes fetched)
         self.freed_seen = -1  # `freed` at the last look ahead
         self.looked_at = 0.0  # time.perf_counter() of the last look ahead
+        # storage address -> (weakref to the tensor saved first on it, its view and version, a weakref to its
+        # _Offloaded or None if kept): Note [Shared storages]
+        self.saved_storages = {}
 
     def has_room(self, h, allowance):
         """Whether fetching `h` now keeps memory neutral (Note [Offload streams]); `allowance`
         is the floor for the tensors backward needs next, 0 for the others."""
         return self.fetched + h.nbytes <= self.freed + allowance
 
-    def track_kept(self, t):
+    def track_kept(self, t, storage):
         """Counts `t`'s storage as freed once every kept tensor tracked on it is gone."""
-        try:
-            storage = t.untyped_storage()
-            key = storage.data_ptr()
-        except (RuntimeError, NotImplementedError):
+        if storage is None:
             return  # no real storage (a fake or functional tensor while tracing): it makes no room
+        key = storage.data_ptr()
         entry = self.live.get(key)
         if entry is None:
             self.live[key] = [1, storage.nbytes()]
@@ -276,17 +293,40 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             # is no longer room for fetches, and the next look starts from the newest save.
             step.freed = min(step.freed, step.fetched)
             step.end = step.cursor = None
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            storage = None  # a fake or functional tensor while tracing
+        # what a save shares: the same bytes of the same storage, not written to in between
+        signature = (t.storage_offset(), t.shape, t.stride(), t.dtype, t._version)
+        earlier = step.saved_storages.get(storage.data_ptr()) if storage is not None else None
+        moved_as = None  # the _Offloaded of the earlier save, if it moved
+        if earlier is not None:
+            moved_as = earlier[2]() if earlier[2] is not None else None
+            if earlier[0]() is None or (earlier[2] is not None and moved_as is None):
+                earlier = None  # that tensor is gone: the address may be another storage's now
+        same_view = earlier is not None and earlier[1] == signature
         index = len(self._sizes)
-        self._sizes.append(nbytes)
+        self._sizes.append(0 if same_view else nbytes)  # Note [Shared storages]
+        if earlier is not None and moved_as is None:
+            step.track_kept(t, storage)  # a kept storage: moving this save would free nothing
+            return t
+        if same_view:
+            moved_as.unpacks += 1
+            return moved_as
         if self.plan is not None and index < len(self.measured) and index not in self.plan:
-            step.track_kept(t)  # its free in backward makes room for a fetch
+            step.track_kept(t, storage)  # its free in backward makes room for a fetch
+            if storage is not None and earlier is None:
+                step.saved_storages[storage.data_ptr()] = (weakref.ref(t), signature, None)
             return t
         pool = self._host_pool()
         h = _Offloaded()
         h.shape, h.stride, h.dtype, h.device = t.shape, t.stride(), t.dtype, t.device
         h.step = step
         h.nbytes = nbytes
-        h.fetched, h.h2d_event, h.used = None, None, False
+        h.fetched, h.h2d_event, h.used, h.unpacks = None, None, False, 1
+        if storage is not None and earlier is None:  # weakly: the handle lives as long as autograd holds it
+            step.saved_storages[storage.data_ptr()] = (weakref.ref(t), signature, weakref.ref(h))
         if t.device.type == "cuda":
             d2h = self._streams_for(t.device)[0]
             d2h.wait_stream(torch.cuda.current_stream(t.device))
@@ -314,7 +354,10 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             return obj
         self._fetch(obj, urgent=True)
         self._fetch_ahead(obj.step)
-        out, obj.fetched, obj.used = obj.fetched, None, True
+        out, obj.used = obj.fetched, True
+        obj.unpacks -= 1
+        if obj.unpacks <= 0:  # the last of its saves (Note [Shared storages]); a retained graph fetches again
+            obj.fetched = None
         if out.device.type == "cuda":
             current = torch.cuda.current_stream(out.device)
             current.wait_event(obj.h2d_event)
