@@ -78,10 +78,22 @@ saved tensor, and the pool reuses them only after both copies finished
 (torchmem/host.py). Streams are created once per offloader: fresh streams each
 step would make the caching allocator grow pools.
 
+Note [Offload copies]
+Each move is a handful of CUDA calls (a stream wait, a pool block, a copy, a
+recordStream, an event). From Python they cost about 200 us of host time per
+moved tensor in each hook on the H200 host (about ten torch calls), and
+Llama's step there is host-bound: the GPU ends forward and backward as soon as
+the host has queued them, so that time was most of the step's excess with a
+quarter of the activations moved (BENCHMARKS.md section 18). In a CUDA build
+with a CUDA host pool the hooks make one call into torchmem._C instead
+(csrc/bindings/offload_copies_cuda.cpp: the same steps in the same order).
+TORCHMEM_OFFLOAD_COPIES=python keeps torch's calls (to compare the two).
+
 Values are copied bit for bit, strides included, so gradients are identical to
 a run without offload (tests/test_offload.py, tests/gpu/test_gpu_host.py).
 """
 
+import os
 import time
 import weakref
 
@@ -213,6 +225,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         self.plan = None       # indices to move; None until measured (move all)
         self.last_step = None
         self._streams = {}     # device -> (d2h, h2d)
+        self._native = _UNRESOLVED  # the host pool's torchmem._C holder if the one-call copies apply, else None
         self._backward = None  # the step whose backward kept tensors' unpacks count toward
         self._begin_step()
 
@@ -329,12 +342,16 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             step.saved_storages[storage.data_ptr()] = (weakref.ref(t), signature, weakref.ref(h))
         if t.device.type == "cuda":
             d2h = self._streams_for(t.device)[0]
-            d2h.wait_stream(torch.cuda.current_stream(t.device))
-            host = pool.empty(t.numel(), t.dtype, stream=d2h)
-            view = host.as_strided(t.shape, t.stride())
-            with torch.cuda.stream(d2h):
-                view.copy_(t, non_blocking=True)
-            t.record_stream(d2h)
+            if self._native is not None:  # Note [Offload copies]
+                host, view = _C.offload_copy_out(t, self._native, d2h.stream_id, d2h.device_index, d2h.device_type)
+                pool._warn_notices()
+            else:
+                d2h.wait_stream(torch.cuda.current_stream(t.device))
+                host = pool.empty(t.numel(), t.dtype, stream=d2h)
+                view = host.as_strided(t.shape, t.stride())
+                with torch.cuda.stream(d2h):
+                    view.copy_(t, non_blocking=True)
+                t.record_stream(d2h)
             h.d2h_event = d2h.record_event()
         else:
             host = pool.empty(t.numel(), t.dtype)
@@ -359,9 +376,12 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         if obj.unpacks <= 0:  # the last of its saves (Note [Shared storages]); a retained graph fetches again
             obj.fetched = None
         if out.device.type == "cuda":
-            current = torch.cuda.current_stream(out.device)
-            current.wait_event(obj.h2d_event)
-            out.record_stream(current)
+            if self._native is not None:
+                _C.offload_use(out, obj.h2d_event.cuda_event)
+            else:
+                current = torch.cuda.current_stream(out.device)
+                current.wait_event(obj.h2d_event)
+                out.record_stream(current)
         return out
 
     # ------------------------------------------------------------- fetching
@@ -372,12 +392,16 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         if h.device.type == "cuda":
             _, h2d, now = self._streams_for(h.device)
             h2d = now if urgent else h2d  # backward waits for this one: not behind queued fetches
-            h2d.wait_event(h.d2h_event)
-            with torch.cuda.stream(h2d):
-                out = torch.empty_strided(h.shape, h.stride, dtype=h.dtype, device=h.device)
-                out.copy_(h.host, non_blocking=True)
+            if self._native is not None:
+                out = _C.offload_copy_in(h.host, h.host_base, self._native, h.device.index, h2d.stream_id,
+                                         h2d.device_index, h2d.device_type, h.d2h_event.cuda_event)
+            else:
+                h2d.wait_event(h.d2h_event)
+                with torch.cuda.stream(h2d):
+                    out = torch.empty_strided(h.shape, h.stride, dtype=h.dtype, device=h.device)
+                    out.copy_(h.host, non_blocking=True)
+                self._host_pool().record_stream(h.host_base, h2d)
             h.h2d_event = h2d.record_event()
-            self._host_pool().record_stream(h.host_base, h2d)
         else:
             out = torch.empty_strided(h.shape, h.stride, dtype=h.dtype, device=h.device)
             out.copy_(h.host)
@@ -427,7 +451,24 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         if self._pool is None:
             from torchmem import host
             self._pool = host.default_pool()
+        if self._native is _UNRESOLVED:  # Note [Offload copies]
+            self._native = self._pool._pool if self._pool.device is not None and _native_copies() else None
         return self._pool
+
+
+_C = None
+_UNRESOLVED = object()
+
+
+def _native_copies():
+    """Whether the hooks may use torchmem._C's one-call copies (Note [Offload copies])."""
+    global _C
+    if os.environ.get("TORCHMEM_OFFLOAD_COPIES", "native") == "python":
+        return False
+    if _C is None:
+        from torchmem._loader import _C as compiled
+        _C = compiled
+    return hasattr(_C, "offload_copy_out")
 
 
 def plan_offload(sizes, budget_bytes):

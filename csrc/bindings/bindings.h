@@ -15,6 +15,7 @@ void bind_host(pybind11::module_& m);     // host_bindings.cpp: the pinned host 
 #if TORCHMEM_WITH_CUDA
 void bind_runtime(pybind11::module_& m);  // runtime_bindings_cuda.cpp: the installed allocator
 void bind_host_torch(pybind11::module_& m);  // host_torch_bindings_cuda.cpp: torch's host allocator hook
+void bind_offload_copies(pybind11::module_& m);  // offload_copies_cuda.cpp: activation offload's copies
 #endif
 
 }  // namespace torchmem::bindings

@@ -46,5 +46,6 @@ PYBIND11_MODULE(_C, m) {
 #if TORCHMEM_WITH_CUDA
   torchmem::bindings::bind_runtime(m);
   torchmem::bindings::bind_host_torch(m);
+  torchmem::bindings::bind_offload_copies(m);
 #endif
 }

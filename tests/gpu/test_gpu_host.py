@@ -89,7 +89,11 @@ def test_no_reuse_while_a_copy_runs():
     assert not out["reused_early"] and out["intact"] and out["reused_after"]
 
 
-def test_offload_gradients_identical_and_peak_lower():
+@pytest.mark.parametrize("copies", ["native", "python"])
+def test_offload_gradients_identical_and_peak_lower(copies):
+    # Both ways of copying (Note [Offload copies]): torchmem._C's one-call copies and torch's.
+    # y * y saves one tensor twice (Note [Shared storages]): with everything moved, its one
+    # host copy serves both unpacks.
     out = last_json(run_python("""
         import json, torch
         import torchmem
@@ -107,7 +111,8 @@ def test_offload_gradients_identical_and_peak_lower():
             torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
             with ctx:
                 with torch.autocast("cuda", dtype=torch.bfloat16):
-                    loss = model(x).float().square().mean()
+                    y = model(x).float()
+                    loss = (y * y).mean()
             loss.backward()
             torch.cuda.synchronize()
             return [p.grad.clone() for p in model.parameters()], torch.cuda.max_memory_allocated()
@@ -123,8 +128,11 @@ def test_offload_gradients_identical_and_peak_lower():
                 got, peak = step(off)
             results[name] = {"equal": all(torch.equal(a, b) for a, b in zip(ref, got)), "peak": peak,
                              "moved": off.last_step["offloaded_bytes"], "saved": off.last_step["saved_bytes"]}
-        print(json.dumps({"peak_none": peak_none, **results}))
-    """))
+        print(json.dumps({"peak_none": peak_none, "native": off._native is not None,
+                          "shared_saves": off.measured.count(0), **results}))
+    """, env={"TORCHMEM_OFFLOAD_COPIES": copies}))
+    assert out["native"] == (copies == "native")
+    assert out["shared_saves"] >= 1  # y * y
     for name in ("all", "half"):
         assert out[name]["equal"], name
         assert out[name]["peak"] < out["peak_none"], name
