@@ -34,8 +34,9 @@
 #   peer           PyTorch's test_cuda.py, native vs torchmem (.peer/, carried)
 #   host           bench/host_bench.py and bench/offload_bench.py (pinned pool, offload;
 #                  OFFLOAD_MODELS, OFFLOAD_KEEP: the --keep fractions)
-#   timeline       bench/offload_timeline.py (OFFLOAD_MODELS, TIMELINE_KEEP): an offload step's
-#                  time on the GPU and the host, from CUDA events
+#   timeline       bench/offload_timeline.py (OFFLOAD_MODELS, TIMELINE_KEEP, TIMELINE_PROFILE=1 for
+#                  --host-profile): an offload step's time on the GPU and the host, from CUDA events
+#                  (host and timeline: OFFLOAD_COPIES="native python" runs each model both ways)
 #   ddp            bench/ddp_batch.py on both GPUs (torchrun, NCCL)
 #   cusparse       one peer test (PEER_ONE) alone, 3x default, 3x stitch_above=0, once under memcheck
 #   share          bench/share_scenario.py (elastic vs static, SHARE_PHASE_S per phase)
@@ -228,20 +229,21 @@ job_host() {  # HOST_BENCH=0: offload only
     echo "host_bench rc=$? :: $(grep -E '^fresh pinning' "$OUT/host.log")"
   fi
   local m
-  for m in ${OFFLOAD_MODELS:-gpt2 llama}; do
-    timeout "$(bounded 240)" python3 bench/offload_bench.py --model $m ${OFFLOAD_KEEP:+--keep $OFFLOAD_KEEP} \
-      --out "$OUT/offload_$m.json" > "$OUT/offload_$m.log" 2>&1
-    echo "offload_bench $m rc=$? :: $(grep -E 'step .* ms' "$OUT/offload_$m.log" | tr -s ' ' | tr '\n' ';')"
-  done
+  for m in ${OFFLOAD_MODELS:-gpt2 llama}; do for c in ${OFFLOAD_COPIES:-native}; do
+    TORCHMEM_OFFLOAD_COPIES=$c timeout "$(bounded 240)" python3 bench/offload_bench.py --model $m \
+      ${OFFLOAD_KEEP:+--keep $OFFLOAD_KEEP} --out "$OUT/offload_${m}_$c.json" > "$OUT/offload_${m}_$c.log" 2>&1
+    echo "offload_bench $m copies=$c rc=$? :: $(grep -E 'step .* ms' "$OUT/offload_${m}_$c.log" | tr -s ' ' | tr '\n' ';')"
+  done; done
 }
 
-job_timeline() {
-  local m
-  for m in ${OFFLOAD_MODELS:-llama gpt2}; do
-    timeout "$(bounded 180)" python3 bench/offload_timeline.py --model $m ${TIMELINE_KEEP:+--keep $TIMELINE_KEEP} \
-      --out "$OUT/timeline_$m.json" > "$OUT/timeline_$m.log" 2>&1
-    echo "offload_timeline $m rc=$? ::"; grep -E '^(none|keep)' "$OUT/timeline_$m.log"
-  done
+job_timeline() {  # OFFLOAD_COPIES="native python": each model under both (Note [Offload copies])
+  local m c
+  for m in ${OFFLOAD_MODELS:-llama gpt2}; do for c in ${OFFLOAD_COPIES:-native}; do
+    TORCHMEM_OFFLOAD_COPIES=$c timeout "$(bounded 180)" python3 bench/offload_timeline.py --model $m \
+      ${TIMELINE_KEEP:+--keep $TIMELINE_KEEP} ${TIMELINE_PROFILE:+--host-profile} \
+      --out "$OUT/timeline_${m}_$c.json" > "$OUT/timeline_${m}_$c.log" 2>&1
+    echo "offload_timeline $m copies=$c rc=$? ::"; grep -E '^(none|keep)' "$OUT/timeline_${m}_$c.log"
+  done; done
 }
 
 job_cusparse() {  # the peer test that hit cudaErrorIllegalInstruction once: alone, repeated, under memcheck
