@@ -95,9 +95,13 @@ def main(argv=None):
     import torchmem
     from torchmem.offload import OffloadActivations, _Offloaded
 
+    compute = torch.cuda.current_stream()  # the benches never change it
+
     def event():
+        # On the compute stream given, not looked up: torch.cuda.current_stream() costs tens of us
+        # of host time (cProfile, BENCHMARKS.md section 18), which this bench would add to the step.
         e = torch.cuda.Event(enable_timing=True)
-        e.record()
+        e.record(compute)
         return e
 
     class TimedOffload(OffloadActivations):
@@ -107,13 +111,13 @@ def main(argv=None):
             super().__init__(*a, **kw)
             self.records = {}  # id(_Offloaded) -> events and host times
             self.hook_s = {"pack": 0.0, "unpack": 0.0}
-            self.storages = {}  # storage address -> (weakref to its first saved tensor, moved, bytes)
+            self.storages = {}  # storage address -> (weakref to its first saved tensor, moved, bytes, handle)
             self.shared = {"saves": 0, "moved_bytes": 0}
 
         def _pack(self, t):
             h0 = time.perf_counter()
             out = super()._pack(t)
-            if isinstance(out, _Offloaded):
+            if isinstance(out, _Offloaded) and id(out) not in self.records:  # a new copy, not a shared save
                 d2h = self._streams_for(t.device)[0]
                 out_end = torch.cuda.Event(enable_timing=True)
                 out_end.record(d2h)
@@ -125,8 +129,8 @@ def main(argv=None):
 
         def _note_storage(self, t, out):
             """Counts saves of a storage another save of this step holds (its first tensor still
-            alive, so the address is not a reused one): moving such a save frees nothing while
-            the other holds it, or copies the same bytes twice."""
+            alive, so the address is not a reused one), and the bytes of those copied again:
+            the same bytes twice over PCIe (before Note [Shared storages], every one)."""
             if not t.is_cuda or t.numel() * t.element_size() < self.min_bytes:
                 return
             key = t.untyped_storage().data_ptr()
@@ -134,10 +138,11 @@ def main(argv=None):
             moved = isinstance(out, _Offloaded)
             if first is not None and first[0]() is not None:
                 self.shared["saves"] += 1
-                if moved or first[1]:
-                    self.shared["moved_bytes"] += t.numel() * t.element_size() if moved else first[2]
+                if moved and (first[3] is None or out is not first[3]()):  # copied again, not shared
+                    self.shared["moved_bytes"] += t.numel() * t.element_size()
             else:
-                self.storages[key] = (weakref.ref(t), moved, t.numel() * t.element_size())
+                self.storages[key] = (weakref.ref(t), moved, t.numel() * t.element_size(),
+                                      weakref.ref(out) if moved else None)
 
         def _fetch(self, h, urgent=False):
             fresh = h.fetched is None
