@@ -155,7 +155,7 @@ class FreeIndex {
       return;
     }
     v.erase(it);
-    v.insert(std::upper_bound(v.begin(), v.end(), e), e);
+    insert_inside(v, e);
   }
   bool marked(int bin) const { return (words_[bin >> 6] >> (bin & 63)) & 1; }
   void mark(int bin) {
