@@ -1,21 +1,20 @@
-"""Why test_cuda.py's test_grad_scaler_with_preset_grad_scale can fail under any
-allocator: a race in the test's use of GradScaler, shown here natively.
+"""A test of one explanation for test_cuda.py's test_grad_scaler_with_preset_grad_scale
+failing once under torchmem in the peer suite (BENCHMARKS.md sections 6 and 18):
+the explanation did not hold on the H200.
 
 The test scales a CPU tensor (`scaler.scale(torch.ones(5))`), so the scale lives
-on the CPU. GradScaler.step then computes
+on the CPU, and GradScaler.step computes
     found_inf = sum(t.to(scaler.device, non_blocking=True) for t in found_inf_per_device)
-i.e. a device-to-host copy with non_blocking=True, which torch makes into
-pinned memory and does not wait for, and sum() reads that memory on the CPU at
-once. If the GPU is still busy, the CPU reads whatever the recycled pinned block
-held before; anything non-zero means "inf found", the fused optimizer skips its
-step, and the gradient stays 15 instead of 1: the failure seen in the peer suite
-(BENCHMARKS.md sections 6 and 18, under torchmem, whose first allocations after
-an empty_cache() make a test's first steps slower).
+a device-to-host copy with non_blocking=True followed by a CPU read. The
+failure (the gradient left at 15: the fused optimizer saw "inf found" and
+skipped its step) would follow if that read saw a recycled pinned block's old
+contents before the copy landed. This script runs the test's body in a loop
+with the two conditions that would make that happen, a busy GPU (matmuls queued
+just before step) and a pinned block of found_inf's size freed holding 7.0, each
+on and off, natively or (--torchmem) under torchmem.
 
-This script runs the test's body in a loop, with and without the two conditions:
-a busy GPU (matmuls queued just before step) and a pinned block left holding a
-non-zero value (a pinned tensor of the same size freed just before). With
---torchmem it installs torchmem first. Prints one JSON line.
+On the H200 (2026-12-02): 0 failures in 160 runs under either allocator, so the
+peer failure's cause is still open. Prints one JSON line.
 
     python tools/gradscaler_race.py [--torchmem] [--iters 40]
 """
