@@ -1,9 +1,10 @@
-"""Test helpers: run a body of Python in a fresh interpreter.
+"""Test helpers: run a body of Python in a fresh interpreter, load a bench script.
 
 The CUDA allocator can be swapped only once per process and only before CUDA
 initializes, so every test that installs torchmem runs its body in a subprocess.
 """
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -54,3 +55,12 @@ def run_snippet(mode, body, env=None, check=True):
 def run_both(body, env=None):
     """(native result, torchmem result) of the same snippet (run_snippet)."""
     return run_snippet("native", body, env), run_snippet("torchmem", body, env)
+
+
+def load_bench(name):
+    """bench/<name>.py as a module: the benches are scripts, not a package (each imports
+    torch only in main(), so loading one is cheap and needs no GPU)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(REPO, "bench", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from support import REPO
+from support import REPO, load_bench
 
 
 def row(workload, allocator, step, alloc=1000 << 20, reserved=1100 << 20):
@@ -45,15 +45,6 @@ def test_workload_script_validates_arguments():
     proc = subprocess.run([sys.executable, script, "--workload", "nope", "--allocator", "native", "--out", "x"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
-
-
-def load_bench(name):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(REPO, "bench", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_workloads_cycle_through_shapes_and_warm_up_on_each():

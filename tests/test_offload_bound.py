@@ -2,25 +2,12 @@
 bound_fields, bound_text), on worked numbers; CPU only. The bench is a script,
 not a package module, so it is imported by path; it imports torch only in main()."""
 
-import importlib.util
-import os
-
 import pytest
 
-from support import REPO
+from support import load_bench
 
 GiB = 1 << 30
-
-
-def load_bench():
-    path = os.path.join(REPO, "bench", "offload_bench.py")
-    spec = importlib.util.spec_from_file_location("offload_bench_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_bench()
+bench = load_bench("offload_bench")
 
 
 def test_gpt2_worked_numbers():

@@ -2,25 +2,12 @@
 (summarize_moved), on worked numbers; CPU only. The bench is a script, imported
 by path; it imports torch only in main()."""
 
-import importlib.util
-import os
-
 import pytest
 
-from support import REPO
+from support import load_bench
 
 GiB = 1 << 30
-
-
-def load_bench():
-    path = os.path.join(REPO, "bench", "offload_timeline.py")
-    spec = importlib.util.spec_from_file_location("offload_timeline_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_bench()
+bench = load_bench("offload_timeline")
 
 
 def record(save, out_end, issue, in_end, need, resume, nbytes=GiB // 2, urgent=False):
