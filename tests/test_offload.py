@@ -150,6 +150,29 @@ def test_a_tensor_saved_twice_moves_once():
     pool.check()
 
 
+def test_a_shared_save_unpacks_again_with_a_retained_graph():
+    # Note [Shared storages]: once both saves of h were unpacked the host copy is fetched anew
+    # for each later unpack (a second backward through a retained graph).
+    w = torch.randn(64, 64, requires_grad=True)
+    x = torch.randn(32, 64)
+    offload = OffloadActivations(None, min_bytes=0, pool=sim_pool(), devices=("cpu",))
+
+    def twice(ctx):
+        w.grad = None
+        with ctx:
+            h = x @ w
+            y = (h * h).sum()
+        y.backward(retain_graph=True)
+        first = w.grad.clone()
+        y.backward()
+        return first, w.grad.clone()
+
+    reference = twice(contextlib.nullcontext())
+    got = twice(offload)
+    assert offload.measured.count(0) == 1  # h's second save shares the first one's copy
+    assert all(torch.equal(a, b) for a, b in zip(reference, got))
+
+
 def test_strided_saved_tensors_keep_their_layout():
     pool = sim_pool()
     w = torch.randn(48, 32, requires_grad=True)
