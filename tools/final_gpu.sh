@@ -67,7 +67,16 @@ echo "built in $(( $(date +%s) - START )) s: $(python3 -m torchmem info | tr -d 
 left() { echo $(( DEADLINE - $(date +%s) )); }
 # PIN_CPUS=LIST runs the timed churn and step-time processes under `taskset -c LIST`: in BENCHMARKS.md
 # section 16 the same allocator's churn moved between ~2.5 and ~4.5 us from one process to the next
-pinned() { if [ -n "${PIN_CPUS:-}" ]; then taskset -c "$PIN_CPUS" "$@"; else "$@"; fi; }
+# NO_ASLR=1 also runs them with address-space randomization off (setarch -R): if the per-process speed
+# bands (section 17: the same meta loop at ~1.1 or ~2.2 us, on the same CPU) come from memory layout,
+# every process then lands in one band
+pinned() {
+  local pre=()
+  if [ "${NO_ASLR:-0}" = 1 ]; then
+    if setarch "$(uname -m)" -R true 2>/dev/null; then pre=(setarch "$(uname -m)" -R); else echo "NO_ASLR: setarch -R refused here" >&2; fi
+  fi
+  if [ -n "${PIN_CPUS:-}" ]; then "${pre[@]}" taskset -c "$PIN_CPUS" "$@"; else "${pre[@]}" "$@"; fi
+}
 # bounded SECONDS: never past the deadline
 bounded() { local want=$1; local l; l=$(left); [ "$l" -lt "$want" ] && want=$l; [ "$want" -lt 5 ] && want=5; echo "$want"; }
 
