@@ -173,6 +173,18 @@ def test_a_shared_save_unpacks_again_with_a_retained_graph():
     assert all(torch.equal(a, b) for a, b in zip(reference, got))
 
 
+def test_empty_saved_tensors_stay():
+    # min_bytes=0 would make an empty tensor eligible; there is nothing to copy, so it stays.
+    w = torch.randn(0, 8, requires_grad=True)
+    x = torch.randn(4, 8)
+    offload = SpyOffload(None, min_bytes=0, pool=sim_pool(), devices=("cpu",))
+    with offload:
+        y = (x @ w.t()).exp()  # exp saves its empty (4, 0) result
+    y.sum().backward()
+    assert offload.moved_ids == [id(x)]  # x moved; the empty result stayed
+    assert w.grad.shape == (0, 8)
+
+
 def test_strided_saved_tensors_keep_their_layout():
     pool = sim_pool()
     w = torch.randn(48, 32, requires_grad=True)

@@ -198,7 +198,8 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
     Arguments:
       budget_bytes  most bytes of eligible saved tensors kept on the device;
                     None moves them all (Note [What moves]).
-      min_bytes     smaller tensors stay (a copy has a fixed cost) (1 MiB).
+      min_bytes     smaller tensors stay (a copy has a fixed cost) (1 MiB); empty
+                    ones always stay.
       pool          a torchmem.host.HostPool (default: torchmem.host.default_pool()).
       prefetch      offloaded tensors fetched ahead in backward (3).
       devices       device types whose tensors may move (("cuda",); tests use
@@ -280,7 +281,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         # On the H200 a Llama step saves 333 tensors, and their hooks' host time was most of the
         # step's excess over its PCIe bound (bench/offload_profile.py, BENCHMARKS.md section 13).
         nbytes = t.numel() * t.element_size()
-        if nbytes < self.min_bytes:
+        if nbytes < self.min_bytes or nbytes == 0:  # an empty tensor has nothing to move
             return None
         if not (t.is_cuda if self._cuda_only else t.device.type in self.devices):
             return None
