@@ -185,6 +185,102 @@ def test_empty_saved_tensors_stay():
     assert w.grad.shape == (0, 8)
 
 
+def test_a_conj_view_does_not_share_its_storages_copy():
+    # b and b.conj() share storage, offset, shape, strides, dtype and version: the conj flag
+    # tells them apart (Note [Shared storages]). Sharing gave |b|^2 gradients off by up to 310.
+    torch.manual_seed(0)
+    w = torch.randn(64, 64, dtype=torch.complex64, requires_grad=True)
+    x = torch.randn(32, 64, dtype=torch.complex64)
+
+    def run(ctx):
+        w.grad = None
+        with ctx:
+            b = x @ w
+            y = (b * b.conj()).real.sum()
+        y.backward()
+        return w.grad.clone()
+
+    reference = run(contextlib.nullcontext())
+    offload = OffloadActivations(None, min_bytes=0, pool=sim_pool(), devices=("cpu",))
+    assert torch.equal(reference, run(offload))
+
+
+def test_a_reused_address_is_another_storage():
+    # A tensor that lets go of its storage (`.data = ...`, as FSDP-style pseudo-frees do) frees
+    # the address; a new tensor there, of the same shape and version, is not the same storage.
+    stand_in = host.HostPool(backend="sim", chunk_mb=4, sim={"auto_complete": True})  # reuses addresses
+
+    def fresh():
+        raw = stand_in._pool.empty_bytes(4096 * 4, 0)
+        return torch.empty(0).set_(raw.untyped_storage(), 0, (4096,), (1,))
+
+    w = torch.randn(4096, requires_grad=True)
+    v1, v2 = torch.randn(4096), torch.randn(4096)
+    offload = OffloadActivations(None, min_bytes=0, pool=sim_pool(), devices=("cpu",))
+    with offload:
+        a = fresh()
+        a.copy_(v1)
+        y1 = (a * w).sum()  # saves a
+        address = a.untyped_storage().data_ptr()
+        a.data = torch.empty(0)  # a's block goes back to the stand-in pool
+        c = fresh()
+        c.copy_(v2)
+        assert c.untyped_storage().data_ptr() == address and c._version == 2
+        y2 = (c * w).sum()  # saves c, at a's old address
+    (y1 + y2).backward()
+    assert offload.measured == [4096 * 4, 4096 * 4]
+    assert torch.equal(w.grad, v1 + v2)
+
+
+def test_a_subclass_without_a_data_pointer_is_saved_as_before():
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    w = torch.randn(64, 64, requires_grad=True)
+    offload = OffloadActivations(None, min_bytes=0, pool=sim_pool(), devices=("cpu",))
+    for budget in (None, 1 << 30):
+        offload.set_budget(budget)
+        for _ in range(2):
+            w.grad = None
+            x = TwoTensor(torch.randn(32, 64), torch.randn(32, 64))
+            with offload:
+                y = (x @ w).sin().sum()
+            y.backward()
+            assert type(w.grad).__name__ == "TwoTensor"
+
+
+def test_later_views_follow_the_first_saves_decision():
+    # h[:64] and h[64:] are views of one storage. When the plan moves the first, the second moves
+    # too (keeping it would keep h on the device); when it keeps the first, the second stays.
+    torch.manual_seed(0)
+    w = torch.randn(256, 256, requires_grad=True)
+    x = torch.randn(128, 256)
+    n = 64 * 256 * 4
+
+    def run(ctx):
+        w.grad = None
+        with ctx:
+            h = x @ w
+            a = h[:64].sin()
+            b = h[64:].cos()
+            loss = (a * b).sum()
+        loss.backward()
+        return w.grad.clone()
+
+    reference = run(contextlib.nullcontext())
+    offload = SpyOffload(None, min_bytes=n, pool=sim_pool(), devices=("cpu",))
+    assert torch.equal(reference, run(offload))
+    assert offload.measured == [2 * n, n, 0, n, n]  # x, h[:64], h[64:] (h again), a, b
+    offload.set_budget(2 * n)
+    assert offload.plan == {0, 1}
+    assert torch.equal(reference, run(offload))
+    assert offload.last_step["offloaded_count"] == 3  # x, h[:64] and h[64:] moved; a and b kept
+    assert offload.last_step["kept_bytes"] == 2 * n
+    offload.set_budget(3 * n)
+    assert offload.plan == {0}
+    assert torch.equal(reference, run(offload))
+    assert offload.last_step["offloaded_count"] == 1  # x only: h's views both stay
+
+
 def test_strided_saved_tensors_keep_their_layout():
     pool = sim_pool()
     w = torch.randn(48, 32, requires_grad=True)
@@ -300,7 +396,7 @@ def test_room_comes_from_frees_each_storage_once():
     a, b = base[:128], base[128:]       # two kept tensors on it
     other = torch.zeros(64)             # 256 B, still referenced by the caller at the end
     for t in (a, b, other):
-        step.track_kept(t, t.untyped_storage())
+        step.track_kept(t, t.untyped_storage(), t.untyped_storage().data_ptr())
     del base
     h = SimpleNamespace(nbytes=1024)
     assert not step.has_room(h, 0) and step.has_room(h, allowance=1024)

@@ -27,56 +27,18 @@ too. Moving each save on its own copied the same bytes over PCIe twice, and
 moving one save of a storage that a kept save holds frees nothing: on the H200
 17% of the bytes Llama moved with a quarter of its activations moved, and 39%
 with half, were such saves (bench/offload_timeline.py, BENCHMARKS.md section
-18). So a save of a storage saved earlier in the same forward, while that
-earlier tensor is still alive (its address cannot have been reused), follows
-the earlier save: the same view of a moved storage, not written to since,
-shares its host copy (one copy each way, unpacked as often as it was saved);
-any save of a kept storage stays. It counts 0 bytes toward the budget when it is the same view, so the
-plan sees each storage once; another view of a moved storage is moved on its
-own (rare: a copy holds only its view's span).
-
-Note [Offload streams]
-Device to host: the pack hook makes a side stream wait for the current one
-(the tensor was produced there), copies into a pool block on the side stream
-and record_stream()s the device tensor on it, so the caching allocator does not
-reuse its memory until the copy finished; compute goes on meanwhile. Host to
-device, on a second side stream (after each tensor's device-to-host event),
-in reverse save order, which is the order backward uses them, but only for
-tensors whose copy out already finished. Moving a GiB or more takes longer
-than forward, so the last-saved tensors, which backward needs first, are still
-on their way out when backward starts; queued behind them, every fetch waited
-for all of the copying out, and the step took the sum of both directions
-(1.63x the unbudgeted step with a quarter moved, H200). Fetching what is out
-already keeps both directions busy. A tensor backward needs before it was
-fetched is fetched at once on a third, high-priority stream, not queued
-behind prefetches. The end of forward starts the first fetches; from then on
-each unpack, of a kept tensor or of an offloaded one, may start more:
-- Fetching stays memory-neutral: the bytes fetched may pass the bytes of
-  this step's saved tensors that were freed since (kept tensors whose last
-  reference autograd dropped, each storage once, and fetched tensors once
-  used) by at most the floor, and the floor, the first `prefetch` tensors'
-  worth, is only for the tensors backward needs next, in order. So the saved
-  activations on the device never exceed those kept at the end of forward
-  plus the floor. Frees are seen through weakref finalizers, not the device's
-  statistics. Two earlier rules failed on the H200 (2026-12-01): counting the
-  tensors backward unpacked overstated the room (a tensor still referenced
-  elsewhere is unpacked without being freed; the half-moved peak rose above
-  no offload), and the device's allocated level at the end of forward, with
-  the floor spent on tensors fetched out of order, raised GPT-2's
-  everything-moved peak from 6.5 to 9.6 GiB, while reading
-  `torch.cuda.memory_allocated` (every statistic, flattened in Python) at
-  each unpack slowed Llama's step.
-- It still starts as early as that allows. The longest-lived tensors, which
-  are the ones moved, are used at the very end of backward. Fetching only
-  `prefetch` of them ahead of use left their copies no time to hide behind
-  compute: the step was 1.65x the unbudgeted one with a quarter of the
-  activations moved (BENCHMARKS.md section 7).
-Each unpack makes the current stream wait for its tensor's event and
-record_stream()s the new device tensor on the current stream, so nothing is
-read before it arrived or freed while still in use. Host blocks return to the pinned pool when autograd drops the
-saved tensor, and the pool reuses them only after both copies finished
-(torchmem/host.py). Streams are created once per offloader: fresh streams each
-step would make the caching allocator grow pools.
+18). So every later save of a storage saved earlier in the same forward
+follows the first save's decision:
+- a kept storage: the save stays (moving it would free nothing);
+- a moved storage: the same elements (offset, shape, strides, dtype, conj/neg
+  flags) not written to since (the version) share its host copy, one copy
+  each way, unpacked as often as saved; another view moves on its own.
+It is the same storage only if the storage object is the one saved first:
+storage objects live exactly as long as their memory, so an address freed
+(a `.data` swap, a storage resized to 0) and handed to another tensor does
+not match. A later save counts 0 bytes toward the budget: the plan sees each
+storage once, at its first save, and the sizes it measures do not depend on
+what moved.
 
 Note [Offload copies]
 Each move is a handful of CUDA calls (a stream wait, a pool block, a copy, a
@@ -142,11 +104,11 @@ class _Step:
         is the floor for the tensors backward needs next, 0 for the others."""
         return self.fetched + h.nbytes <= self.freed + allowance
 
-    def track_kept(self, t, storage):
-        """Counts `t`'s storage as freed once every kept tensor tracked on it is gone."""
-        if storage is None:
+    def track_kept(self, t, storage, key):
+        """Counts `t`'s storage (at address `key`) as freed once every kept tensor tracked on it
+        is gone."""
+        if not key:
             return  # no real storage (a fake or functional tensor while tracing): it makes no room
-        key = storage.data_ptr()
         entry = self.live.get(key)
         if entry is None:
             self.live[key] = [1, storage.nbytes()]
@@ -242,7 +204,8 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
     def _begin_step(self):
         self._sizes = []
         self._offloaded = _Step()  # this forward's _Offloaded
-        self._moved_bytes = 0
+        self._moved_bytes = 0  # copied to the host (later views of a moved storage too)
+        self._kept_bytes = 0   # the saves kept on the device, each storage once
 
     def __enter__(self):
         self._begin_step()
@@ -254,7 +217,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             "saved_bytes": sum(self._sizes),
             "offloaded_bytes": self._moved_bytes,
             "offloaded_count": len(self._offloaded.refs),
-            "kept_bytes": sum(self._sizes) - self._moved_bytes,
+            "kept_bytes": self._kept_bytes,
         }
         if exc[0] is not None:
             return result  # (an OOM?) fetch nothing more; the graph is dropped
@@ -285,8 +248,8 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             return None
         if not (t.is_cuda if self._cuda_only else t.device.type in self.devices):
             return None
-        if t.layout != torch.strided or t.is_sparse:
-            return None
+        if t.layout != torch.strided or t.is_sparse or t._is_zerotensor():
+            return None  # a zero tensor (forward AD) stores nothing
         base = t._base if t._base is not None else t  # linear saves weight.t(), a view of the weight
         if base.is_leaf and (base.requires_grad or isinstance(base, torch.nn.Parameter)):
             return None  # weights (frozen ones too) stay where the optimizer updates them
@@ -307,45 +270,50 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             # is no longer room for fetches, and the next look starts from the newest save.
             step.freed = min(step.freed, step.fetched)
             step.end = step.cursor = None
-        try:
-            storage = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            storage = None  # a fake or functional tensor while tracing
-        # what a save shares: the same bytes of the same storage, not written to in between
-        signature = (t.storage_offset(), t.shape, t.stride(), t.dtype, t._version)
-        earlier = step.saved_storages.get(storage.data_ptr()) if storage is not None else None
-        moved_as = None  # the _Offloaded of the earlier save, if it moved
-        if earlier is not None:
-            moved_as = earlier[2]() if earlier[2] is not None else None
-            if earlier[0]() is None or (earlier[2] is not None and moved_as is None):
-                earlier = None  # that tensor is gone: the address may be another storage's now
-        same_view = earlier is not None and earlier[1] == signature
+        storage, key = _storage_of(t)
+        earlier = step.saved_storages.get(key) if key else None
+        if earlier is not None and earlier[0]() is not storage:
+            earlier = None  # another storage at a freed one's address
         index = len(self._sizes)
-        self._sizes.append(0 if same_view else nbytes)  # Note [Shared storages]
-        if earlier is not None and moved_as is None:
-            step.track_kept(t, storage)  # a kept storage: moving this save would free nothing
-            return t
-        if same_view:
-            moved_as.unpacks += 1
-            return moved_as
+        self._sizes.append(0 if earlier is not None else nbytes)  # Note [Shared storages]: once a storage
+        if earlier is not None:
+            if earlier[2] is None:
+                step.track_kept(t, storage, key)  # a kept storage: moving this save would free nothing
+                return t
+            moved_as = earlier[2]()
+            if moved_as is not None and earlier[1] == _signature(t):
+                moved_as.unpacks += 1
+                return moved_as
+            return self._move(t, nbytes, step)  # another view of a moved storage moves too, on its own
         if self.plan is not None and index < len(self.measured) and index not in self.plan:
-            step.track_kept(t, storage)  # its free in backward makes room for a fetch
-            if storage is not None and earlier is None:
-                step.saved_storages[storage.data_ptr()] = (weakref.ref(t), signature, None)
+            step.track_kept(t, storage, key)  # its free in backward makes room for a fetch
+            self._kept_bytes += nbytes
+            if key:
+                step.saved_storages[key] = (weakref.ref(storage), None, None)
             return t
+        h = self._move(t, nbytes, step)
+        if key:  # weakly: the handle lives as long as autograd holds it
+            step.saved_storages[key] = (weakref.ref(storage), _signature(t), weakref.ref(h))
+        return h
+
+    def _move(self, t, nbytes, step):
+        """Starts copying `t` to the host pool; returns its _Offloaded."""
         pool = self._host_pool()
         h = _Offloaded()
         h.shape, h.stride, h.dtype, h.device = t.shape, t.stride(), t.dtype, t.device
         h.step = step
         h.nbytes = nbytes
         h.fetched, h.h2d_event, h.used, h.unpacks = None, None, False, 1
-        if storage is not None and earlier is None:  # weakly: the handle lives as long as autograd holds it
-            step.saved_storages[storage.data_ptr()] = (weakref.ref(t), signature, weakref.ref(h))
         if t.device.type == "cuda":
             d2h = self._streams_for(t.device)[0]
-            if self._native is not None:  # Note [Offload copies]
-                host, view = _C.offload_copy_out(t, self._native, d2h.stream_id, d2h.device_index, d2h.device_type)
-                pool._warn_notices()
+            # Note [Offload copies]: a plain dense tensor's bytes are its values. A conj or neg view's
+            # are not (copy_ resolves the flag), nor a subclass's (no data pointer of its own).
+            if self._native is not None and type(t) is torch.Tensor and not (t.is_conj() or t.is_neg()):
+                try:
+                    host, view = _C.offload_copy_out(t, self._native, d2h.stream_id, d2h.device_index,
+                                                     d2h.device_type)
+                finally:
+                    pool._warn_notices()
             else:
                 d2h.wait_stream(torch.cuda.current_stream(t.device))
                 host = pool.empty(t.numel(), t.dtype, stream=d2h)
@@ -459,6 +427,23 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
 
 _C = None
 _UNRESOLVED = object()
+
+
+def _storage_of(t):
+    """(t's untyped storage, its address), or (None, None) where t has no real storage of its
+    own (a fake or functional tensor while tracing, a wrapper subclass)."""
+    try:
+        storage = t.untyped_storage()
+        return storage, storage.data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None, None
+
+
+def _signature(t):
+    """What two saves of one storage must agree on to share a host copy (Note [Shared
+    storages]): the same elements, the same version (not written to in between), the same
+    conj/neg view flags."""
+    return (t.storage_offset(), t.shape, t.stride(), t.dtype, t._version, t.is_conj(), t.is_neg())
 
 
 def _native_copies():
