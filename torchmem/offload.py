@@ -49,6 +49,8 @@ the host has queued them, so that time was most of the step's excess with a
 quarter of the activations moved (BENCHMARKS.md section 18). In a CUDA build
 with a CUDA host pool the hooks make one call into torchmem._C instead
 (csrc/bindings/offload_copies_cuda.cpp: the same steps in the same order).
+It copies bytes, so conj and neg views and tensor subclasses take torch's
+calls, whose copy_ resolves them.
 TORCHMEM_OFFLOAD_COPIES=python keeps torch's calls (to compare the two).
 
 Values are copied bit for bit, strides included, so gradients are identical to
