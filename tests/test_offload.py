@@ -281,6 +281,21 @@ def test_later_views_follow_the_first_saves_decision():
     assert offload.last_step["offloaded_count"] == 1  # x only: h's views both stay
 
 
+def test_nested_tensors_stay():
+    # Nested tensors of the older kind report a strided layout but have no single shape to copy.
+    import warnings
+
+    lin = torch.nn.Linear(8, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the nested-tensor prototype warning
+        nt = torch.nested.nested_tensor([torch.randn(3, 8), torch.randn(5, 8)], requires_grad=True)
+    offload = OffloadActivations(None, min_bytes=0, pool=sim_pool(), devices=("cpu",))
+    with offload:
+        y = lin(nt).relu()
+    torch.nested.to_padded_tensor(y, 0.0).sum().backward()
+    assert lin.weight.grad is not None and nt.grad is not None
+
+
 def test_strided_saved_tensors_keep_their_layout():
     pool = sim_pool()
     w = torch.randn(48, 32, requires_grad=True)

@@ -40,6 +40,49 @@ not match. A later save counts 0 bytes toward the budget: the plan sees each
 storage once, at its first save, and the sizes it measures do not depend on
 what moved.
 
+Note [Offload streams]
+Device to host: the pack hook makes a side stream wait for the current one
+(the tensor was produced there), copies into a pool block on the side stream
+and record_stream()s the device tensor on it, so the caching allocator does not
+reuse its memory until the copy finished; compute goes on meanwhile. Host to
+device, on a second side stream (after each tensor's device-to-host event),
+in reverse save order, which is the order backward uses them, but only for
+tensors whose copy out already finished. Moving a GiB or more takes longer
+than forward, so the last-saved tensors, which backward needs first, are still
+on their way out when backward starts; queued behind them, every fetch waited
+for all of the copying out, and the step took the sum of both directions
+(1.63x the unbudgeted step with a quarter moved, H200). Fetching what is out
+already keeps both directions busy. A tensor backward needs before it was
+fetched is fetched at once on a third, high-priority stream, not queued
+behind prefetches. The end of forward starts the first fetches; from then on
+each unpack, of a kept tensor or of an offloaded one, may start more:
+- Fetching stays memory-neutral: the bytes fetched may pass the bytes of
+  this step's saved tensors that were freed since (kept tensors whose last
+  reference autograd dropped, each storage once, and fetched tensors once
+  used) by at most the floor, and the floor, the first `prefetch` tensors'
+  worth, is only for the tensors backward needs next, in order. So the saved
+  activations on the device never exceed those kept at the end of forward
+  plus the floor. Frees are seen through weakref finalizers, not the device's
+  statistics. Two earlier rules failed on the H200 (2026-12-01): counting the
+  tensors backward unpacked overstated the room (a tensor still referenced
+  elsewhere is unpacked without being freed; the half-moved peak rose above
+  no offload), and the device's allocated level at the end of forward, with
+  the floor spent on tensors fetched out of order, raised GPT-2's
+  everything-moved peak from 6.5 to 9.6 GiB, while reading
+  `torch.cuda.memory_allocated` (every statistic, flattened in Python) at
+  each unpack slowed Llama's step.
+- It still starts as early as that allows. The longest-lived tensors, which
+  are the ones moved, are used at the very end of backward. Fetching only
+  `prefetch` of them ahead of use left their copies no time to hide behind
+  compute: the step was 1.65x the unbudgeted one with a quarter of the
+  activations moved (BENCHMARKS.md section 7).
+Each unpack makes the current stream wait for its tensor's event and
+record_stream()s the new device tensor on the current stream, so nothing is
+read before it arrived or freed while still in use. Host blocks return to the pinned pool when autograd drops the
+saved tensor, and the pool reuses them only after both copies finished
+(torchmem/host.py). Streams are created once per offloader: fresh streams each
+step would make the caching allocator grow pools.
+
 Note [Offload copies]
 Each move is a handful of CUDA calls (a stream wait, a pool block, a copy, a
 recordStream, an event). From Python they cost about 200 us of host time per
@@ -250,8 +293,8 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             return None
         if not (t.is_cuda if self._cuda_only else t.device.type in self.devices):
             return None
-        if t.layout != torch.strided or t.is_sparse or t._is_zerotensor():
-            return None  # a zero tensor (forward AD) stores nothing
+        if t.layout != torch.strided or t.is_sparse or t.is_nested or t._is_zerotensor():
+            return None  # a zero tensor (forward AD) stores nothing; a nested one has no one shape
         base = t._base if t._base is not None else t  # linear saves weight.t(), a view of the weight
         if base.is_leaf and (base.requires_grad or isinstance(base, torch.nn.Parameter)):
             return None  # weights (frozen ones too) stay where the optimizer updates them
