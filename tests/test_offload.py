@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from torchmem import host
-from torchmem.offload import OffloadActivations, offload_activations, plan_offload
+from torchmem.offload import OffloadActivations, _Offloaded, offload_activations, plan_offload
 
 
 def test_plan_moves_largest_and_longest_lived_first():
@@ -103,7 +103,7 @@ class SpyOffload(OffloadActivations):
 
     def _pack(self, t):
         out = super()._pack(t)
-        if out is not t:
+        if isinstance(out, _Offloaded):
             self.moved_ids.append(id(t))
         return out
 
@@ -294,6 +294,51 @@ def test_nested_tensors_stay():
         y = lin(nt).relu()
     torch.nested.to_padded_tensor(y, 0.0).sum().backward()
     assert lin.weight.grad is not None and nt.grad is not None
+
+
+@pytest.mark.parametrize("budget", [None, 0, 1 << 30])
+def test_writing_a_saved_tensor_in_place_raises_as_without_offload(budget):
+    # Note [Saved versions]: with hooks active PyTorch skips this check; kept (budget 1 GiB) and
+    # moved (None, 0) saves both raise autograd's error instead of a silently wrong gradient.
+    w = torch.randn(64, 64, requires_grad=True)
+    x = torch.randn(32, 64)
+
+    def step(ctx):
+        with ctx:
+            h = x @ w
+            y = h.sin()  # saves h
+            h.add_(1)
+        y.sum().backward()
+
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        step(contextlib.nullcontext())
+    offload = OffloadActivations(budget, min_bytes=0, pool=sim_pool(), devices=("cpu",))
+    for _ in range(2):  # the measuring step, then the planned one
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            step(offload)
+
+
+def test_in_place_ops_autograd_allows_still_run():
+    # relu_ / exp_ / dropout(inplace) save what they wrote; the versions they record are theirs.
+    w = torch.randn(64, 64, requires_grad=True)
+    x = torch.randn(32, 64)
+
+    def run(ctx):
+        w.grad = None
+        torch.manual_seed(0)
+        with ctx:
+            h = (x @ w).relu_()
+            g = (h * 2).exp_()
+            f = torch.nn.functional.dropout(g * 1.0, 0.1, training=True, inplace=True)
+            y = torch.nn.functional.layer_norm(f, (64,)).sum()
+        y.backward()
+        return w.grad.clone()
+
+    reference = run(contextlib.nullcontext())
+    for budget in (None, 0, 1 << 30):
+        offload = OffloadActivations(budget, min_bytes=0, pool=sim_pool(), devices=("cpu",))
+        for _ in range(2):
+            assert torch.equal(reference, run(offload)), budget
 
 
 def test_strided_saved_tensors_keep_their_layout():

@@ -83,6 +83,20 @@ saved tensor, and the pool reuses them only after both copies finished
 (torchmem/host.py). Streams are created once per offloader: fresh streams each
 step would make the caching allocator grow pools.
 
+Note [Saved versions]
+While saved-tensor hooks are active PyTorch does not check that a saved
+tensor was left unwritten until backward: without hooks, writing in place to
+a tensor autograd saved raises "one of the variables needed for gradient
+computation has been modified by an inplace operation"; with hooks that hand
+the tensor back, backward silently used the new values (a review found
+gradients off by 15 on a CPU test). So every save records the tensor's
+version: a save that stays is packed as (tensor, version), a moved one keeps
+a weak reference to its tensor and the version, and unpacking a save whose
+tensor is at another version raises autograd's error. A moved save whose
+tensor is gone by backward cannot be checked (its version went with it; a
+strong reference would keep the device memory the move freed), so a write
+made before that tensor died still goes unseen there.
+
 Note [Offload copies]
 Each move is a handful of CUDA calls (a stream wait, a pool block, a copy, a
 recordStream, an event). From Python they cost about 200 us of host time per
@@ -118,7 +132,7 @@ class _Offloaded:
     """One saved tensor living in host memory."""
 
     __slots__ = ("host", "host_base", "shape", "stride", "dtype", "device", "step", "nbytes", "d2h_event", "h2d_event",
-                 "fetched", "used", "unpacks", "__weakref__")
+                 "fetched", "used", "unpacks", "source", "version", "__weakref__")
 
 
 class _Step:
@@ -307,7 +321,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
     def _pack(self, t):
         nbytes = self._movable_bytes(t)
         if nbytes is None:
-            return t
+            return (t, t._version)  # stays (Note [Saved versions])
         step = self._offloaded
         if step.end is not None:
             # A forward after this step's backward began (several micro-steps in one context,
@@ -324,7 +338,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         if earlier is not None:
             if earlier[2] is None:
                 step.track_kept(t, storage, key)  # a kept storage: moving this save would free nothing
-                return t
+                return (t, t._version)
             moved_as = earlier[2]()
             if moved_as is not None and earlier[1] == _signature(t):
                 moved_as.unpacks += 1
@@ -335,7 +349,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             self._kept_bytes += nbytes
             if key:
                 step.saved_storages[key] = (weakref.ref(storage), None, None)
-            return t
+            return (t, t._version)
         h = self._move(t, nbytes, step)
         if key:  # weakly: the handle lives as long as autograd holds it
             step.saved_storages[key] = (weakref.ref(storage), _signature(t), weakref.ref(h))
@@ -349,6 +363,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         h.step = step
         h.nbytes = nbytes
         h.fetched, h.h2d_event, h.used, h.unpacks = None, None, False, 1
+        h.source, h.version = weakref.ref(t), t._version  # Note [Saved versions]
         if t.device.type == "cuda":
             d2h = self._streams_for(t.device)[0]
             # Note [Offload copies]: a plain dense tensor's bytes are its values. A conj or neg view's
@@ -378,11 +393,17 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         return h
 
     def _unpack(self, obj):
-        if not isinstance(obj, _Offloaded):
+        if type(obj) is tuple:  # a save that stayed
+            t, version = obj
+            if t._version != version:
+                raise _modified_in_place(t, version)
             step = self._backward
-            if step is not None and isinstance(obj, torch.Tensor) and step.worth_a_look():
+            if step is not None and step.worth_a_look():
                 self._fetch_ahead(step)  # what backward freed meanwhile may make room
-            return obj
+            return t
+        source = obj.source()
+        if source is not None and source._version != obj.version:
+            raise _modified_in_place(source, obj.version)
         self._fetch(obj, urgent=True)
         self._fetch_ahead(obj.step)
         out, obj.used = obj.fetched, True
@@ -482,6 +503,16 @@ def _storage_of(t):
         return storage, storage.data_ptr()
     except (RuntimeError, NotImplementedError):
         return None, None
+
+
+def _modified_in_place(t, saved_version):
+    """Autograd's own error for a saved tensor written in place (Note [Saved versions])."""
+    return RuntimeError(
+        f"one of the variables needed for gradient computation has been modified by an inplace "
+        f"operation: [{t.type()} {list(t.shape)}] is at version {t._version}; expected version "
+        f"{saved_version} instead (checked by torchmem.offload_activations: PyTorch skips this check "
+        f"while saved-tensor hooks are active). Hint: make the in-place operation out of place, "
+        f"or clone the tensor before writing to it.")
 
 
 def _signature(t):
