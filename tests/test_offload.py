@@ -269,16 +269,19 @@ def test_later_views_follow_the_first_saves_decision():
     reference = run(contextlib.nullcontext())
     offload = SpyOffload(None, min_bytes=n, pool=sim_pool(), devices=("cpu",))
     assert torch.equal(reference, run(offload))
-    assert offload.measured == [2 * n, n, 0, n, n]  # x, h[:64], h[64:] (h again), a, b
-    offload.set_budget(2 * n)
-    assert offload.plan == {0, 1}
-    assert torch.equal(reference, run(offload))
-    assert offload.last_step["offloaded_count"] == 3  # x, h[:64] and h[64:] moved; a and b kept
-    assert offload.last_step["kept_bytes"] == 2 * n
-    offload.set_budget(3 * n)
+    # x, h[:64] (counting h[64:] too: keeping one view keeps h), h[64:], a, b
+    assert offload.measured == [2 * n, 2 * n, 0, n, n]
+    for budget in (2 * n, 3 * n):  # h (2n) and a, b (2n) cannot all stay: h moves
+        offload.set_budget(budget)
+        assert offload.plan == {0, 1}
+        assert torch.equal(reference, run(offload))
+        assert offload.last_step["offloaded_count"] == 3  # x, h[:64] and h[64:] moved; a and b kept
+        assert offload.last_step["kept_bytes"] == 2 * n <= budget
+    offload.set_budget(4 * n)
     assert offload.plan == {0}
     assert torch.equal(reference, run(offload))
     assert offload.last_step["offloaded_count"] == 1  # x only: h's views both stay
+    assert offload.last_step["kept_bytes"] == 4 * n
 
 
 def test_nested_tensors_stay():

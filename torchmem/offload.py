@@ -37,8 +37,9 @@ It is the same storage only if the storage object is the one saved first:
 storage objects live exactly as long as their memory, so an address freed
 (a `.data` swap, a storage resized to 0) and handed to another tensor does
 not match. A later save counts 0 bytes toward the budget: the plan sees each
-storage once, at its first save, and the sizes it measures do not depend on
-what moved.
+storage once, at its first save, whose size grows by each other view's bytes
+(up to the storage's), since keeping that save keeps them all; the sizes it
+measures do not depend on what moved.
 
 Note [Offload streams]
 Device to host: the pack hook makes a side stream wait for the current one
@@ -154,8 +155,9 @@ class _Step:
         self.watched = {}  # id(weakref) -> (weakref, storage key of a kept tensor or None, bytes fetched)
         self.freed_seen = -1  # `freed` at the last look ahead
         self.looked_at = 0.0  # time.perf_counter() of the last look ahead
-        # storage address -> (weakref to the tensor saved first on it, its view and version, a weakref to its
-        # _Offloaded or None if kept): Note [Shared storages]
+        # storage address -> (weakref to the storage, its first save's view and version, a weakref to
+        # that save's _Offloaded or None if kept, that save's index, the storage's bytes):
+        # Note [Shared storages]
         self.saved_storages = {}
 
     def has_room(self, h, allowance):
@@ -336,6 +338,12 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         index = len(self._sizes)
         self._sizes.append(0 if earlier is not None else nbytes)  # Note [Shared storages]: once a storage
         if earlier is not None:
+            if earlier[1] != _signature(t):  # another view: its bytes count with the storage's first save
+                first, cap = earlier[3], earlier[4]
+                grown = min(self._sizes[first] + nbytes, cap) - self._sizes[first]
+                self._sizes[first] += grown
+                if earlier[2] is None:
+                    self._kept_bytes += grown
             if earlier[2] is None:
                 step.track_kept(t, storage, key)  # a kept storage: moving this save would free nothing
                 return (t, t._version)
@@ -348,11 +356,12 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             step.track_kept(t, storage, key)  # its free in backward makes room for a fetch
             self._kept_bytes += nbytes
             if key:
-                step.saved_storages[key] = (weakref.ref(storage), None, None)
+                step.saved_storages[key] = (weakref.ref(storage), _signature(t), None, index, storage.nbytes())
             return (t, t._version)
         h = self._move(t, nbytes, step)
         if key:  # weakly: the handle lives as long as autograd holds it
-            step.saved_storages[key] = (weakref.ref(storage), _signature(t), weakref.ref(h))
+            step.saved_storages[key] = (weakref.ref(storage), _signature(t), weakref.ref(h), index,
+                                        storage.nbytes())
         return h
 
     def _move(self, t, nbytes, step):
