@@ -136,6 +136,19 @@ class _Offloaded:
                  "fetched", "used", "unpacks", "source", "version", "__weakref__")
 
 
+class _SavedStorage:
+    """A storage's first save in one forward (Note [Shared storages])."""
+
+    __slots__ = ("storage", "signature", "moved_as", "index", "nbytes")
+
+    def __init__(self, storage, signature, moved_as, index):
+        self.storage = weakref.ref(storage)  # dies with the memory: a reused address does not match
+        self.signature = signature
+        self.moved_as = None if moved_as is None else weakref.ref(moved_as)  # None: kept
+        self.index = index  # in the step's sizes, which count every view of the storage there
+        self.nbytes = storage.nbytes()
+
+
 class _Step:
     """The offloaded tensors of one forward (weakrefs, in save order) and its backward's
     fetch accounting (Note [Offload streams])."""
@@ -155,10 +168,7 @@ class _Step:
         self.watched = {}  # id(weakref) -> (weakref, storage key of a kept tensor or None, bytes fetched)
         self.freed_seen = -1  # `freed` at the last look ahead
         self.looked_at = 0.0  # time.perf_counter() of the last look ahead
-        # storage address -> (weakref to the storage, its first save's view and version, a weakref to
-        # that save's _Offloaded or None if kept, that save's index, the storage's bytes):
-        # Note [Shared storages]
-        self.saved_storages = {}
+        self.saved_storages = {}  # storage address -> _SavedStorage
 
     def has_room(self, h, allowance):
         """Whether fetching `h` now keeps memory neutral (Note [Offload streams]); `allowance`
@@ -332,37 +342,41 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             step.freed = min(step.freed, step.fetched)
             step.end = step.cursor = None
         storage, key = _storage_of(t)
-        earlier = step.saved_storages.get(key) if key else None
-        if earlier is not None and earlier[0]() is not storage:
-            earlier = None  # another storage at a freed one's address
+        signature = _signature(t)
+        first = step.saved_storages.get(key) if key else None
+        if first is not None and first.storage() is not storage:
+            first = None  # another storage at a freed one's address
         index = len(self._sizes)
-        self._sizes.append(0 if earlier is not None else nbytes)  # Note [Shared storages]: once a storage
-        if earlier is not None:
-            if earlier[1] != _signature(t):  # another view: its bytes count with the storage's first save
-                first, cap = earlier[3], earlier[4]
-                grown = min(self._sizes[first] + nbytes, cap) - self._sizes[first]
-                self._sizes[first] += grown
-                if earlier[2] is None:
-                    self._kept_bytes += grown
-            if earlier[2] is None:
-                step.track_kept(t, storage, key)  # a kept storage: moving this save would free nothing
-                return (t, t._version)
-            moved_as = earlier[2]()
-            if moved_as is not None and earlier[1] == _signature(t):
-                moved_as.unpacks += 1
-                return moved_as
-            return self._move(t, nbytes, step)  # another view of a moved storage moves too, on its own
+        self._sizes.append(0 if first is not None else nbytes)  # Note [Shared storages]: once a storage
+        if first is not None:
+            return self._pack_again(t, nbytes, storage, key, signature, first)
         if self.plan is not None and index < len(self.measured) and index not in self.plan:
             step.track_kept(t, storage, key)  # its free in backward makes room for a fetch
             self._kept_bytes += nbytes
             if key:
-                step.saved_storages[key] = (weakref.ref(storage), _signature(t), None, index, storage.nbytes())
+                step.saved_storages[key] = _SavedStorage(storage, signature, None, index)
             return (t, t._version)
         h = self._move(t, nbytes, step)
-        if key:  # weakly: the handle lives as long as autograd holds it
-            step.saved_storages[key] = (weakref.ref(storage), _signature(t), weakref.ref(h), index,
-                                        storage.nbytes())
+        if key:
+            step.saved_storages[key] = _SavedStorage(storage, signature, h, index)
         return h
+
+    def _pack_again(self, t, nbytes, storage, key, signature, first):
+        """A later save of a storage this forward saved before: it follows the first save's
+        decision (Note [Shared storages])."""
+        if first.signature != signature:  # another view: its bytes count with the first save
+            grown = min(self._sizes[first.index] + nbytes, first.nbytes) - self._sizes[first.index]
+            self._sizes[first.index] += grown
+            if first.moved_as is None:
+                self._kept_bytes += grown
+        if first.moved_as is None:
+            self._offloaded.track_kept(t, storage, key)  # a kept storage: moving this save frees nothing
+            return (t, t._version)
+        moved_as = first.moved_as()
+        if moved_as is not None and first.signature == signature:
+            moved_as.unpacks += 1
+            return moved_as
+        return self._move(t, nbytes, self._offloaded)  # another view of a moved storage moves too
 
     def _move(self, t, nbytes, step):
         """Starts copying `t` to the host pool; returns its _Offloaded."""
