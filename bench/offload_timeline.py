@@ -15,8 +15,9 @@ these:
     completion of it (a GPU end within a few hundred us of the host's means the
     GPU waited for the host);
   - the hooks' host time (pack, unpack: perf_counter around the hooks);
-  - saves of a storage another save of the step holds (moving one frees nothing
-    while the other holds it);
+  - saves of a storage the step saved before (the offloader's count: Note
+    [Shared storages]; section 18's call 1 counted them, and the bytes moved
+    again, in the bench itself, before the offloader shared them);
   - the copies out: first save to last end (effective GB/s);
   - the fetches: first issue, last end, and the stall backward took waiting
     for them (sum over moved tensors of resume - need on the compute stream).
@@ -38,7 +39,6 @@ import os
 import statistics
 import sys
 import time
-import weakref
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -110,8 +110,6 @@ def main(argv=None):
             super().__init__(*a, **kw)
             self.records = {}  # id(_Offloaded) -> events and host times
             self.hook_s = {"pack": 0.0, "unpack": 0.0}
-            self.storages = {}  # storage address -> (weakref to its first saved tensor, moved, bytes, handle)
-            self.shared = {"saves": 0, "moved_bytes": 0}
 
         def _pack(self, t):
             h0 = time.perf_counter()
@@ -123,25 +121,7 @@ def main(argv=None):
                 self.records[id(out)] = {"bytes": out.nbytes, "save": event(), "out_end": out_end,
                                          "what": f"{str(t.dtype)[6:]}{list(t.shape)}"}
             self.hook_s["pack"] += time.perf_counter() - h0
-            self._note_storage(t, out)
             return out
-
-        def _note_storage(self, t, out):
-            """Counts saves of a storage another save of this step holds (its first tensor still
-            alive, so the address is not a reused one), and the bytes of those copied again:
-            the same bytes twice over PCIe (before Note [Shared storages], every one)."""
-            if not t.is_cuda or t.numel() * t.element_size() < self.min_bytes:
-                return
-            key = t.untyped_storage().data_ptr()
-            first = self.storages.get(key)
-            moved = isinstance(out, _Offloaded)
-            if first is not None and first[0]() is not None:
-                self.shared["saves"] += 1
-                if moved and (first[3] is None or out is not first[3]()):  # copied again, not shared
-                    self.shared["moved_bytes"] += t.numel() * t.element_size()
-            else:
-                self.storages[key] = (weakref.ref(t), moved, t.numel() * t.element_size(),
-                                      weakref.ref(out) if moved else None)
 
         def _fetch(self, h, urgent=False):
             fresh = h.fetched is None
@@ -198,9 +178,8 @@ def main(argv=None):
     def timed_step(ctx, offload):
         gc_time.update(s=0.0, count=0, t0=None)
         if offload is not None:
-            offload.records, offload.storages = {}, {}
+            offload.records = {}
             offload.hook_s = {"pack": 0.0, "unpack": 0.0}
-            offload.shared = {"saves": 0, "moved_bytes": 0}
         torch.cuda.synchronize()
         start, h_start = event(), time.perf_counter()
         marks = []
@@ -214,8 +193,8 @@ def main(argv=None):
         if offload is not None:
             row["pack_host_ms"] = offload.hook_s["pack"] * MS
             row["unpack_host_ms"] = offload.hook_s["unpack"] * MS
-            row["saves_of_a_shared_storage"] = offload.shared["saves"]
-            row["moved_bytes_on_a_shared_storage"] = offload.shared["moved_bytes"]
+            # the offloader's own count: a later save of a storage counts 0 (Note [Shared storages])
+            row["saves_of_a_shared_storage"] = offload._sizes.count(0)
             records = []
             for rec in offload.records.values():
                 r = {"bytes": rec["bytes"], "urgent": rec.get("urgent", False), "what": rec["what"]}
@@ -250,8 +229,7 @@ def main(argv=None):
                 f" {med['host_bwd_ms']:6.1f} {med['host_opt_ms']:6.1f}")
         if keep is not None:
             line += (f" | hooks pack {med['pack_host_ms']:.1f} unpack {med['unpack_host_ms']:.1f} ms"
-                     f" | {med['saves_of_a_shared_storage']:.0f} saves of a shared storage"
-                     f" ({med['moved_bytes_on_a_shared_storage'] / 2**20:.0f} MiB moved)")
+                     f" | {med['saves_of_a_shared_storage']:.0f} saves of a shared storage")
             if med.get("moved"):
                 line += (f" | moved {med['moved']:.0f} ({med['moved_bytes'] / 2**30:.2f} GiB), out by fwd end"
                          f" {med['out_done_at_fwd_end'] / 2**30:.2f} GiB, last out {med['last_out_end_ms']:.1f},"
