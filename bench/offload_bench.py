@@ -5,6 +5,12 @@ BENCHMARKS.md: step time and peak memory of
   - torchmem.offload_activations at a budget (--keep fractions of the saved
     activations kept on the device; 0 moves everything eligible);
   - torch.autograd.graph.save_on_cpu(pin_memory=True).
+No offload and the keep fractions are measured in --rounds rounds (order rotated
+each round, --steps timed steps per row and round); a row's step is the median
+of all its timed steps, round_step_ms its per-round medians, and an offload
+row's vs_none_by_round its ratio to the no-offload steps of the same round
+(a process's speed drifts by more than the effect measured: sections 16-19).
+save_on_cpu, 5-8x slower, is measured once, after the rounds.
 Issue 13's goals: >= 3x faster than save_on_cpu at the same peak, and <= 1.5x
 the no-offload step when less than half of the activations move.
 
@@ -26,7 +32,7 @@ d2h_gbps, h2d_gbps (GB/s, 1e9 bytes/s); per offload row bound_ms, estimate_ms,
 step_over_bound, lowered_bytes, estimate_moved_bytes, and the row's own synchronized
 split t_fwd_ms, t_bwd_ms, t_opt_ms (extra steps, after the timed ones).
 
-    python bench/offload_bench.py [--model gpt2|llama] [--batch 8] [--keep 0 0.5] [--steps 6] [--out offload.json]
+    python bench/offload_bench.py [--model gpt2|llama] [--batch 8] [--keep 0 0.5] [--steps 6] [--rounds 3] [--out offload.json]
 """
 
 import argparse
@@ -120,7 +126,9 @@ def main(argv=None):
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--keep", type=float, nargs="+", default=[0.0, 0.5, 0.75],
                         help="fractions of the measured saved bytes kept on the device")
-    parser.add_argument("--steps", type=int, default=6, help="timed steps per mode (after 2 warm-up steps)")
+    parser.add_argument("--steps", type=int, default=6, help="timed steps per mode and round (after 2 warm-up steps)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds over no offload and the keep fractions, order rotated each round")
     parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args(argv)
 
@@ -167,7 +175,8 @@ def main(argv=None):
         return {"t_fwd_s": statistics.median(fwd), "t_bwd_s": statistics.median(bwd),
                 "t_opt_s": statistics.median(rest)}
 
-    def measure(name, make_ctx, extra=None, moved_for_bound=None):
+    def timed_steps(make_ctx):
+        """Two warm-up steps, then args.steps timed ones: (step seconds, peak allocated bytes)."""
         for _ in range(2):
             step(make_ctx())
         torch.cuda.synchronize()
@@ -178,39 +187,70 @@ def main(argv=None):
             step(make_ctx())
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
-        row = {"mode": name, "step_s": statistics.median(times), "peak_bytes": torch.cuda.max_memory_allocated()}
-        row.update(extra() if extra else {})
-        tail = ""
-        if rows:  # an offload row: its bound against the no-offload row
-            moved = row["moved_bytes"] if moved_for_bound is None else moved_for_bound
-            row.update(bound_fields(row, rows[0], split, bw, moved))
-            tail = bound_text(row)
-        print(f"{name:28s} step {row['step_s'] * 1e3:8.1f} ms   peak {row['peak_bytes'] / 2**30:6.2f} GiB"
-              + (f"   moved {row['moved_bytes'] / 2**30:.2f} of {row['saved_bytes'] / 2**30:.2f} GiB"
-                 if "moved_bytes" in row else "") + tail, flush=True)
-        return row
+        return times, torch.cuda.max_memory_allocated()
 
-    rows = []
-    rows.append(measure("none", contextlib.nullcontext))
-    split = split_steps()
-    print(f"no offload split: forward {split['t_fwd_s'] * 1e3:.1f} ms, backward {split['t_bwd_s'] * 1e3:.1f} ms,"
-          f" optimizer {split['t_opt_s'] * 1e3:.1f} ms", flush=True)
+    def summary_line(row):
+        spread = ""
+        if len(row.get("round_step_ms", ())) > 1:
+            spread = f" ({min(row['round_step_ms']):.1f}-{max(row['round_step_ms']):.1f})"
+        return (f"{row['mode']:28s} step {row['step_s'] * 1e3:8.1f} ms{spread}   peak {row['peak_bytes'] / 2**30:6.2f} GiB"
+                + (f"   moved {row['moved_bytes'] / 2**30:.2f} of {row['saved_bytes'] / 2**30:.2f} GiB"
+                   if "moved_bytes" in row else "")
+                + (bound_text(row) if "bound_ms" in row else ""))
+
     offload = torchmem.offload_activations(None)
     step(offload)  # the measuring step
     saved = offload.last_step["saved_bytes"]
-    for keep in args.keep:
-        offload.set_budget(int(keep * saved))
-        stats = lambda: {"moved_bytes": offload.last_step["offloaded_bytes"],  # noqa: E731
-                         "saved_bytes": offload.last_step["saved_bytes"], "keep": keep}
-        rows.append(measure(f"torchmem keep {keep:.2f}", lambda: offload, stats))
+
+    # No offload and every keep fraction, measured in rounds whose order rotates: a process's
+    # speed drifts (BENCHMARKS.md sections 16-19), so each row's neighbours change from round to
+    # round and each round's ratio to "none" compares steps taken minutes, not processes, apart.
+    modes = [("none", None)] + [(f"torchmem keep {keep:.2f}", keep) for keep in args.keep]
+    times = {name: [] for name, _ in modes}
+    round_ms = {name: [] for name, _ in modes}
+    peaks = {name: 0 for name, _ in modes}
+    moved = {}
+    for r in range(args.rounds):
+        for name, keep in modes[r % len(modes):] + modes[:r % len(modes)]:
+            if keep is None:
+                ts, peak = timed_steps(contextlib.nullcontext)
+            else:
+                offload.set_budget(int(keep * saved))
+                ts, peak = timed_steps(lambda: offload)
+                moved[name] = {"moved_bytes": offload.last_step["offloaded_bytes"],
+                               "saved_bytes": offload.last_step["saved_bytes"], "keep": keep}
+            times[name] += ts
+            round_ms[name].append(statistics.median(ts) * 1e3)
+            peaks[name] = max(peaks[name], peak)
+
+    rows = []
+    for name, keep in modes:
+        row = {"mode": name, "step_s": statistics.median(times[name]), "peak_bytes": peaks[name],
+               "round_step_ms": round_ms[name]}
+        row.update(moved.get(name, {}))
+        rows.append(row)
+    split = split_steps()
+    print(f"no offload split: forward {split['t_fwd_s'] * 1e3:.1f} ms, backward {split['t_bwd_s'] * 1e3:.1f} ms,"
+          f" optimizer {split['t_opt_s'] * 1e3:.1f} ms", flush=True)
+    print(summary_line(rows[0]), flush=True)
+    for row in rows[1:]:
+        row.update(bound_fields(row, rows[0], split, bw, row["moved_bytes"]))
+        row["vs_none_by_round"] = [t / n for t, n in zip(row["round_step_ms"], rows[0]["round_step_ms"])]
+        print(summary_line(row), flush=True)
         # where the row's time goes: its own synchronized forward / backward split (extra steps)
+        offload.set_budget(int(row["keep"] * saved))
         own = split_steps(lambda: offload)
-        rows[-1].update({"t_fwd_ms": own["t_fwd_s"] * 1e3, "t_bwd_ms": own["t_bwd_s"] * 1e3,
-                         "t_opt_ms": own["t_opt_s"] * 1e3})
+        row.update({"t_fwd_ms": own["t_fwd_s"] * 1e3, "t_bwd_ms": own["t_bwd_s"] * 1e3,
+                    "t_opt_ms": own["t_opt_s"] * 1e3})
         print(f"{'':28s} synchronized split: forward {own['t_fwd_s'] * 1e3:.1f} ms,"
-              f" backward {own['t_bwd_s'] * 1e3:.1f} ms, optimizer {own['t_opt_s'] * 1e3:.1f} ms", flush=True)
-    rows.append(measure("save_on_cpu(pin_memory=True)",
-                        lambda: torch.autograd.graph.save_on_cpu(pin_memory=True), moved_for_bound=saved))
+              f" backward {own['t_bwd_s'] * 1e3:.1f} ms, optimizer {own['t_opt_s'] * 1e3:.1f} ms;"
+              f" x none by round: {', '.join(f'{x:.2f}' for x in row['vs_none_by_round'])}", flush=True)
+    soc_times, soc_peak = timed_steps(lambda: torch.autograd.graph.save_on_cpu(pin_memory=True))
+    soc_row = {"mode": "save_on_cpu(pin_memory=True)", "step_s": statistics.median(soc_times),
+               "peak_bytes": soc_peak}
+    soc_row.update(bound_fields(soc_row, rows[0], split, bw, saved))  # it moves at least the eligible bytes
+    rows.append(soc_row)
+    print(summary_line(soc_row), flush=True)
     base = rows[0]["step_s"]
     soc = rows[-1]
     for row in rows:
@@ -218,7 +258,7 @@ def main(argv=None):
         row["save_on_cpu_over_this"] = soc["step_s"] / row["step_s"]
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
               "batch": args.batch,
-              "seq": args.seq, "rows": rows, "host_pool": torchmem.host.stats(),
+              "seq": args.seq, "rounds": args.rounds, "steps": args.steps, "rows": rows, "host_pool": torchmem.host.stats(),
               "t_fwd_ms": split["t_fwd_s"] * 1e3, "t_bwd_ms": split["t_bwd_s"] * 1e3,
               "t_opt_ms": split["t_opt_s"] * 1e3,
               "d2h_gbps": bw["d2h"] / 1e9, "h2d_gbps": bw["h2d"] / 1e9}

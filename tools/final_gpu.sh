@@ -33,7 +33,7 @@
 #                  torch.cuda.set_per_process_memory_fraction(F)
 #   peer           PyTorch's test_cuda.py, native vs torchmem (.peer/, carried)
 #   host           bench/host_bench.py and bench/offload_bench.py (pinned pool, offload;
-#                  OFFLOAD_MODELS, OFFLOAD_KEEP: the --keep fractions)
+#                  OFFLOAD_MODELS, OFFLOAD_KEEP: the --keep fractions, OFFLOAD_ROUNDS: --rounds)
 #   timeline       bench/offload_timeline.py (OFFLOAD_MODELS, TIMELINE_KEEP, TIMELINE_PROFILE=1 for
 #                  --host-profile): an offload step's time on the GPU and the host, from CUDA events
 #                  (host and timeline: OFFLOAD_COPIES="native python" runs each model both ways)
@@ -240,7 +240,7 @@ job_host() {  # HOST_BENCH=0: offload only
   local m
   for m in ${OFFLOAD_MODELS:-gpt2 llama}; do for c in ${OFFLOAD_COPIES:-native}; do
     TORCHMEM_OFFLOAD_COPIES=$c timeout "$(bounded 240)" python3 bench/offload_bench.py --model $m \
-      ${OFFLOAD_KEEP:+--keep $OFFLOAD_KEEP} --out "$OUT/offload_${m}_$c.json" > "$OUT/offload_${m}_$c.log" 2>&1
+      ${OFFLOAD_KEEP:+--keep $OFFLOAD_KEEP} ${OFFLOAD_ROUNDS:+--rounds $OFFLOAD_ROUNDS} --out "$OUT/offload_${m}_$c.json" > "$OUT/offload_${m}_$c.log" 2>&1
     echo "offload_bench $m copies=$c rc=$? :: $(grep -E 'step .* ms' "$OUT/offload_${m}_$c.log" | tr -s ' ' | tr '\n' ';')"
   done; done
 }
