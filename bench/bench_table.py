@@ -8,7 +8,9 @@ Per workload and allocator: peak allocated, peak reserved and device memory used
 spread over repeats (max - min of the per-run medians) and its ratio to native,
 and the processes' own speed with no allocator (gpu_workloads' host_speed: us per
 `torch.empty` on the meta device, median over repeats; "-" for older rows), which
-moved 2x between processes in BENCHMARKS.md section 17.
+moved 2x between processes in BENCHMARKS.md section 17; for the causal LMs the
+share of a step the host took to queue it (gpu_workloads' enqueue_s / step_s:
+near 1, host-bound) and the allocations per step.
 """
 
 import collections
@@ -34,8 +36,8 @@ def workload_table(rows):
         if row.get("workload") != "microbench":
             groups[(row["workload"], row["allocator"])].append(row)
     lines = ["| workload | allocator | runs | peak allocated MiB | peak reserved MiB | device used MiB | ratio "
-             "| median step ms (spread) | step vs native | process meta us |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| median step ms (spread) | step vs native | process meta us | queued / step | allocs / step |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for workload in sorted({w for w, _ in groups}):
         native = groups.get((workload, "native"))
         native_step = statistics.median(r["median_step_s"] for r in native) if native else None
@@ -50,10 +52,15 @@ def workload_table(rows):
             vs_native = f"{step / native_step:.3f}" if native_step else "-"
             speeds = [r["host_speed"]["meta_s_per_alloc"] for r in runs if r.get("host_speed")]
             speed = f"{statistics.median(speeds) * 1e6:.2f}" if speeds else "-"
+            shares = [statistics.median(q / t for q, t in zip(r["enqueue_s"], r["step_s"]))
+                      for r in runs if r.get("enqueue_s")]
+            queued = f"{statistics.median(shares):.2f}" if shares else "-"
+            counts = [statistics.median(r["allocs_per_step"]) for r in runs if r.get("allocs_per_step")]
+            per_step = f"{statistics.median(counts):,.0f}" if counts else "-"
             lines.append(
                 f"| {workload} | {allocator} | {len(runs)} | {mib(med('peak_allocated'))} | "
                 f"{mib(med('peak_reserved'))} | {mib(med('device_used_peak'))} | {med('ratio'):.3f} | "
-                f"{step * 1e3:.1f} ({spread * 1e3:.1f}) | {vs_native} | {speed} |"
+                f"{step * 1e3:.1f} ({spread * 1e3:.1f}) | {vs_native} | {speed} | {queued} | {per_step} |"
             )
     return "\n".join(lines)
 

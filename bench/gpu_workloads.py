@@ -18,6 +18,10 @@ Figures per run (each allocator's own where it has one):
   step_s           every timed step's wall time, in order
   host_speed       this process's own speed with no allocator (a `torch.empty` churn on the
                    meta device) and its CPU: processes differ by up to 2x (section 17)
+  enqueue_s        per timed step (the causal LMs), seconds until the host had queued the
+                   whole step (before the loss is read): near step_s, the step is host-bound
+                   and an allocator's host cost shows; well below, the GPU sets the pace
+  allocs_per_step  per timed step, allocations made (memory_stats' allocation.all.allocated)
 Shapes: with --shapes K (default 4) the run draws K step shapes (batch, sequence
 length, resolution...) from the seed and cycles through them; the warm-up covers
 each once, so the timed steps see no first use of a kernel or cuBLAS heuristic
@@ -119,6 +123,13 @@ def memory_figures(torch, allocator):
     }
 
 
+def allocation_count(torch):
+    """Allocations so far on this device (memory_stats' allocation.all.allocated, which torchmem
+    answers too): a step's count, times a per-allocation cost, bounds what the allocator's host
+    time can add to that step."""
+    return torch.cuda.memory_stats().get("allocation.all.allocated", 0)
+
+
 def reset_peaks(torch, allocator):
     if allocator == "torchmem":
         from torchmem import _C
@@ -145,7 +156,8 @@ def causal_lm_step(torch, model, opt, vocab, batches, seqs):
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return {"batch": batch, "seq": seq, "loss": float(loss)}
+        enqueued = time.perf_counter()  # the host has queued the whole step; float(loss) waits for the GPU
+        return {"batch": batch, "seq": seq, "loss": float(loss), "enqueued_at": enqueued}
 
     return draw, step
 
@@ -323,15 +335,20 @@ def main(argv=None):
     draw, step = BUILDERS[args.workload](torch)
     shapes = [draw(rng) for _ in range(args.shapes)]
     reset_peaks(torch, args.allocator)
-    times, device_used_peak, info = [], 0, {}
+    times, enqueue_times, allocs, device_used_peak, info = [], [], [], 0, {}
     wall_start = time.perf_counter()
     for i in range(args.steps):
         torch.cuda.synchronize()
+        allocs_before = allocation_count(torch)
         start = time.perf_counter()
         info = step(shapes[i % len(shapes)] if shapes else draw(rng))
         torch.cuda.synchronize()
         if i >= args.warmup:
             times.append(time.perf_counter() - start)
+            if "enqueued_at" in info:
+                enqueue_times.append(info.pop("enqueued_at") - start)
+            allocs.append(allocation_count(torch) - allocs_before)
+        info.pop("enqueued_at", None)
         free, _ = torch.cuda.mem_get_info()
         device_used_peak = max(device_used_peak, total - free - baseline_used)
     wall = time.perf_counter() - wall_start
@@ -347,6 +364,7 @@ def main(argv=None):
         "median_step_s": statistics.median(times),
         "mean_step_s": statistics.fmean(times),
         "total_s": sum(times), "wall_s": wall, "step_s": times, "host_speed": speed,
+        "enqueue_s": enqueue_times, "allocs_per_step": allocs,
         "last_step": info,
     }
     if args.record_trace:
