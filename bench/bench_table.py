@@ -10,7 +10,8 @@ and the processes' own speed with no allocator (gpu_workloads' host_speed: us pe
 `torch.empty` on the meta device, median over repeats; "-" for older rows), which
 moved 2x between processes in BENCHMARKS.md section 17; for the causal LMs the
 share of a step the host took to queue it (gpu_workloads' enqueue_s / step_s:
-near 1, host-bound) and the allocations per step.
+near 1, host-bound) and the allocations per step; with --kernel-time the GPU's
+own time (kernels, copies) for one step of each shape, summed over the cycle.
 """
 
 import collections
@@ -36,8 +37,8 @@ def workload_table(rows):
         if row.get("workload") != "microbench":
             groups[(row["workload"], row["allocator"])].append(row)
     lines = ["| workload | allocator | runs | peak allocated MiB | peak reserved MiB | device used MiB | ratio "
-             "| median step ms (spread) | step vs native | process meta us | queued / step | allocs / step |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| median step ms (spread) | step vs native | process meta us | queued / step | allocs / step | kernel ms / cycle |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for workload in sorted({w for w, _ in groups}):
         native = groups.get((workload, "native"))
         native_step = statistics.median(r["median_step_s"] for r in native) if native else None
@@ -57,10 +58,12 @@ def workload_table(rows):
             queued = f"{statistics.median(shares):.2f}" if shares else "-"
             counts = [statistics.median(r["allocs_per_step"]) for r in runs if r.get("allocs_per_step")]
             per_step = f"{statistics.median(counts):,.0f}" if counts else "-"
+            cycles = [sum(r["kernel_ms"]) for r in runs if r.get("kernel_ms")]
+            kernel = f"{statistics.median(cycles):.1f}" if cycles else "-"
             lines.append(
                 f"| {workload} | {allocator} | {len(runs)} | {mib(med('peak_allocated'))} | "
                 f"{mib(med('peak_reserved'))} | {mib(med('device_used_peak'))} | {med('ratio'):.3f} | "
-                f"{step * 1e3:.1f} ({spread * 1e3:.1f}) | {vs_native} | {speed} | {queued} | {per_step} |"
+                f"{step * 1e3:.1f} ({spread * 1e3:.1f}) | {vs_native} | {speed} | {queued} | {per_step} | {kernel} |"
             )
     return "\n".join(lines)
 

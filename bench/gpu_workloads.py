@@ -22,6 +22,9 @@ Figures per run (each allocator's own where it has one):
                    whole step (before the loss is read): near step_s, the step is host-bound
                    and an allocator's host cost shows; well below, the GPU sets the pace
   allocs_per_step  per timed step, allocations made (memory_stats' allocation.all.allocated)
+  kernel_ms        with --kernel-time, per shape, the device time of one more step under
+                   torch.profiler (kernels, copies, memsets): the same under two allocators
+                   unless where the memory lies changes how fast the GPU runs
 Shapes: with --shapes K (default 4) the run draws K step shapes (batch, sequence
 length, resolution...) from the seed and cycles through them; the warm-up covers
 each once, so the timed steps see no first use of a kernel or cuBLAS heuristic
@@ -65,6 +68,9 @@ def parse_args(argv=None):
     parser.add_argument("--torchmem-conf", default="", help="extra torchmem options, key=value,...")
     parser.add_argument("--memory-fraction", type=float, default=None,
                         help="torch.cuda.set_per_process_memory_fraction before the first step (any allocator)")
+    parser.add_argument("--kernel-time", action="store_true",
+                        help="after the timed steps, one step per shape under torch.profiler: the GPU's own time "
+                             "in kernels and copies, which a slow host does not change")
     args = parser.parse_args(argv)
     if args.shapes < 0:
         parser.error("--shapes must be 0 or more")
@@ -296,6 +302,32 @@ def host_speed(torch):
     return {"meta_s_per_alloc": statistics.median(rounds), "placement": placement()}
 
 
+def device_ms(events):
+    """Milliseconds of device time in a profiler's key_averages(): the sum of each entry's self
+    device time (self_device_time_total, called self_cuda_time_total before torch 2.4), in us."""
+    total_us = 0.0
+    for event in events:
+        value = getattr(event, "self_device_time_total", None)
+        if value is None:
+            value = getattr(event, "self_cuda_time_total", 0)
+        total_us += value
+    return total_us / 1e3
+
+
+def kernel_times(torch, step, shapes):
+    """One step per shape under torch.profiler (device activity only): its device time, ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    times = []
+    for shape in shapes:
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step(shape)
+            torch.cuda.synchronize()
+        times.append(device_ms(prof.key_averages()))
+    return times
+
+
 # ---- traces -------------------------------------------------------------------------
 
 def write_trace(torch, path, workload):
@@ -352,7 +384,8 @@ def main(argv=None):
         free, _ = torch.cuda.mem_get_info()
         device_used_peak = max(device_used_peak, total - free - baseline_used)
     wall = time.perf_counter() - wall_start
-    figures = memory_figures(torch, args.allocator)
+    figures = memory_figures(torch, args.allocator)  # before the profiled steps: the timed run's figures
+    kernel_ms = kernel_times(torch, step, shapes) if args.kernel_time and shapes else None
     result = {
         "workload": args.workload, "allocator": args.allocator, "seed": args.seed, "steps": args.steps,
         "warmup": args.warmup, "shapes": args.shapes,
@@ -364,7 +397,7 @@ def main(argv=None):
         "median_step_s": statistics.median(times),
         "mean_step_s": statistics.fmean(times),
         "total_s": sum(times), "wall_s": wall, "step_s": times, "host_speed": speed,
-        "enqueue_s": enqueue_times, "allocs_per_step": allocs,
+        "enqueue_s": enqueue_times, "allocs_per_step": allocs, "kernel_ms": kernel_ms,
         "last_step": info,
     }
     if args.record_trace:

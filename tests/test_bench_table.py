@@ -18,7 +18,8 @@ def test_tables_from_synthetic_results(tmp_path):
     rows = [row("gpt2", "native", 0.200, reserved=1630 << 20), row("gpt2", "native", 0.210, reserved=1630 << 20),
             row("gpt2", "torchmem", 0.190, reserved=1010 << 20), row("gpt2", "torchmem", 0.195, reserved=1010 << 20),
             {**row("vision", "native", 0.100), "host_speed": {"meta_s_per_alloc": 1.1e-6, "placement": {}},
-             "step_s": [0.1, 0.2, 0.1], "enqueue_s": [0.09, 0.05, 0.08], "allocs_per_step": [1200, 1300, 1250]},
+             "step_s": [0.1, 0.2, 0.1], "enqueue_s": [0.09, 0.05, 0.08], "allocs_per_step": [1200, 1300, 1250],
+             "kernel_ms": [10.0, 12.5]},
             {"workload": "microbench", "allocator": "native", "mean_s_per_alloc": 2.7e-6,
              "rounds_s_per_alloc": [2.6e-6, 2.8e-6], "ratio": 1.1},
             {"workload": "microbench", "allocator": "torchmem", "mean_s_per_alloc": 2.5e-6,
@@ -32,8 +33,8 @@ def test_tables_from_synthetic_results(tmp_path):
     mine = next(line for line in lines if line.startswith("| gpt2 | torchmem |"))
     assert "| 2 | 1,000 | 1,630 |" in native and "| 1.630 |" in native and "| 1.000 |" in native
     assert "| 1.010 |" in mine
-    assert "192.5 (5.0)" in mine and "| 0.939 | - | - | - |" in mine  # median 192.5 ms, spread 5 ms, vs native 205.0 ms
-    assert any(line.startswith("| vision | native |") and line.endswith("| 1.000 | 1.10 | 0.80 | 1,250 |") for line in lines)
+    assert "192.5 (5.0)" in mine and "| 0.939 | - | - | - | - |" in mine  # median 192.5 ms, spread 5 ms, vs native 205.0 ms
+    assert any(line.startswith("| vision | native |") and line.endswith("| 1.000 | 1.10 | 0.80 | 1,250 | 22.5 |") for line in lines)
     assert any(line.startswith("| torchmem | 1 | 2.50 (0.00) | 1.000 |") for line in lines), proc.stdout
     assert any(line.startswith("| native | 1 | 2.70 (0.20) |") for line in lines), proc.stdout
 
@@ -60,6 +61,20 @@ def test_workloads_cycle_through_shapes_and_warm_up_on_each():
     proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "gpu_workloads.py"), "--workload", "gpt2",
                            "--allocator", "native", "--out", "x", "--memory-fraction", "1.5"], capture_output=True, text=True)
     assert proc.returncode == 2 and "--memory-fraction must be in (0, 1]" in proc.stderr
+
+
+def test_kernel_time_sums_each_entry_device_time_once():
+    class Entry:  # a key_averages() entry as torch >= 2.4 writes it, and one as older torch did
+        def __init__(self, **fields):
+            self.__dict__.update(fields)
+
+    workloads = load_bench("gpu_workloads")
+    entries = [Entry(self_device_time_total=1500.0), Entry(self_device_time_total=0.0),
+               Entry(self_cuda_time_total=250.0)]
+    assert workloads.device_ms(entries) == 1.75
+    assert workloads.device_ms([]) == 0.0
+    args = workloads.parse_args(["--workload", "gpt2", "--allocator", "native", "--out", "x", "--kernel-time"])
+    assert args.kernel_time
 
 
 def test_workloads_record_the_process_own_speed():

@@ -30,7 +30,8 @@
 #                  and torchmem (ROUND_ALLOCATORS), ROUNDS rounds (default 2), order rotated each round;
 #                  ROUND_STEPS steps cycling through ROUND_SHAPES shapes (default 14 and 4; the first
 #                  cycle is the warm-up); ROUND_FRACTION=F runs every process under
-#                  torch.cuda.set_per_process_memory_fraction(F)
+#                  torch.cuda.set_per_process_memory_fraction(F); ROUND_KERNEL_TIME=1 adds one profiled
+#                  step per shape (--kernel-time: the GPU's own time, which the host's speed does not move)
 #   peer           PyTorch's test_cuda.py, native vs torchmem (.peer/, carried)
 #   host           bench/host_bench.py and bench/offload_bench.py (pinned pool, offload;
 #                  OFFLOAD_MODELS, OFFLOAD_KEEP: the --keep fractions, OFFLOAD_ROUNDS: --rounds)
@@ -211,6 +212,7 @@ job_rounds() {
       [ "$(left)" -lt 40 ] && { echo "rounds: no time left for round $round $w $a"; continue; }
       pinned timeout "$(bounded 90)" python3 bench/gpu_workloads.py --workload $w --allocator $a --steps "${ROUND_STEPS:-14}" \
         --shapes "${ROUND_SHAPES:-4}" --seed "$round" ${ROUND_FRACTION:+--memory-fraction $ROUND_FRACTION} \
+        $( [ "${ROUND_KERNEL_TIME:-0}" = 1 ] && echo --kernel-time ) \
         --out "$R" >> "$OUT/rounds.log" 2>&1 || echo "rounds $w $a rc=$?"
       pack
     done; done
