@@ -368,19 +368,21 @@ def main(argv=None):
     shapes = [draw(rng) for _ in range(args.shapes)]
     reset_peaks(torch, args.allocator)
     times, enqueue_times, allocs, device_used_peak, info = [], [], [], 0, {}
+    allocated = allocation_count(torch)  # nothing allocates between one step's end and the next's start
     wall_start = time.perf_counter()
     for i in range(args.steps):
         torch.cuda.synchronize()
-        allocs_before = allocation_count(torch)
         start = time.perf_counter()
         info = step(shapes[i % len(shapes)] if shapes else draw(rng))
         torch.cuda.synchronize()
+        end = time.perf_counter()
+        enqueued = info.pop("enqueued_at", None)
+        allocated, before = allocation_count(torch), allocated
         if i >= args.warmup:
-            times.append(time.perf_counter() - start)
-            if "enqueued_at" in info:
-                enqueue_times.append(info.pop("enqueued_at") - start)
-            allocs.append(allocation_count(torch) - allocs_before)
-        info.pop("enqueued_at", None)
+            times.append(end - start)
+            if enqueued is not None:
+                enqueue_times.append(enqueued - start)
+            allocs.append(allocated - before)
         free, _ = torch.cuda.mem_get_info()
         device_used_peak = max(device_used_peak, total - free - baseline_used)
     wall = time.perf_counter() - wall_start
