@@ -22,6 +22,12 @@ import sys
 ORDER = ("native", "expandable", "async", "torchmem")
 
 
+def ordered(allocators):
+    """ORDER first, then variants such as "torchmem[backend=cuda_malloc]" by name."""
+    known = [a for a in ORDER if a in allocators]
+    return known + sorted(set(allocators) - set(known))
+
+
 def mib(value):
     return "-" if value is None else f"{value / 2**20:,.0f}"
 
@@ -42,7 +48,7 @@ def workload_table(rows):
     for workload in sorted({w for w, _ in groups}):
         native = groups.get((workload, "native"))
         native_step = statistics.median(r["median_step_s"] for r in native) if native else None
-        for allocator in ORDER:
+        for allocator in ordered({a for w, a in groups if w == workload}):
             runs = groups.get((workload, allocator))
             if not runs:
                 continue
@@ -76,10 +82,8 @@ def churn_table(rows):
     if not groups:
         return ""
     lines = ["| allocator | runs | torch.empty churn us (spread) | ratio |", "|---|---|---|---|"]
-    for allocator in ORDER:
-        runs = groups.get(allocator)
-        if not runs:
-            continue
+    for allocator in ordered(groups):
+        runs = groups[allocator]
         means = [r["mean_s_per_alloc"] for r in runs]
         spread = max(max(r["rounds_s_per_alloc"]) - min(r["rounds_s_per_alloc"]) for r in runs)
         ratio = statistics.median(r["ratio"] for r in runs if r.get("ratio"))

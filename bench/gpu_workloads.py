@@ -103,6 +103,13 @@ def setup_allocator(args):
     return torch
 
 
+def allocator_label(args):
+    """The allocator's name in the results: torchmem with options is its own row ("torchmem[backend=...]")."""
+    if args.allocator == "torchmem" and args.torchmem_conf:
+        return f"torchmem[{args.torchmem_conf}]"
+    return args.allocator
+
+
 def memory_figures(torch, allocator):
     if allocator == "torchmem":
         from torchmem import _C
@@ -389,7 +396,7 @@ def main(argv=None):
     figures = memory_figures(torch, args.allocator)  # before the profiled steps: the timed run's figures
     kernel_ms = kernel_times(torch, step, shapes) if args.kernel_time and shapes else None
     result = {
-        "workload": args.workload, "allocator": args.allocator, "seed": args.seed, "steps": args.steps,
+        "workload": args.workload, "allocator": allocator_label(args), "seed": args.seed, "steps": args.steps,
         "warmup": args.warmup, "shapes": args.shapes,
         "memory_fraction": args.memory_fraction, "torch": torch.__version__, "device": torch.cuda.get_device_name(),
         **figures,

@@ -39,6 +39,25 @@ def test_tables_from_synthetic_results(tmp_path):
     assert any(line.startswith("| native | 1 | 2.70 (0.20) |") for line in lines), proc.stdout
 
 
+def test_torchmem_with_options_is_its_own_row_after_the_known_ones(tmp_path):
+    workloads = load_bench("gpu_workloads")
+    args = workloads.parse_args(["--workload", "gpt2", "--allocator", "torchmem", "--out", "x",
+                                 "--torchmem-conf", "backend=cuda_malloc"])
+    assert workloads.allocator_label(args) == "torchmem[backend=cuda_malloc]"
+    args = workloads.parse_args(["--workload", "gpt2", "--allocator", "torchmem", "--out", "x"])
+    assert workloads.allocator_label(args) == "torchmem"
+    rows = [row("gpt2", "torchmem[backend=cuda_malloc]", 0.300), row("gpt2", "torchmem", 0.150),
+            row("gpt2", "native", 0.200)]
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "bench_table.py"), str(path)],
+                          capture_output=True, text=True, check=True)
+    names = [line.split("|")[2].strip() for line in proc.stdout.splitlines() if line.startswith("| gpt2 |")]
+    assert names == ["native", "torchmem", "torchmem[backend=cuda_malloc]"]
+    variant = next(line for line in proc.stdout.splitlines() if "cuda_malloc" in line)
+    assert "| 1.500 |" in variant  # 300 ms against native's 200
+
+
 def test_workload_script_validates_arguments():
     script = os.path.join(REPO, "bench", "gpu_workloads.py")
     proc = subprocess.run([sys.executable, script, "--workload", "gpt2", "--allocator", "torchmem", "--out", "x",

@@ -27,7 +27,8 @@
 #                  build in .old/ (a `git archive` of an older commit, carried):
 #                  the foreign-stream reader that faulted before the device barrier
 #   rounds         gpt2, llama_ckpt, kv_generate, vision (ROUND_WORKLOADS) under native, expandable
-#                  and torchmem (ROUND_ALLOCATORS), ROUNDS rounds (default 2), order rotated each round;
+#                  and torchmem (ROUND_ALLOCATORS; "torchmem:backend=cuda_malloc" is torchmem with those
+#                  options, its own row), ROUNDS rounds (default 2), order rotated each round;
 #                  ROUND_STEPS steps cycling through ROUND_SHAPES shapes (default 14 and 4; the first
 #                  cycle is the warm-up); ROUND_FRACTION=F runs every process under
 #                  torch.cuda.set_per_process_memory_fraction(F); ROUND_KERNEL_TIME=1 adds one profiled
@@ -210,7 +211,9 @@ job_rounds() {
     for w in ${ROUND_WORKLOADS:-gpt2 llama_ckpt kv_generate vision}; do for a in $order; do
       # a run needs ~15-25 s: never start one the deadline would cut, and keep what finished
       [ "$(left)" -lt 40 ] && { echo "rounds: no time left for round $round $w $a"; continue; }
-      pinned timeout "$(bounded 90)" python3 bench/gpu_workloads.py --workload $w --allocator $a --steps "${ROUND_STEPS:-14}" \
+      # a token "torchmem:OPTIONS" is torchmem with --torchmem-conf OPTIONS (its own row: torchmem[OPTIONS])
+      pinned timeout "$(bounded 90)" python3 bench/gpu_workloads.py --workload $w --allocator "${a%%:*}" \
+        $( [ "$a" != "${a#*:}" ] && echo --torchmem-conf "${a#*:}" ) --steps "${ROUND_STEPS:-14}" \
         --shapes "${ROUND_SHAPES:-4}" --seed "$round" ${ROUND_FRACTION:+--memory-fraction $ROUND_FRACTION} \
         $( [ "${ROUND_KERNEL_TIME:-0}" = 1 ] && echo --kernel-time ) \
         --out "$R" >> "$OUT/rounds.log" 2>&1 || echo "rounds $w $a rc=$?"
