@@ -6,9 +6,10 @@ bench/churn_microbench.py (as written by bench/run_gpu_bench.sh).
 Per workload and allocator: peak allocated, peak reserved and device memory used
 (MiB, medians over repeats), reserved/allocated ratio, median step time with its
 spread over repeats (max - min of the per-run medians) and its ratio to native,
-and the processes' own speed with no allocator (gpu_workloads' host_speed: us per
-`torch.empty` on the meta device, median over repeats; "-" for older rows), which
-moved 2x between processes in BENCHMARKS.md section 17; for the causal LMs the
+and the processes' own speed (gpu_workloads' host_speed: us per `torch.empty` on
+the meta device, which moved 2x between processes in BENCHMARKS.md section 17, then
+where measured us per kernel launch and per device `torch.empty`; medians over
+repeats; "-" for older rows); for the causal LMs the
 share of a step the host took to queue it (gpu_workloads' enqueue_s / step_s:
 near 1, host-bound) and the allocations per step; with --kernel-time the GPU's
 own time (kernels, copies) for one step of each shape, summed over the cycle.
@@ -28,6 +29,18 @@ def ordered(allocators):
     return known + sorted(set(allocators) - set(known))
 
 
+def host_speed_cell(speeds):
+    """Medians of the processes' meta loop, and (newer rows) kernel launch and device `torch.empty`."""
+    if not speeds:
+        return "-"
+    cells = [f"{statistics.median(s['meta_s_per_alloc'] for s in speeds) * 1e6:.2f}"]
+    for key in ("launch_s", "cuda_s_per_alloc"):
+        values = [s[key] for s in speeds if key in s]
+        if values:
+            cells.append(f"{statistics.median(values) * 1e6:.2f}")
+    return " / ".join(cells)
+
+
 def mib(value):
     return "-" if value is None else f"{value / 2**20:,.0f}"
 
@@ -43,7 +56,7 @@ def workload_table(rows):
         if row.get("workload") != "microbench":
             groups[(row["workload"], row["allocator"])].append(row)
     lines = ["| workload | allocator | runs | peak allocated MiB | peak reserved MiB | device used MiB | ratio "
-             "| median step ms (spread) | step vs native | process meta us | queued / step | allocs / step | kernel ms / cycle |",
+             "| median step ms (spread) | step vs native | process meta / launch / alloc us | queued / step | allocs / step | kernel ms / cycle |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for workload in sorted({w for w, _ in groups}):
         native = groups.get((workload, "native"))
@@ -57,8 +70,7 @@ def workload_table(rows):
             step = statistics.median(steps)
             spread = max(steps) - min(steps)
             vs_native = f"{step / native_step:.3f}" if native_step else "-"
-            speeds = [r["host_speed"]["meta_s_per_alloc"] for r in runs if r.get("host_speed")]
-            speed = f"{statistics.median(speeds) * 1e6:.2f}" if speeds else "-"
+            speed = host_speed_cell([r["host_speed"] for r in runs if r.get("host_speed")])
             shares = [statistics.median(q / t for q, t in zip(r["enqueue_s"], r["step_s"]))
                       for r in runs if r.get("enqueue_s")]
             queued = f"{statistics.median(shares):.2f}" if shares else "-"

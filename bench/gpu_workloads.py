@@ -17,7 +17,8 @@ Figures per run (each allocator's own where it has one):
   median_step_s    median wall time of a step (synchronized), after warm-up steps
   step_s           every timed step's wall time, in order
   host_speed       this process's own speed with no allocator (a `torch.empty` churn on the
-                   meta device) and its CPU: processes differ by up to 2x (section 17)
+                   meta device) and its CPU: processes differ by up to 2x (section 17); and
+                   under its allocator, per kernel launch and per device `torch.empty` (cuda_speed)
   enqueue_s        per timed step (the causal LMs), seconds until the host had queued the
                    whole step (before the loss is read): near step_s, the step is host-bound
                    and an allocator's host cost shows; well below, the GPU sets the pace
@@ -25,6 +26,8 @@ Figures per run (each allocator's own where it has one):
   kernel_ms        with --kernel-time, per shape, the device time of one more step under
                    torch.profiler (kernels, copies, memsets): the same under two allocators
                    unless where the memory lies changes how fast the GPU runs
+  host_ops         with --kernel-time, the host operators of those profiled steps that took the
+                   most host time: [name, calls, self ms]
 Shapes: with --shapes K (default 4) the run draws K step shapes (batch, sequence
 length, resolution...) from the seed and cycles through them; the warm-up covers
 each once, so the timed steps see no first use of a kernel or cuBLAS heuristic
@@ -39,6 +42,7 @@ ResNet-50 where torchvision is missing).
 """
 
 import argparse
+import collections
 import gzip
 import json
 import os
@@ -306,7 +310,36 @@ def host_speed(torch):
     live = [None] * 64
     meta = torch.device("meta")
     rounds = timed_rounds(3, sizes, slots, live, lambda size: torch.empty(size, dtype=torch.uint8, device=meta))
-    return {"meta_s_per_alloc": statistics.median(rounds), "placement": placement()}
+    speed = {"meta_s_per_alloc": statistics.median(rounds), "placement": placement()}
+    if torch.cuda.is_available():
+        speed.update(cuda_speed(torch, sizes, slots))
+    return speed
+
+
+def cuda_speed(torch, sizes, slots):
+    """This process's speed at what a host-bound step spends its time on, under its allocator:
+    seconds per kernel launch (`add_` on a tensor that exists: no allocation) and per `torch.empty`
+    on the device (the meta loop's pattern, sizes capped at 1 MiB so the probe leaves no large
+    cache behind; emptied after). Two processes whose step times differ while these agree differ
+    elsewhere (Python, autograd); a launch that is slower in one process is its host, not its
+    allocator (the allocator is not called in a launch)."""
+    x = torch.zeros(1, device="cuda")
+    launches = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(5_000):
+            x.add_(1.0)
+        launches.append((time.perf_counter() - start) / 5_000)
+    torch.cuda.synchronize()
+    live = [None] * 64
+    device = torch.device("cuda")
+    capped = [min(size, 1 << 20) for size in sizes]
+    churn = timed_rounds(3, capped, slots, live, lambda size: torch.empty(size, dtype=torch.uint8, device=device))
+    del live, x
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return {"launch_s": statistics.median(launches), "cuda_s_per_alloc": statistics.median(churn)}
 
 
 def device_ms(events):
@@ -322,17 +355,28 @@ def device_ms(events):
 
 
 def kernel_times(torch, step, shapes):
-    """One step per shape under torch.profiler (device activity only): its device time, ms."""
+    """One step per shape under torch.profiler: its device time (ms) per shape, and the host
+    operators that took the most of the host's own time over those steps ([name, calls, self ms],
+    top HOST_OPS): where a host-bound step's time went, to hold against another allocator's.
+    Host profiling slows the host, never a kernel: the device times are as without it."""
     from torch.profiler import ProfilerActivity, profile
 
-    times = []
+    times, host = [], collections.Counter()
+    calls = collections.Counter()
     for shape in shapes:
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             step(shape)
             torch.cuda.synchronize()
-        times.append(device_ms(prof.key_averages()))
-    return times
+        events = prof.key_averages()
+        times.append(device_ms(events))
+        for event in events:
+            host[event.key] += event.self_cpu_time_total / 1e3
+            calls[event.key] += event.count
+    return times, [[name, calls[name], round(ms, 3)] for name, ms in host.most_common(HOST_OPS)]
+
+
+HOST_OPS = 30
 
 
 # ---- traces -------------------------------------------------------------------------
@@ -394,7 +438,7 @@ def main(argv=None):
         device_used_peak = max(device_used_peak, total - free - baseline_used)
     wall = time.perf_counter() - wall_start
     figures = memory_figures(torch, args.allocator)  # before the profiled steps: the timed run's figures
-    kernel_ms = kernel_times(torch, step, shapes) if args.kernel_time and shapes else None
+    kernel_ms, host_ops = kernel_times(torch, step, shapes) if args.kernel_time and shapes else (None, None)
     result = {
         "workload": args.workload, "allocator": allocator_label(args), "seed": args.seed, "steps": args.steps,
         "warmup": args.warmup, "shapes": args.shapes,
@@ -407,6 +451,7 @@ def main(argv=None):
         "mean_step_s": statistics.fmean(times),
         "total_s": sum(times), "wall_s": wall, "step_s": times, "host_speed": speed,
         "enqueue_s": enqueue_times, "allocs_per_step": allocs, "kernel_ms": kernel_ms,
+        "host_ops": host_ops,
         "last_step": info,
     }
     if args.record_trace:

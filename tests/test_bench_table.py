@@ -17,7 +17,8 @@ def row(workload, allocator, step, alloc=1000 << 20, reserved=1100 << 20):
 def test_tables_from_synthetic_results(tmp_path):
     rows = [row("gpt2", "native", 0.200, reserved=1630 << 20), row("gpt2", "native", 0.210, reserved=1630 << 20),
             row("gpt2", "torchmem", 0.190, reserved=1010 << 20), row("gpt2", "torchmem", 0.195, reserved=1010 << 20),
-            {**row("vision", "native", 0.100), "host_speed": {"meta_s_per_alloc": 1.1e-6, "placement": {}},
+            {**row("vision", "native", 0.100), "host_speed": {"meta_s_per_alloc": 1.1e-6, "placement": {},
+                                                                "launch_s": 4.25e-6, "cuda_s_per_alloc": 2.5e-6},
              "step_s": [0.1, 0.2, 0.1], "enqueue_s": [0.09, 0.05, 0.08], "allocs_per_step": [1200, 1300, 1250],
              "kernel_ms": [10.0, 12.5]},
             {"workload": "microbench", "allocator": "native", "mean_s_per_alloc": 2.7e-6,
@@ -34,7 +35,7 @@ def test_tables_from_synthetic_results(tmp_path):
     assert "| 2 | 1,000 | 1,630 |" in native and "| 1.630 |" in native and "| 1.000 |" in native
     assert "| 1.010 |" in mine
     assert "192.5 (5.0)" in mine and "| 0.939 | - | - | - | - |" in mine  # median 192.5 ms, spread 5 ms, vs native 205.0 ms
-    assert any(line.startswith("| vision | native |") and line.endswith("| 1.000 | 1.10 | 0.80 | 1,250 | 22.5 |") for line in lines)
+    assert any(line.startswith("| vision | native |") and line.endswith("| 1.000 | 1.10 / 4.25 / 2.50 | 0.80 | 1,250 | 22.5 |") for line in lines)
     assert any(line.startswith("| torchmem | 1 | 2.50 (0.00) | 1.000 |") for line in lines), proc.stdout
     assert any(line.startswith("| native | 1 | 2.70 (0.20) |") for line in lines), proc.stdout
 
