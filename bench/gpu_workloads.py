@@ -316,29 +316,35 @@ def host_speed(torch):
     return speed
 
 
-def cuda_speed(torch, sizes, slots):
+def cuda_speed(torch, sizes, slots, device="cuda"):
     """This process's speed at what a host-bound step spends its time on, under its allocator:
     seconds per kernel launch (`add_` on a tensor that exists: no allocation) and per `torch.empty`
     on the device (the meta loop's pattern, sizes capped at 1 MiB so the probe leaves no large
     cache behind; emptied after). Two processes whose step times differ while these agree differ
     elsewhere (Python, autograd); a launch that is slower in one process is its host, not its
-    allocator (the allocator is not called in a launch)."""
-    x = torch.zeros(1, device="cuda")
+    allocator (the allocator is not called in a launch). `device` is for the CPU test."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from churn_microbench import timed_rounds
+
+    device = torch.device(device)
+    on_gpu = device.type == "cuda"
+    settle = torch.cuda.synchronize if on_gpu else (lambda: None)
+    x = torch.zeros(1, device=device)
     launches = []
     for _ in range(3):
-        torch.cuda.synchronize()
+        settle()
         start = time.perf_counter()
         for _ in range(5_000):
             x.add_(1.0)
         launches.append((time.perf_counter() - start) / 5_000)
-    torch.cuda.synchronize()
+    settle()
     live = [None] * 64
-    device = torch.device("cuda")
     capped = [min(size, 1 << 20) for size in sizes]
     churn = timed_rounds(3, capped, slots, live, lambda size: torch.empty(size, dtype=torch.uint8, device=device))
     del live, x
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
+    settle()
+    if on_gpu:
+        torch.cuda.empty_cache()
     return {"launch_s": statistics.median(launches), "cuda_s_per_alloc": statistics.median(churn)}
 
 

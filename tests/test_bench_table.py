@@ -100,8 +100,14 @@ def test_kernel_time_sums_each_entry_device_time_once():
 def test_workloads_record_the_process_own_speed():
     import torch
 
-    speed = load_bench("gpu_workloads").host_speed(torch)
+    workloads = load_bench("gpu_workloads")
+    speed = workloads.host_speed(torch)
     assert 0 < speed["meta_s_per_alloc"] < 1e-3 and isinstance(speed["placement"]["cpu"], int)
+    from torchmem.patterns import sizes_and_slots
+
+    sizes, slots = sizes_and_slots("random", 2_000)
+    probe = workloads.cuda_speed(torch, sizes, slots, device="cpu")  # the GPU's probe, run on the CPU
+    assert 0 < probe["launch_s"] < 1e-3 and 0 < probe["cuda_s_per_alloc"] < 1e-3
 
 
 def test_share_scenario_offers_the_runs_modes_only_on_request():
