@@ -13,10 +13,12 @@ repeats; "-" for older rows); for the causal LMs the
 share of a step the host took to queue it (gpu_workloads' enqueue_s / step_s:
 near 1, host-bound) and the allocations per step; with --kernel-time the GPU's
 own time (kernels, copies) for one step of each shape, summed over the cycle.
+Then each allocator against native round by round (runs with the same seed).
 """
 
 import collections
 import json
+import math
 import statistics
 import sys
 
@@ -86,6 +88,36 @@ def workload_table(rows):
     return "\n".join(lines)
 
 
+def paired_table(rows):
+    """Each allocator against native in the same round (same seed: the same shapes), as the
+    geometric mean of the per-round ratios of median step and of total step time, with their range.
+    One process's host can run 20-40% off another's (BENCHMARKS.md section 20), so a ratio of
+    medians over processes hides how far single rounds scatter; this shows it."""
+    native = {(r["workload"], r.get("seed")): r for r in rows
+              if r.get("workload") != "microbench" and r["allocator"] == "native"}
+    ratios = collections.defaultdict(list)
+    for row in rows:
+        pair = native.get((row.get("workload"), row.get("seed")))
+        if row.get("workload") == "microbench" or row["allocator"] == "native" or pair is None:
+            continue
+        ratios[(row["workload"], row["allocator"])].append(
+            (row["median_step_s"] / pair["median_step_s"],
+             row["total_s"] / pair["total_s"] if row.get("total_s") and pair.get("total_s") else None))
+    if not ratios:
+        return ""
+    geomean = lambda values: math.exp(statistics.fmean(math.log(v) for v in values))  # noqa: E731
+    lines = ["| workload | allocator | rounds | median step / native (range) | total / native (range) |",
+             "|---|---|---|---|---|"]
+    for workload in sorted({w for w, _ in ratios}):
+        for allocator in ordered({a for w, a in ratios if w == workload}):
+            pairs = ratios[(workload, allocator)]
+            cells = []
+            for values in ([m for m, _ in pairs], [t for _, t in pairs if t is not None]):
+                cells.append(f"{geomean(values):.3f} ({min(values):.2f}-{max(values):.2f})" if values else "-")
+            lines.append(f"| {workload} | {allocator} | {len(pairs)} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
 def churn_table(rows):
     groups = collections.defaultdict(list)
     for row in rows:
@@ -111,6 +143,10 @@ def main(argv=None):
         return 2
     rows = load(argv[0])
     print(workload_table(rows))
+    paired = paired_table(rows)
+    if paired:
+        print()
+        print(paired)
     churn = churn_table(rows)
     if churn:
         print()

@@ -53,10 +53,25 @@ def test_torchmem_with_options_is_its_own_row_after_the_known_ones(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "bench_table.py"), str(path)],
                           capture_output=True, text=True, check=True)
-    names = [line.split("|")[2].strip() for line in proc.stdout.splitlines() if line.startswith("| gpt2 |")]
+    first_table = proc.stdout.split("\n\n")[0].splitlines()
+    names = [line.split("|")[2].strip() for line in first_table if line.startswith("| gpt2 |")]
     assert names == ["native", "torchmem", "torchmem[backend=cuda_malloc]"]
-    variant = next(line for line in proc.stdout.splitlines() if "cuda_malloc" in line)
+    variant = next(line for line in first_table if "cuda_malloc" in line)
     assert "| 1.500 |" in variant  # 300 ms against native's 200
+
+
+def test_rounds_pair_with_native_by_seed(tmp_path):
+    rows = [{**row("llama_ckpt", a, step), "seed": seed, "total_s": step * 8}
+            for a, seed, step in (("native", 1, 0.100), ("torchmem", 1, 0.080), ("native", 2, 0.100),
+                                  ("torchmem", 2, 0.125), ("expandable", 2, 0.110), ("torchmem", 3, 0.090))]
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "bench_table.py"), str(path)],
+                          capture_output=True, text=True, check=True)
+    lines = proc.stdout.splitlines()
+    # seed 3 has no native run: unpaired, left out; geomean of 0.8 and 1.25 is 1
+    assert "| llama_ckpt | torchmem | 2 | 1.000 (0.80-1.25) | 1.000 (0.80-1.25) |" in lines, proc.stdout
+    assert "| llama_ckpt | expandable | 1 | 1.100 (1.10-1.10) | 1.100 (1.10-1.10) |" in lines
 
 
 def test_workload_script_validates_arguments():
