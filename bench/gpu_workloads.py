@@ -349,10 +349,15 @@ def cuda_speed(torch, sizes, slots, device="cuda"):
 
 
 def device_ms(events):
-    """Milliseconds of device time in a profiler's key_averages(): the sum of each entry's self
-    device time (self_device_time_total, called self_cuda_time_total before torch 2.4), in us."""
+    """Milliseconds of device time in a profiler's key_averages(): the sum of the device's own
+    entries' self device time (self_device_time_total, called self_cuda_time_total before torch
+    2.4), in us. Host operators are left out: with host activity profiled too, an operator's self
+    device time is the kernels it launched, which their own entries count already (BENCHMARKS.md
+    section 20: summed together, every kernel counted twice)."""
     total_us = 0.0
     for event in events:
+        if getattr(getattr(event, "device_type", None), "name", "CUDA") == "CPU":
+            continue
         value = getattr(event, "self_device_time_total", None)
         if value is None:
             value = getattr(event, "self_cuda_time_total", 0)

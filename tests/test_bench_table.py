@@ -103,10 +103,16 @@ def test_kernel_time_sums_each_entry_device_time_once():
         def __init__(self, **fields):
             self.__dict__.update(fields)
 
+    import torch
+
     workloads = load_bench("gpu_workloads")
     entries = [Entry(self_device_time_total=1500.0), Entry(self_device_time_total=0.0),
                Entry(self_cuda_time_total=250.0)]
     assert workloads.device_ms(entries) == 1.75
+    # with host activity profiled, an operator's self device time repeats its kernels': left out
+    kernel = Entry(self_device_time_total=400.0, device_type=torch.autograd.DeviceType.CUDA)
+    launcher = Entry(self_device_time_total=400.0, device_type=torch.autograd.DeviceType.CPU)
+    assert workloads.device_ms([kernel, launcher]) == 0.4
     assert workloads.device_ms([]) == 0.0
     args = workloads.parse_args(["--workload", "gpt2", "--allocator", "native", "--out", "x", "--kernel-time"])
     assert args.kernel_time
