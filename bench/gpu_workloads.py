@@ -51,6 +51,9 @@ import statistics
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from churn_microbench import placement, timed_rounds  # noqa: E402  (the churn bench's loop, beside this file)
+
 ALLOCATORS = ("native", "expandable", "async", "torchmem")
 WORKLOADS = ("gpt2", "llama_ckpt", "kv_generate", "vision")
 ALLOC_CONF = {"expandable": "expandable_segments:True", "async": "backend:cudaMallocAsync"}
@@ -301,9 +304,8 @@ def host_speed(torch):
     (bench/churn_microbench.py's meta loop: the random pattern, 20,000 allocations, median of 3
     rounds) and the CPU it ran on. In BENCHMARKS.md section 17 that loop ran at ~1.1 us in some
     processes and ~2.2 us in others on the same CPU, and an allocator's churn fell in its
-    process's band: beside a step time, it tells a slow process from a slow allocator."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from churn_microbench import placement, timed_rounds
+    process's band: beside a step time, it tells a slow process from a slow allocator. On a GPU,
+    cuda_speed's figures too, which are under this process's allocator."""
     from torchmem.patterns import sizes_and_slots
 
     sizes, slots = sizes_and_slots("random", 20_000)
@@ -323,9 +325,6 @@ def cuda_speed(torch, sizes, slots, device="cuda"):
     cache behind; emptied after). Two processes whose step times differ while these agree differ
     elsewhere (Python, autograd); a launch that is slower in one process is its host, not its
     allocator (the allocator is not called in a launch). `device` is for the CPU test."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from churn_microbench import timed_rounds
-
     device = torch.device(device)
     on_gpu = device.type == "cuda"
     settle = torch.cuda.synchronize if on_gpu else (lambda: None)

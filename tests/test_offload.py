@@ -55,6 +55,15 @@ def grads_of(model, x, ctx=None):
     return [p.grad.clone() for p in model.parameters()]
 
 
+def grad_of(w, ctx, loss_of):
+    """w's gradient after a backward of loss_of() run inside ctx (the forward is what is offloaded)."""
+    w.grad = None
+    with ctx:
+        loss = loss_of()
+    loss.backward()
+    return w.grad.clone()
+
+
 def sim_pool():
     return host.HostPool(backend="sim", chunk_mb=4, sim={"auto_complete": True})
 
@@ -128,13 +137,12 @@ def test_a_tensor_saved_twice_moves_once():
     x = torch.randn(32, 64)
     nbytes = 32 * 64 * 4
 
+    def forward():
+        h = x @ w  # saves x (movable) and w (a leaf that requires grad: stays)
+        return (h * h).sin().sum()
+
     def run(ctx):
-        w.grad = None
-        with ctx:
-            h = x @ w  # saves x (movable) and w (a leaf that requires grad: stays)
-            y = (h * h).sin().sum()
-        y.backward()
-        return w.grad.clone()
+        return grad_of(w, ctx, forward)
 
     reference = run(contextlib.nullcontext())
     offload = OffloadActivations(None, min_bytes=nbytes, pool=pool, devices=("cpu",))
@@ -192,13 +200,12 @@ def test_a_conj_view_does_not_share_its_storages_copy():
     w = torch.randn(64, 64, dtype=torch.complex64, requires_grad=True)
     x = torch.randn(32, 64, dtype=torch.complex64)
 
+    def forward():
+        b = x @ w
+        return (b * b.conj()).real.sum()
+
     def run(ctx):
-        w.grad = None
-        with ctx:
-            b = x @ w
-            y = (b * b.conj()).real.sum()
-        y.backward()
-        return w.grad.clone()
+        return grad_of(w, ctx, forward)
 
     reference = run(contextlib.nullcontext())
     offload = OffloadActivations(None, min_bytes=0, pool=sim_pool(), devices=("cpu",))
@@ -256,15 +263,14 @@ def test_later_views_follow_the_first_saves_decision():
     x = torch.randn(128, 256)
     n = 64 * 256 * 4
 
+    def forward():
+        h = x @ w
+        a = h[:64].sin()
+        b = h[64:].cos()
+        return (a * b).sum()
+
     def run(ctx):
-        w.grad = None
-        with ctx:
-            h = x @ w
-            a = h[:64].sin()
-            b = h[64:].cos()
-            loss = (a * b).sum()
-        loss.backward()
-        return w.grad.clone()
+        return grad_of(w, ctx, forward)
 
     reference = run(contextlib.nullcontext())
     offload = SpyOffload(None, min_bytes=n, pool=sim_pool(), devices=("cpu",))
@@ -326,16 +332,15 @@ def test_in_place_ops_autograd_allows_still_run():
     w = torch.randn(64, 64, requires_grad=True)
     x = torch.randn(32, 64)
 
+    def forward():
+        h = (x @ w).relu_()
+        g = (h * 2).exp_()
+        f = torch.nn.functional.dropout(g * 1.0, 0.1, training=True, inplace=True)
+        return torch.nn.functional.layer_norm(f, (64,)).sum()
+
     def run(ctx):
-        w.grad = None
         torch.manual_seed(0)
-        with ctx:
-            h = (x @ w).relu_()
-            g = (h * 2).exp_()
-            f = torch.nn.functional.dropout(g * 1.0, 0.1, training=True, inplace=True)
-            y = torch.nn.functional.layer_norm(f, (64,)).sum()
-        y.backward()
-        return w.grad.clone()
+        return grad_of(w, ctx, forward)
 
     reference = run(contextlib.nullcontext())
     for budget in (None, 0, 1 << 30):
@@ -351,11 +356,8 @@ def test_strided_saved_tensors_keep_their_layout():
     offload = OffloadActivations(None, min_bytes=0, pool=pool, devices=("cpu",))
 
     def run(ctx):
-        w.grad = None
-        with ctx:
-            y = (x.t() @ w.t()).sin()  # saves a transposed (non-contiguous) x.t()
-        y.sum().backward()
-        return w.grad.clone()
+        # saves a transposed (non-contiguous) x.t()
+        return grad_of(w, ctx, lambda: (x.t() @ w.t()).sin().sum())
 
     assert torch.equal(run(contextlib.nullcontext()), run(offload))
     assert offload.last_step["offloaded_count"] >= 2
