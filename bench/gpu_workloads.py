@@ -28,6 +28,9 @@ Figures per run (each allocator's own where it has one):
                    unless where the memory lies changes how fast the GPU runs
   host_ops         with --kernel-time, the host operators of those profiled steps that took the
                    most host time: [name, calls, self ms]
+Under bench/lockstep.py (--lockstep R,W) the process waits at a gate before each step, so that
+several allocators' processes take turns step by step; it then reports no device_used_peak,
+device_ratio or wall_s (the device holds the others' memory; the wall clock, their turns).
 Shapes: with --shapes K (default 4) the run draws K step shapes (batch, sequence
 length, resolution...) from the seed and cycles through them; the warm-up covers
 each once, so the timed steps see no first use of a kernel or cuBLAS heuristic
@@ -53,6 +56,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from churn_microbench import placement, timed_rounds  # noqa: E402  (the churn bench's loop, beside this file)
+from lockstep import Gate  # noqa: E402
 
 ALLOCATORS = ("native", "expandable", "async", "torchmem")
 WORKLOADS = ("gpt2", "llama_ckpt", "kv_generate", "vision")
@@ -75,6 +79,8 @@ def parse_args(argv=None):
     parser.add_argument("--torchmem-conf", default="", help="extra torchmem options, key=value,...")
     parser.add_argument("--memory-fraction", type=float, default=None,
                         help="torch.cuda.set_per_process_memory_fraction before the first step (any allocator)")
+    parser.add_argument("--lockstep", metavar="R,W", default=None,
+                        help="run under bench/lockstep.py: wait at a gate (pipe fds) before each step")
     parser.add_argument("--kernel-time", action="store_true",
                         help="after the timed steps, one step per shape under torch.profiler: the GPU's own time "
                              "in kernels and copies, which a slow host does not change")
@@ -424,6 +430,8 @@ def main(argv=None):
     baseline_used = total - torch.cuda.mem_get_info()[0]
     if args.record_trace:
         torch.cuda.memory._record_memory_history(max_entries=5_000_000, context=None, stacks="python")
+    gate = Gate(args.lockstep)
+    gate.wait()  # start-up (imports, CUDA init) ran beside the other lockstep processes; from here, alone
     speed = host_speed(torch)
     draw, step = BUILDERS[args.workload](torch)
     shapes = [draw(rng) for _ in range(args.shapes)]
@@ -432,6 +440,7 @@ def main(argv=None):
     allocated = allocation_count(torch)  # nothing allocates between one step's end and the next's start
     wall_start = time.perf_counter()
     for i in range(args.steps):
+        gate.wait()
         torch.cuda.synchronize()
         start = time.perf_counter()
         info = step(shapes[i % len(shapes)] if shapes else draw(rng))
@@ -447,6 +456,7 @@ def main(argv=None):
         free, _ = torch.cuda.mem_get_info()
         device_used_peak = max(device_used_peak, total - free - baseline_used)
     wall = time.perf_counter() - wall_start
+    gate.wait()  # the profiled steps and the result, alone too
     figures = memory_figures(torch, args.allocator)  # before the profiled steps: the timed run's figures
     kernel_ms, host_ops = kernel_times(torch, step, shapes) if args.kernel_time and shapes else (None, None)
     result = {
@@ -454,12 +464,15 @@ def main(argv=None):
         "warmup": args.warmup, "shapes": args.shapes,
         "memory_fraction": args.memory_fraction, "torch": torch.__version__, "device": torch.cuda.get_device_name(),
         **figures,
-        "device_used_peak": device_used_peak,
+        # under --lockstep the device also holds the other processes' memory, which grows while this one waits
+        "device_used_peak": None if args.lockstep else device_used_peak,
         "ratio": figures["peak_reserved"] / figures["peak_allocated"] if figures["peak_allocated"] else None,
-        "device_ratio": device_used_peak / figures["peak_allocated"] if figures["peak_allocated"] else None,
+        "device_ratio": (device_used_peak / figures["peak_allocated"]
+                         if figures["peak_allocated"] and not args.lockstep else None),
         "median_step_s": statistics.median(times),
         "mean_step_s": statistics.fmean(times),
-        "total_s": sum(times), "wall_s": wall, "step_s": times, "host_speed": speed,
+        "total_s": sum(times), "wall_s": None if args.lockstep else wall,  # lockstep: mostly waiting
+        "step_s": times, "host_speed": speed,
         "enqueue_s": enqueue_times, "allocs_per_step": allocs, "kernel_ms": kernel_ms,
         "host_ops": host_ops,
         "last_step": info,

@@ -33,6 +33,9 @@
 #                  cycle is the warm-up); ROUND_FRACTION=F runs every process under
 #                  torch.cuda.set_per_process_memory_fraction(F); ROUND_KERNEL_TIME=1 adds one profiled
 #                  step per shape (--kernel-time: the GPU's own time, which the host's speed does not move)
+#   lockstep       bench/lockstep.py per workload (ROUND_WORKLOADS, ROUND_ALLOCATORS, ROUND_STEPS, ROUND_SHAPES,
+#                  ROUND_KERNEL_TIME): LOCKSTEP_PER processes per allocator (default 2), alive together, taking
+#                  turns step by step, one group per seed in LOCKSTEP_SEEDS (default "1 2"); lockstep.jsonl
 #   peer           PyTorch's test_cuda.py, native vs torchmem (.peer/, carried)
 #   host           bench/host_bench.py and bench/offload_bench.py (pinned pool, offload;
 #                  OFFLOAD_MODELS, OFFLOAD_KEEP: the --keep fractions, OFFLOAD_ROUNDS: --rounds)
@@ -229,6 +232,20 @@ job_rounds() {
     fi
   done
   echo "rounds: $(wc -l < "$R") results"
+}
+
+job_lockstep() {  # the steps of every allocator side by side in time (bench/lockstep.py says why)
+  local w
+  for w in ${ROUND_WORKLOADS:-gpt2 llama_ckpt kv_generate vision}; do
+    [ "$(left)" -lt 60 ] && { echo "lockstep: no time left for $w"; continue; }
+    pinned timeout "$(bounded 420)" python3 bench/lockstep.py --workload "$w" \
+      --allocators ${ROUND_ALLOCATORS:-native expandable torchmem} --per-allocator "${LOCKSTEP_PER:-2}" \
+      --steps "${ROUND_STEPS:-14}" --shapes "${ROUND_SHAPES:-4}" --seeds ${LOCKSTEP_SEEDS:-1 2} \
+      $( [ "${ROUND_KERNEL_TIME:-0}" = 1 ] && echo --kernel-time ) \
+      --out "$OUT/lockstep.jsonl" >> "$OUT/lockstep.log" 2>&1 || echo "lockstep $w rc=$?"
+    pack
+  done
+  [ -s "$OUT/lockstep.jsonl" ] && python3 bench/lockstep.py table "$OUT/lockstep.jsonl"
 }
 
 job_peer() {

@@ -1,0 +1,128 @@
+"""bench/lockstep.py: processes that take turns one segment at a time. Checked with small
+Python workers in place of the GPU workloads: no two segments overlap, every worker runs all
+of its segments, the turn order rotates, a failing or stuck worker is reported, and the
+step-by-step pairing divides the right steps."""
+
+import json
+import sys
+
+import pytest
+
+from support import REPO, load_bench
+
+lockstep = load_bench("lockstep")
+
+# A worker: start-up, then SEGMENTS segments each behind a gate, logging when each ran.
+WORKER = """
+import sys, time
+sys.path.insert(0, {bench!r})
+from lockstep import Gate
+name, log, segments, fail = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+gate = Gate(sys.argv[sys.argv.index("--lockstep") + 1])
+for i in range(segments):
+    gate.wait()
+    start = time.monotonic()
+    time.sleep(0.01)
+    with open(log, "a") as f:
+        f.write(f"{{name}} {{i}} {{start}} {{time.monotonic()}}\\n")
+if fail == "exit":
+    sys.exit(3)
+if fail == "hang":
+    time.sleep(60)
+"""
+
+
+def worker(tmp_path, name, segments, fail="none"):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER.format(bench=f"{REPO}/bench"))
+    return name, [sys.executable, str(script), name, str(tmp_path / "log"), str(segments), fail]
+
+
+def segments(tmp_path):
+    rows = [line.split() for line in (tmp_path / "log").read_text().splitlines()]
+    return [(name, int(i), float(start), float(end)) for name, i, start, end in rows]
+
+
+def test_segments_run_one_at_a_time_in_rotating_order(tmp_path):
+    codes = lockstep.run_lockstep([worker(tmp_path, n, 4) for n in ("a", "b", "c")], timeout_s=30)
+    assert codes == {"a": 0, "b": 0, "c": 0}
+    ran = segments(tmp_path)
+    assert sorted((n, i) for n, i, _, _ in ran) == [(n, i) for n in "abc" for i in range(4)]
+    by_time = sorted(ran, key=lambda r: r[2])
+    for earlier, later in zip(by_time, by_time[1:]):
+        assert earlier[3] <= later[2], f"{earlier} overlaps {later}"
+    turns = [[n for n, i, _, _ in by_time if i == k] for k in range(4)]
+    assert turns[0] == ["a", "b", "c"] and turns[1] == ["b", "c", "a"] and turns[2] == ["c", "a", "b"]
+
+
+def test_workers_of_different_lengths_and_a_failing_one(tmp_path):
+    codes = lockstep.run_lockstep([worker(tmp_path, "short", 1), worker(tmp_path, "long", 3),
+                                   worker(tmp_path, "bad", 2, fail="exit")], timeout_s=30)
+    assert codes == {"short": 0, "long": 0, "bad": 3}
+    assert sorted((n, i) for n, i, _, _ in segments(tmp_path)) == [
+        ("bad", 0), ("bad", 1), ("long", 0), ("long", 1), ("long", 2), ("short", 0)]
+
+
+def test_a_stuck_worker_is_named_and_killed(tmp_path):
+    stuck = worker(tmp_path, "stuck", 1, fail="hang")
+    with pytest.raises(TimeoutError, match="stuck did not reach a gate"):
+        lockstep.run_lockstep([stuck], timeout_s=1)
+
+
+def test_without_a_spec_the_gate_does_nothing():
+    lockstep.Gate(None).wait()
+
+
+def result(allocator, seed, steps, process):
+    return {"workload": "llama_ckpt", "allocator": allocator, "seed": seed, "step_s": steps,
+            "total_s": sum(steps), "lockstep": {"group": f"llama_ckpt/{seed}", "process": process}}
+
+
+def test_paired_steps_divides_medians_of_the_same_step_within_a_group():
+    rows = [result("native", 1, [1.0, 2.0], "native#0"), result("native", 1, [3.0, 2.0], "native#1"),
+            result("torchmem", 1, [1.0, 1.0], "torchmem#0"), result("torchmem", 1, [3.0, 3.0], "torchmem#1"),
+            result("native", 2, [4.0], "native#0"), result("torchmem", 2, [2.0], "torchmem#0"),
+            result("expandable", 3, [1.0], "expandable#0")]  # no native in its group: not paired
+    paired = lockstep.paired_steps(rows)
+    # group 1: medians native [2, 2], torchmem [2, 2] -> 1, 1; group 2: 0.5
+    entry = paired[("llama_ckpt", "torchmem")]
+    assert entry["steps"] == 3 and entry["processes"] == 3
+    assert entry["geomean"] == pytest.approx(0.5 ** (1 / 3))
+    assert (entry["low"], entry["high"]) == (0.5, 1.0)
+    assert set(paired) == {("llama_ckpt", "torchmem")}
+    table = lockstep.paired_table(rows)
+    assert "| llama_ckpt | torchmem | 3 | 3 | 0.794 (0.50-1.00) |" in table
+    assert "| llama_ckpt | native | 3 |" in lockstep.process_table(rows)
+
+
+def test_main_tags_each_result_with_its_group(tmp_path, monkeypatch):
+    """main() end to end with a stand-in for gpu_workloads.py that writes a result line."""
+    stand_in = tmp_path / "stand_in.py"
+    stand_in.write_text(f"""
+import json, sys
+sys.path.insert(0, {REPO + '/bench'!r})
+from lockstep import Gate
+argv = sys.argv
+value = lambda flag: argv[argv.index(flag) + 1]
+gate = Gate(value("--lockstep"))
+steps = []
+for i in range(int(value("--steps"))):
+    gate.wait()
+    steps.append(0.1 if value("--allocator") == "native" else 0.09)
+with open(value("--out"), "w") as f:
+    f.write(json.dumps({{"workload": value("--workload"), "allocator": value("--allocator"),
+                        "seed": int(value("--seed")), "step_s": steps, "total_s": sum(steps)}}) + "\\n")
+""")
+    monkeypatch.setattr(lockstep, "worker_argv", lambda workload, allocator, seed, args, out: [
+        sys.executable, str(stand_in), "--workload", workload, "--allocator", allocator, "--seed", str(seed),
+        "--steps", str(args.steps), "--out", out])
+    out = tmp_path / "out.jsonl"
+    assert lockstep.main(["--workload", "gpt2", "--allocators", "native", "torchmem", "--per-allocator", "2",
+                          "--steps", "3", "--seeds", "1", "2", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 8
+    assert {r["lockstep"]["group"] for r in rows} == {"gpt2/1", "gpt2/2"}
+    assert sorted(r["lockstep"]["process"] for r in rows if r["seed"] == 1) == [
+        "native#0", "native#1", "torchmem#0", "torchmem#1"]
+    assert lockstep.paired_steps(rows)[("gpt2", "torchmem")]["geomean"] == pytest.approx(0.9)
+    assert lockstep.main(["table", str(out), str(out)]) == 0
