@@ -47,10 +47,10 @@ Block* Pool::Impl::carve(Block* b, std::size_t size) {
     rest->next = b->next;
     if (b->next) b->next->prev = rest;
     b->next = rest;
-    heap.free.replace(b->size, b->addr, rest);
+    heap.free.carve(b, rest);  // Note [Deferred carve] (free_index.h)
     b->size = size;
   } else {
-    heap.free.erase(b);
+    heap.free.carve(b, nullptr);
     --free_blocks[heap.small ? 0 : 1];
   }
   b->state = BlockState::kAllocated;

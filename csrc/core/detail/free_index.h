@@ -12,6 +12,23 @@
 // failing that, the first block of the next non-empty bin is the smallest
 // larger one (ties to the lowest address, as in PyTorch). Bins stay short in
 // practice (sizes within ~3% of each other); a long bin only costs a memmove.
+//
+// Note [Deferred carve]
+// A cached malloc carves its block out of a free one: the free block's entry
+// now stands for the rest (or goes, for an exact fit), which moves it to
+// another bin, often one holding several blocks (a search and a memmove).
+// When the block is freed before the index is used again (a temporary
+// tensor: malloc, free), the free merges the rest back and moves the entry
+// back. So carve() leaves its change pending: the bins keep the old entry
+// and the index records what it now stands for. The next call on the index
+// either undoes exactly that change (the merge back, or the exact fit's
+// insert: nothing moves at all) or applies it first. A bin's order follows
+// from its entries' keys alone (addresses are unique within a heap), so the
+// bins are the same at every read as if each change had been made at once,
+// and so are best fit's answers. Every method applies a pending change first
+// except size() and empty() (the count is kept exact throughout); const
+// readers (best_fit, contains, for_each_descending) apply it too, hence the
+// mutable members. The pool's lock covers them like everything else.
 #pragma once
 
 #include <algorithm>
@@ -48,6 +65,14 @@ class FreeIndex {
   bool empty() const { return count_ == 0; }
 
   void insert(Block* b) {
+    if (pending_.active) {
+      if (pending_.gone && b == pending_.block && b->size == pending_.size && b->addr == pending_.addr) {
+        pending_.active = false;  // an exact fit freed again: its entry never left
+        ++count_;
+        return;
+      }
+      apply_pending();
+    }
     const int bin = bin_of(b->size);
     put(bin, FreeEntry{b->size, b->addr, b});
     ++count_;
@@ -55,15 +80,24 @@ class FreeIndex {
 
   // `b` must be in the index with its current size and address.
   void erase(const Block* b) {
+    if (pending_.active) apply_pending();
     take(bin_of(b->size), b->size, b->addr);
     --count_;
   }
 
   // The entry (old_size, old_addr) now stands for `b` (its new size and
-  // address). A split or merge usually moves the block to another bin (the
-  // carved rest, then the merged block back: a malloc+free pair does that
-  // twice), so that case goes first, as one take and one put.
+  // address). A split or merge usually moves the block to another bin, so
+  // that case goes first, as one take and one put. (A malloc+free pair's
+  // merge back undoes its carve here: Note [Deferred carve].)
   void replace(std::size_t old_size, Addr old_addr, Block* b) {
+    if (pending_.active) {
+      if (!pending_.gone && old_addr == pending_.rest_addr && old_size == pending_.rest_size && b == pending_.block &&
+          b->size == pending_.size && b->addr == pending_.addr) {
+        pending_.active = false;  // the carved block merged its rest back: its entry never left
+        return;
+      }
+      apply_pending();
+    }
     const int old_bin = bin_of(old_size), bin = bin_of(b->size);
     if (old_bin != bin) {
       take(old_bin, old_size, old_addr);
@@ -73,7 +107,28 @@ class FreeIndex {
     replace_in_bin(bin, old_size, old_addr, b);
   }
 
+  // carve(): free block `b`, still indexed with its current size and address,
+  // becomes live; its entry now stands for `rest` (its upper part, still
+  // free), or goes if `rest` is null (Note [Deferred carve]). Call it before
+  // changing b.
+  void carve(Block* b, Block* rest) {
+    if (pending_.active) apply_pending();
+    pending_.active = true;
+    pending_.gone = rest == nullptr;
+    pending_.block = b;
+    pending_.size = b->size;
+    pending_.addr = b->addr;
+    if (rest) {
+      pending_.rest = rest;
+      pending_.rest_size = rest->size;
+      pending_.rest_addr = rest->addr;
+    } else {
+      --count_;
+    }
+  }
+
   bool contains(const Block* b) const {
+    if (pending_.active) apply_pending();
     const std::vector<FreeEntry>& v = bins_[bin_of(b->size)];
     auto it = std::lower_bound(v.begin(), v.end(), FreeEntry{b->size, b->addr, nullptr});
     return it != v.end() && it->block == b;
@@ -83,6 +138,7 @@ class FreeIndex {
   // until it returns true; returns that block or null.
   template <typename Visit>
   Block* best_fit(std::size_t size, Visit&& visit) const {
+    if (pending_.active) apply_pending();
     int bin = bin_of(size);
     // Most bins are empty: the bitmap says so without touching the bin.
     if (marked(bin)) {
@@ -102,6 +158,7 @@ class FreeIndex {
   // Largest first.
   template <typename Visit>
   void for_each_descending(Visit&& visit) const {
+    if (pending_.active) apply_pending();
     for (int bin = kBins - 1; bin >= 0; --bin) {
       const std::vector<FreeEntry>& v = bins_[bin];
       for (auto it = v.rbegin(); it != v.rend(); ++it) {
@@ -111,9 +168,18 @@ class FreeIndex {
   }
 
  private:
+  // Makes the pending carve's change to the bins (Note [Deferred carve]),
+  // from the keys it recorded: the blocks may have changed since. Out of
+  // line: inlined, it bloated every method for the rare call.
+  [[gnu::noinline]] void apply_pending() const {
+    pending_.active = false;
+    const int old_bin = bin_of(pending_.size);
+    take(old_bin, pending_.size, pending_.addr);
+    if (!pending_.gone) put(bin_of(pending_.rest_size), FreeEntry{pending_.rest_size, pending_.rest_addr, pending_.rest});
+  }
   // Adds `e` to its bin in order. Most bins hold zero or one block, so the
   // end is tried first: an append needs no search and no memmove.
-  void put(int bin, const FreeEntry& e) {
+  void put(int bin, const FreeEntry& e) const {
     std::vector<FreeEntry>& v = bins_[bin];
     if (v.empty()) mark(bin);
     if (v.empty() || v.back() < e) {
@@ -126,7 +192,7 @@ class FreeIndex {
   // the bin's last (its only one, a split's rest, the block a free merged, at
   // the top of its class): no search and no memmove. Addresses are unique
   // within a heap, so the address alone matches.
-  void take(int bin, std::size_t size, Addr addr) {
+  void take(int bin, std::size_t size, Addr addr) const {
     std::vector<FreeEntry>& v = bins_[bin];
     if (v.back().addr == addr) {
       v.pop_back();
@@ -158,11 +224,11 @@ class FreeIndex {
     insert_inside(v, e);
   }
   bool marked(int bin) const { return (words_[bin >> 6] >> (bin & 63)) & 1; }
-  void mark(int bin) {
+  void mark(int bin) const {
     words_[bin >> 6] |= std::uint64_t{1} << (bin & 63);
     summary_ |= std::uint64_t{1} << (bin >> 6);
   }
-  void unmark(int bin) {
+  void unmark(int bin) const {
     words_[bin >> 6] &= ~(std::uint64_t{1} << (bin & 63));
     if (!words_[bin >> 6]) summary_ &= ~(std::uint64_t{1} << (bin >> 6));
   }
@@ -178,10 +244,24 @@ class FreeIndex {
     return (w << 6) + __builtin_ctzll(words_[w]);
   }
 
-  std::vector<FreeEntry> bins_[kBins];
-  std::uint64_t words_[kWords] = {};
-  std::uint64_t summary_ = 0;
+  // Mutable: const readers apply a pending carve first (Note [Deferred carve]).
+  mutable std::vector<FreeEntry> bins_[kBins];
+  mutable std::uint64_t words_[kWords] = {};
+  mutable std::uint64_t summary_ = 0;
   std::size_t count_ = 0;
+  // The carve whose change the bins do not show yet: the entry (size, addr)
+  // of `block` stands for `rest` (rest_size, rest_addr) now, or is gone.
+  struct Pending {
+    bool active = false;
+    bool gone = false;
+    const Block* block = nullptr;
+    std::size_t size = 0;
+    Addr addr = 0;
+    Block* rest = nullptr;
+    std::size_t rest_size = 0;
+    Addr rest_addr = 0;
+  };
+  mutable Pending pending_;
 };
 
 }  // namespace torchmem::detail
