@@ -107,11 +107,13 @@ def test_stop_at_peak_event_and_snapshot():
     assert full.peak_requested == 8 * MiB and full.peak_reserved_event == 1
     part = replay_api.replay(trace, "torchmem", stop_at=1)
     assert part.events == 2 and part.allocs == 2 and part.frees == 0
-    for policy in replay_api.POLICIES:
+    for policy in ("torchmem", "native"):
         snap = replay_api.snapshot_at(trace, 1, policy)
         live = sorted(b["requested_size"] for s in snap["segments"] for b in s["blocks"]
                       if b["state"] == "active_allocated")
         assert live == [3 * MiB, 5 * MiB]
+    with pytest.raises(ValueError, match="no snapshot for the expandable model"):
+        replay_api.snapshot_at(trace, 1, "expandable")
 
 
 def test_unmatched_and_lost_frees_are_tolerated():
@@ -184,7 +186,7 @@ def test_config_reaches_the_pool():
 def test_bad_input_errors():
     with pytest.raises(ValueError, match="unknown replay policy 'cuda'"):
         replay_api.replay(events([ALLOC, 1, 512, 0]), "cuda")
-    with pytest.raises(ValueError, match="expected 'torchmem' or 'native'"):
+    with pytest.raises(ValueError, match="expected 'torchmem', 'native' or 'expandable'"):
         _C.replay(events([ALLOC, 1, 512, 0]), "cuda")
     with pytest.raises(ValueError, match=r"shape \(N, 4\)"):
         _C.replay(np.zeros((3, 3), dtype=np.int64), "native")

@@ -1,11 +1,13 @@
 """Replay recorded allocator traces under torchmem's pool or a model of PyTorch's
-native allocator, on the CPU.
+allocator (native, or with expandable segments), on the CPU.
 
 This is how torchmem's fragmentation figures are measured without a GPU: the
 trace's allocs and frees run, in order, through the exact pool code that runs on
-the GPU (over a simulated device) or through ``native_model.h``, a model of
+the GPU (over a simulated device), through ``native_model.h``, a model of
 PyTorch's caching allocator that reproduces the recorded segment sequence of the
-bundled traces. The work happens in C++ (``csrc/replay/replay.cpp``); this module
+bundled traces, or through ``expandable_model.h``, a model of the same allocator
+with ``expandable_segments:True`` (its peaks match the H200's to 0.05% on the two
+traces measured there: tests/test_expandable_model.py). The work happens in C++ (``csrc/replay/replay.cpp``); this module
 loads traces, turns torchmem options into the pool's config and returns plain
 dataclasses.
 
@@ -23,7 +25,7 @@ from torchmem import trace as trace_io
 from torchmem._loader import _C
 from torchmem.config import Config, parse_conf_string
 
-POLICIES = ("torchmem", "native")
+POLICIES = ("torchmem", "native", "expandable")  # expandable: PyTorch with expandable_segments:True (a model)
 # The traces' device: an H200 reports ~140 GiB. A replay fails only past this.
 DEFAULT_CAPACITY = 140 << 30
 GRANULE = 2 << 20
@@ -39,7 +41,7 @@ class ReplayResult:
     """What one policy held while replaying one trace."""
 
     trace: str                 # the path (or name) given
-    policy: str                # "torchmem" | "native"
+    policy: str                # "torchmem" | "native" | "expandable"
     events: int                # trace rows walked
     peak_requested: int        # peak of live requested bytes
     peak_reserved: int         # peak bytes held from the (simulated) device

@@ -11,13 +11,16 @@
 // polls (SimConfig.event_delay), modelling a GPU that lags behind the host.
 //   _C.NativeModel(capacity=..., limit=0, max_split_size=None): the model alone,
 //             for tests (allocate/free/release_cached/stats/segments/check_invariants)
+//   _C.ExpandableModel(capacity=..., limit=0): expandable_segments' model alone
+//             (allocate/free/release_cached/stats/check_invariants)
 //
 // `events` is an int64 array of shape (N, 4) (rows action, addr, size, stream)
 // or anything numpy turns into one. The GIL is released while a trace
 // replays; a `progress(done, total)` callable is called with it re-acquired.
 // With snapshot=True the dict carries "snapshot": the target's layout after
 // the last replayed event, in the core's snapshot shape (convert.h), for both
-// policies (the native model's segments are not expandable); with
+// torchmem and native (the native model's segments are not expandable; the
+// expandable model has none to give and refuses); with
 // timeline=True, "reserved_timeline": held bytes after every event (int64 array).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -29,6 +32,7 @@
 
 #include "bindings/bindings.h"
 #include "bindings/convert.h"
+#include "replay/expandable_model.h"
 #include "replay/native_model.h"
 #include "replay/replay.h"
 
@@ -170,6 +174,10 @@ py::dict replay_py(const py::object& events, const std::string& policy, const py
   const TraceEvent* rows = event_rows(array);
   const auto count = static_cast<std::size_t>(array.shape(0));
 
+  if (snapshot && options.policy == ReplayPolicy::kExpandable) {
+    throw py::value_error("replay: no snapshot for the expandable model (it keeps no segment layout to show); "
+                          "use policy 'torchmem' or 'native'");
+  }
   Replayer replayer(options);
   ReplayResult result;
   {
@@ -236,6 +244,21 @@ py::dict native_stats_to_dict(const NativeStats& s) {
   return d;
 }
 
+py::dict expandable_stats_to_dict(const ExpandableStats& s) {
+  py::dict d;
+  d["reserved_bytes"] = s.reserved_bytes;
+  d["peak_reserved_bytes"] = s.peak_reserved_bytes;
+  d["allocated_bytes"] = s.allocated_bytes;
+  d["requested_bytes"] = s.requested_bytes;
+  d["peak_requested_bytes"] = s.peak_requested_bytes;
+  d["pages_mapped"] = s.pages_mapped;
+  d["pages_unmapped"] = s.pages_unmapped;
+  d["num_alloc_retries"] = s.num_alloc_retries;
+  d["num_ooms"] = s.num_ooms;
+  d["modeled_us"] = s.modeled_us;
+  return d;
+}
+
 }  // namespace
 
 void bind_replay(py::module_& m) {
@@ -243,7 +266,7 @@ void bind_replay(py::module_& m) {
         py::arg("limit") = 0, py::arg("capacity") = kReplayCapacity, py::arg("stop_at") = -1,
         py::arg("progress") = py::none(), py::arg("native_config") = py::none(), py::arg("costs") = py::none(),
         py::arg("snapshot") = false, py::arg("timeline") = false, py::arg("event_delay") = 0,
-        "Replays a trace's allocs and frees under a policy ('torchmem' or 'native'); returns a dict of "
+        "Replays a trace's allocs and frees under a policy ('torchmem', 'native' or 'expandable'); returns a dict of "
         "peaks, OOMs and backend calls (see csrc/replay/replay.h)");
   m.def("min_cap", &min_cap_py, py::arg("events"), py::arg("policy") = "torchmem",
         py::arg("pool_config") = py::none(), py::arg("capacity") = kReplayCapacity,
@@ -274,6 +297,25 @@ void bind_replay(py::module_& m) {
            })
       .def_static("round_size", &NativeModel::round_size, py::arg("size"))
       .def_static("segment_size", &NativeModel::segment_size, py::arg("rounded_size"));
+
+  py::class_<ExpandableModel>(m, "ExpandableModel",
+                              "A model of PyTorch's allocator with expandable_segments:True (expandable_model.h)")
+      .def(py::init([](std::size_t capacity, std::size_t limit) {
+             ExpandableConfig config;
+             config.capacity_bytes = capacity;
+             config.limit_bytes = limit;
+             return new ExpandableModel(config);
+           }),
+           py::arg("capacity") = kReplayCapacity, py::arg("limit") = 0)
+      .def("allocate", &ExpandableModel::allocate, py::arg("size"), py::arg("stream") = 0,
+           "Address of a new block, or 0 when the allocation fails (an OOM)")
+      .def("free", &ExpandableModel::deallocate, py::arg("addr"))
+      .def("release_cached", &ExpandableModel::release_cached, "empty_cache: unmaps the whole pages of free blocks")
+      .def("stats", [](const ExpandableModel& model) { return expandable_stats_to_dict(model.stats()); })
+      .def("check_invariants", [](const ExpandableModel& model) {
+        const std::string problem = model.check_invariants();
+        if (!problem.empty()) throw std::runtime_error("expandable model invariant violated: " + problem);
+      });
 }
 
 }  // namespace torchmem::bindings

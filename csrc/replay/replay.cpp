@@ -15,19 +15,25 @@
 namespace torchmem {
 
 const char* policy_name(ReplayPolicy policy) {
-  return policy == ReplayPolicy::kNative ? "native" : "torchmem";
+  switch (policy) {
+    case ReplayPolicy::kNative: return "native";
+    case ReplayPolicy::kExpandable: return "expandable";
+    default: return "torchmem";
+  }
 }
 
 ReplayPolicy parse_policy(const std::string& name) {
   if (name == "torchmem") return ReplayPolicy::kTorchmem;
   if (name == "native") return ReplayPolicy::kNative;
-  throw std::invalid_argument("unknown replay policy '" + name + "': expected 'torchmem' or 'native'");
+  if (name == "expandable") return ReplayPolicy::kExpandable;
+  throw std::invalid_argument("unknown replay policy '" + name + "': expected 'torchmem', 'native' or 'expandable'");
 }
 
 Replayer::Replayer(const ReplayOptions& options) : options_(options) {
   if (options_.capacity_bytes) {
     options_.sim.capacity_bytes = options_.capacity_bytes;
     options_.native.capacity_bytes = options_.capacity_bytes;
+    options_.expandable.capacity_bytes = options_.capacity_bytes;
   }
   if (options_.policy == ReplayPolicy::kNative) {
     if (options_.limit_bytes) options_.native.limit_bytes = options_.limit_bytes;
@@ -36,6 +42,13 @@ Replayer::Replayer(const ReplayOptions& options) : options_(options) {
     options_.native.segment_alloc_us = options_.sim.costs.segment_alloc_us;
     options_.native.segment_free_us = options_.sim.costs.segment_free_us;
     native_ = std::make_unique<NativeModel>(options_.native);
+  } else if (options_.policy == ReplayPolicy::kExpandable) {
+    if (options_.limit_bytes) options_.expandable.limit_bytes = options_.limit_bytes;
+    // A page costs what the simulated backend charges for a granule's handle.
+    const SimCosts& c = options_.sim.costs;
+    options_.expandable.map_page_us = c.create_us + c.map_us + c.set_access_us;
+    options_.expandable.unmap_page_us = c.unmap_us + c.release_us;
+    expandable_ = std::make_unique<ExpandableModel>(options_.expandable);
   } else {
     if (options_.limit_bytes) options_.pool.limit_bytes = options_.limit_bytes;
     backend_ = std::make_unique<SimBackend>(options_.sim);
@@ -59,6 +72,15 @@ struct NativeTarget {
   std::size_t held() const { return model.stats().reserved_bytes; }
   double modeled_us() const { return model.stats().modeled_us; }
   std::uint64_t driver_calls() const { return model.stats().num_device_alloc + model.stats().num_device_free; }
+};
+
+struct ExpandableTarget {
+  ExpandableModel& model;
+  Addr allocate(std::size_t size, StreamId stream) { return model.allocate(size, stream); }
+  void free(Addr addr) { model.deallocate(addr); }
+  std::size_t held() const { return model.stats().reserved_bytes; }
+  double modeled_us() const { return model.stats().modeled_us; }
+  std::uint64_t driver_calls() const { return 2 * (model.stats().pages_mapped + model.stats().pages_unmapped); }
 };
 
 struct PoolTarget {
@@ -173,6 +195,14 @@ ReplayResult Replayer::run(const TraceEvent* events, std::size_t count) {
     result.backend_calls.segment_alloc_calls = stats.num_device_alloc;
     result.backend_calls.segment_free_calls = stats.num_device_free;
     result.modeled_backend_us = stats.modeled_us;
+  } else if (expandable_) {
+    replay_events(ExpandableTarget{*expandable_}, events, count, options_, result);
+    const ExpandableStats& stats = expandable_->stats();
+    result.ooms = stats.num_ooms;
+    result.alloc_retries = stats.num_alloc_retries;
+    result.backend_calls.create_calls = result.backend_calls.map_calls = stats.pages_mapped;
+    result.backend_calls.unmap_calls = result.backend_calls.release_calls = stats.pages_unmapped;
+    result.modeled_backend_us = stats.modeled_us;
   } else {
     replay_events(PoolTarget{*pool_, *backend_}, events, count, options_, result);
     const PoolStats stats = pool_->stats();
@@ -199,6 +229,7 @@ MinCapResult find_min_cap(const TraceEvent* events, std::size_t count, const Rep
   quiet.limit_bytes = 0;
   quiet.pool.limit_bytes = 0;
   quiet.native.limit_bytes = 0;
+  quiet.expandable.limit_bytes = 0;
 
   MinCapResult found;
   int expected = 16;

@@ -9,7 +9,9 @@
 // OOMs and backend calls. Targets:
 //   - kTorchmem: torchmem's Pool (pool.h) over the simulated backend, i.e.
 //     the exact policy code that runs on the GPU;
-//   - kNative: NativeModel (native_model.h), PyTorch's default allocator.
+//   - kNative: NativeModel (native_model.h), PyTorch's default allocator;
+//   - kExpandable: ExpandableModel (expandable_model.h), PyTorch's allocator
+//     with expandable_segments:True.
 // Other actions (free_completed, segment events) describe the recording
 // allocator, not the program, and are skipped.
 //
@@ -37,6 +39,7 @@
 
 #include "backend/sim_backend.h"
 #include "core/backend.h"
+#include "replay/expandable_model.h"
 #include "replay/native_model.h"
 #include "core/pool.h"
 
@@ -50,7 +53,7 @@ struct TraceEvent {
   std::int64_t stream;
 };
 
-enum class ReplayPolicy : int { kTorchmem = 0, kNative = 1 };
+enum class ReplayPolicy : int { kTorchmem = 0, kNative = 1, kExpandable = 2 };
 
 // Default device size for replays: an H200 (the traces' device) reports
 // ~140 GiB. Only matters when a trace needs more than the budget allows.
@@ -60,6 +63,7 @@ struct ReplayOptions {
   ReplayPolicy policy = ReplayPolicy::kTorchmem;
   PoolConfig pool;      // torchmem's configuration (its limit_bytes is the budget)
   NativeConfig native;  // the native model's (its limit_bytes is the budget)
+  ExpandableConfig expandable;  // the expandable model's (its limit_bytes is the budget)
   SimConfig sim;        // the simulated device for torchmem (capacity, costs)
   // Budget in bytes for either policy; 0 keeps the policy config's own limit.
   std::size_t limit_bytes = 0;
@@ -91,7 +95,8 @@ struct ReplayResult {
   std::uint64_t ooms = 0;
   std::uint64_t alloc_retries = 0;  // allocations that released cached memory and retried
   std::uint64_t reclaims = 0;       // torchmem: granules stitched from cached free space
-  BackendCounters backend_calls;    // native: segment_alloc/free calls only
+  BackendCounters backend_calls;    // native: segment_alloc/free calls only; expandable: a create and a
+                                    // map per page mapped, an unmap and a release per page unmapped
   double modeled_backend_us = 0.0;
   // Note [Steady state] The same over the second half of the walk only (after
   // warm-up): what a long run keeps paying. Driver calls: create, release,
@@ -111,16 +116,18 @@ class Replayer {
 
   ReplayResult run(const TraceEvent* events, std::size_t count);
 
-  // The target, for inspection after run(); null for the other policy.
+  // The target, for inspection after run(); null for the other policies.
   const Pool* pool() const { return pool_.get(); }
   const SimBackend* backend() const { return backend_.get(); }
   const NativeModel* native() const { return native_.get(); }
+  const ExpandableModel* expandable() const { return expandable_.get(); }
 
  private:
   ReplayOptions options_;
   std::unique_ptr<SimBackend> backend_;
   std::unique_ptr<Pool> pool_;
   std::unique_ptr<NativeModel> native_;
+  std::unique_ptr<ExpandableModel> expandable_;
   bool ran_ = false;
 };
 
@@ -139,7 +146,7 @@ MinCapResult find_min_cap(const TraceEvent* events, std::size_t count, const Rep
                           std::size_t precision = 2 * kMiB);
 
 const char* policy_name(ReplayPolicy policy);
-// "torchmem" | "native"; anything else throws std::invalid_argument naming the choices.
+// "torchmem" | "native" | "expandable"; anything else throws std::invalid_argument naming the choices.
 ReplayPolicy parse_policy(const std::string& name);
 
 }  // namespace torchmem

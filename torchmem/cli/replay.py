@@ -35,8 +35,9 @@ def add_arguments(parser):
     parser.add_argument("--lenient", action="store_true",
                         help="skip trace entries a replay cannot take (negative sizes, frees of addresses that "
                              "are not live, allocs over live ones) instead of refusing the trace; says what it skipped")
-    parser.add_argument("--policy", choices=("torchmem", "native", "all"), default="all",
-                        help="allocation policy to replay under (default: all = both)")
+    parser.add_argument("--policy", choices=("torchmem", "native", "expandable", "all"), default="all",
+                        help="allocation policy to replay under: torchmem, a model of PyTorch's native allocator, "
+                             "or of PyTorch's with expandable_segments:True (default: all three)")
     parser.add_argument("--limit", metavar="BUDGET", default=None,
                         help="memory budget for the replay: bytes (20GiB) or a fraction of the simulated "
                              "device (0.5 or 50%%, as install(limit=...)); default: the whole device")
