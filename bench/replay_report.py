@@ -53,13 +53,13 @@ def results_table(rows):
 
 def comparison_table(rows, anchors):
     header = ("| trace | torchmem (replay) | native (model) | native (recorded) | native (H200) "
-              "| expandable_segments (H200) | cudaMallocAsync (H200) |")
+              "| expandable (model) | expandable_segments (H200) | cudaMallocAsync (H200) |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     by_trace = {}
     for trace, r in rows:
         by_trace.setdefault(trace.name, (trace, {}))[1][r.policy] = r
     for name, (trace, results) in by_trace.items():
-        ours, native = results.get("torchmem"), results.get("native")
+        ours, native, expandable = results.get("torchmem"), results.get("native"), results.get("expandable")
         recorded = trace.recorded_peak_reserved()
         measured = anchors.get(name, {})
 
@@ -70,7 +70,7 @@ def comparison_table(rows, anchors):
         recorded_ratio = f"{recorded / native.peak_requested:.3f}" if recorded and native.peak_requested else "-"
         lines.append(
             f"| {name} | {ours.ratio:.3f} | {native.ratio:.3f} | {recorded_ratio} | {anchor('native')} "
-            f"| {anchor('expandable_segments:True')} | {anchor('backend:cudaMallocAsync')} |"
+            f"| {expandable.ratio:.3f} | {anchor('expandable_segments:True')} | {anchor('backend:cudaMallocAsync')} |"
         )
     return "\n".join(lines)
 

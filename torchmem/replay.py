@@ -6,10 +6,10 @@ trace's allocs and frees run, in order, through the exact pool code that runs on
 the GPU (over a simulated device), through ``native_model.h``, a model of
 PyTorch's caching allocator that reproduces the recorded segment sequence of the
 bundled traces, or through ``expandable_model.h``, a model of the same allocator
-with ``expandable_segments:True`` (its peaks match the H200's to 0.05% on the two
-traces measured there: tests/test_expandable_model.py). The work happens in C++ (``csrc/replay/replay.cpp``); this module
-loads traces, turns torchmem options into the pool's config and returns plain
-dataclasses.
+with ``expandable_segments:True`` (its peaks match the H200's to 0.05% on the four
+bundled traces: tests/test_expandable_model.py). The work happens in C++
+(``csrc/replay/replay.cpp``); this module loads traces, turns torchmem options
+into the pool's config and returns plain dataclasses.
 
 Figures (see ``ReplayResult``): ``ratio`` = peak reserved / peak requested (1.0 is
 no waste); ``min_cap`` = the smallest budget under which the trace replays with no

@@ -72,14 +72,6 @@ std::size_t page_of(bool small_pool) {
   return small_pool ? ExpandableModel::kSmallPage : ExpandableModel::kLargePage;
 }
 
-// What alloc_block() checks against a budget before growing: the native
-// segment size of the request (2 MiB, 20 MiB, or the request rounded to 2 MiB).
-std::size_t budget_step(std::size_t rounded) {
-  if (rounded <= ExpandableModel::kSmallSize) return 2 * kMiB;
-  if (rounded < 10 * kMiB) return 20 * kMiB;
-  return round_up(rounded, 2 * kMiB);
-}
-
 // Puts `fresh` into the neighbour list right after `before` (or first when before is null).
 void link_after(Block* before, Block* fresh, Block* after) {
   fresh->prev = before;
@@ -172,7 +164,7 @@ Addr ExpandableModel::allocate(std::size_t size, StreamId stream) {
     throw ExpandableModelError("expandable model: allocate(0): a request must be at least 1 byte");
   }
   State& s = *state_;
-  const std::size_t rounded = round_up(size, kMinBlockSize);
+  const std::size_t rounded = NativeModel::round_size(size);
   const bool small = rounded <= kSmallSize;
   Pool& pool = s.pool(small);
   const std::size_t page = page_of(small);
@@ -231,7 +223,9 @@ Addr ExpandableModel::allocate(std::size_t size, StreamId stream) {
 
   // alloc_block() then try_allocate_expandable_block().
   auto grow = [&]() -> Block* {
-    if (config_.limit_bytes && s.stats.reserved_bytes + budget_step(rounded) > config_.limit_bytes) return nullptr;
+    // PyTorch checks a budget against the native segment size of the request, not the pages it maps.
+    const std::size_t step = NativeModel::segment_size(rounded);
+    if (config_.limit_bytes && s.stats.reserved_bytes + step > config_.limit_bytes) return nullptr;
     Block* candidate = find_room();
     if (!candidate->mapped && !(candidate = map_front(candidate, std::min(candidate->size, rounded)))) {
       return nullptr;

@@ -34,6 +34,7 @@
 #include <string>
 
 #include "core/types.h"
+#include "replay/native_model.h"
 
 namespace torchmem {
 
@@ -83,9 +84,10 @@ class ExpandableModel {
   // blocks, counters equal sums, unmapped stretches are page-aligned.
   std::string check_invariants() const;
 
-  static constexpr std::size_t kSmallSize = 1 * kMiB;
-  static constexpr std::size_t kSmallPage = 2 * kMiB;
-  static constexpr std::size_t kLargePage = 20 * kMiB;
+  // PyTorch's own constants: the pools split alike, and a page is a native segment's size.
+  static constexpr std::size_t kSmallSize = NativeModel::kSmallSize;
+  static constexpr std::size_t kSmallPage = NativeModel::kSmallBuffer;
+  static constexpr std::size_t kLargePage = NativeModel::kLargeBuffer;
 
  private:
   ExpandableConfig config_;

@@ -65,7 +65,7 @@ struct ReplayOptions {
   NativeConfig native;  // the native model's (its limit_bytes is the budget)
   ExpandableConfig expandable;  // the expandable model's (its limit_bytes is the budget)
   SimConfig sim;        // the simulated device for torchmem (capacity, costs)
-  // Budget in bytes for either policy; 0 keeps the policy config's own limit.
+  // Budget in bytes for any policy; 0 keeps the policy config's own limit.
   std::size_t limit_bytes = 0;
   // Device memory for both policies; 0 keeps sim.capacity_bytes and
   // native.capacity_bytes as they are.
