@@ -200,6 +200,15 @@ OPTIONS = (
            "mapping their memory at a second address and unmapping the old one later (keeps "
            "memory low while the GPU lags behind the host). False: wait for the GPU's fence.",
            core="alias_reclaim"),
+    Option("step_plan", True, parse_bool,
+           "Once the pool has stitched or waited for the whole device (memory is the limit, or "
+           "streams compete for it), learn one layout for the step's repeating requests (greedy by "
+           "size, each stream apart) and place them there: a repeating step then makes no driver call "
+           "and takes no device barrier. Requests the plan does not know, or whose place is taken, are "
+           "served as before; a plan that misses more than 1 request in 50 is learnt again, one that "
+           "does not fit the budget is not used (Notes [Step plan], [Step plan arena]). False: always "
+           "place online.",
+           core="step_plan"),
     Option("virtual_bytes", 0, parse_bytes,
            "Virtual address space reserved per heap; 0 = twice the device's memory.",
            core="virtual_bytes"),

@@ -10,6 +10,12 @@ driver calls forever on patterns they do not show (issue: "No cliffs").
 - `bimodal`: mostly small tensors, one in 50 a huge one (activations vs buffers).
 - `kv_cache`: sequences that grow a cache by one block per step up to a length,
   then drop it and start over (generation with a growing KV cache).
+
+`training_steps` is another kind: whole training steps with the same shapes every
+time (a model's parameters and optimizer state, then per step a forward that saves
+activations, a backward that frees them and makes gradients, an optimizer step),
+as a trace, to hold Note [Step plan] on the CPU: a step that repeats must stop
+costing driver calls and device barriers once warm, at any budget it fits.
 """
 
 import math
@@ -66,4 +72,77 @@ def replay_events(pattern, steps, live=64, seed=0):
         events.append((FREE_REQUESTED, old_addr, old_size, 0))
         owner[slot] = (next_addr, size)
         next_addr += 1
+    return events
+
+
+def training_steps(steps, layers=24, seed=0, side_stream=None, micro_steps=1):
+    """A trace (rows of action, address, size, stream) of `steps` optimizer steps of a
+    made-up model of `layers` layers whose shapes are drawn once from `seed`: each
+    layer has a parameter (1-80 MiB), 2-5 activations saved for backward (256 KiB -
+    200 MiB) and 1-3 temporaries (4 KiB - 300 MiB). Parameters and two optimizer
+    states per parameter are allocated first and stay. Each optimizer step runs
+    `micro_steps` forward/backward passes (gradient accumulation: gradients made in
+    the first backward, kept until the optimizer step), then one temporary per
+    parameter, then frees the gradients (zero_grad(set_to_none=True)).
+    `side_stream` (a stream id): each layer's gathered weights (twice the parameter)
+    are allocated and freed on that stream around its forward and backward, as FSDP
+    gathers sharded parameters on a stream of its own."""
+    from torchmem.trace import ALLOC, FREE_REQUESTED
+
+    rng = random.Random(seed)
+
+    def draw(low, high):
+        return int(math.exp(rng.uniform(math.log(low), math.log(high)))) // 512 * 512 + rng.randrange(512)
+
+    params = [draw(1 * MiB, 80 * MiB) for _ in range(layers)]
+    saved = [[draw(256 << 10, 200 * MiB) for _ in range(rng.randrange(2, 6))] for _ in range(layers)]
+    temps = [[draw(4 << 10, 300 * MiB) for _ in range(rng.randrange(1, 4))] for _ in range(layers)]
+    events, next_addr = [], [1]
+
+    def alloc(size, stream=0):
+        addr = next_addr[0]
+        next_addr[0] += 1
+        events.append((ALLOC, addr, size, stream))
+        return addr, size, stream
+
+    def free(block):
+        events.append((FREE_REQUESTED, *block))
+
+    def gathered(layer):
+        return alloc(2 * params[layer], side_stream) if side_stream is not None else None
+
+    for size in params + params + params:  # parameters, then two optimizer states each
+        alloc(size)
+    for _ in range(steps):
+        grads = None
+        for _ in range(micro_steps):
+            kept = []
+            for layer in range(layers):
+                weights = gathered(layer)
+                scratch = [alloc(size) for size in temps[layer]]
+                kept.append([alloc(size) for size in saved[layer]])
+                for block in scratch:
+                    free(block)
+                if weights:
+                    free(weights)
+            loss = alloc(512)
+            made = []
+            for layer in reversed(range(layers)):
+                weights = gathered(layer)
+                scratch = [alloc(size) for size in temps[layer]]
+                if grads is None:
+                    made.append(alloc(params[layer]))
+                for block in scratch:
+                    free(block)
+                for block in reversed(kept[layer]):
+                    free(block)
+                if weights:
+                    free(weights)
+            free(loss)
+            if grads is None:
+                grads = made
+        for layer in range(layers):
+            free(alloc(params[layer]))
+        for block in grads:
+            free(block)
     return events

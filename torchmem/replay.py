@@ -53,6 +53,11 @@ class ReplayResult:
     allocs: int = 0
     frees: int = 0
     reclaims: int = 0          # torchmem: granules stitched from cached free space
+    device_barriers: int = 0   # torchmem: waits for the whole device; models: cached-memory releases (cudaFree)
+    steady_barriers: int = 0   # the same in the second half of the walk
+    plans: int = 0             # torchmem: step plans put in force (Note [Step plan])
+    plan_hits: int = 0         # allocations a plan placed
+    plan_misses: int = 0       # allocations a plan in force could not place
     alloc_retries: int = 0
     final_reserved: int = 0
     skipped_frees: int = 0     # frees of allocations that failed
@@ -171,6 +176,11 @@ def _result_from(raw, label, policy, trace, limit):
         allocs=raw["allocs"],
         frees=raw["frees"],
         reclaims=raw["reclaims"],
+        device_barriers=raw["device_barriers"],
+        steady_barriers=raw["steady_barriers"],
+        plans=raw["plans"],
+        plan_hits=raw["plan_hits"],
+        plan_misses=raw["plan_misses"],
         alloc_retries=raw["alloc_retries"],
         final_reserved=raw["final_reserved"],
         skipped_frees=raw["skipped_frees"],

@@ -124,6 +124,11 @@ py::dict result_to_dict(const ReplayResult& r, ReplayPolicy policy) {
   d["ooms"] = r.ooms;
   d["alloc_retries"] = r.alloc_retries;
   d["reclaims"] = r.reclaims;
+  d["device_barriers"] = r.device_barriers;
+  d["steady_barriers"] = r.steady_barriers;
+  d["plans"] = r.plans;
+  d["plan_hits"] = r.plan_hits;
+  d["plan_misses"] = r.plan_misses;
   d["backend_calls"] = backend_counters_to_dict(r.backend_calls);
   d["modeled_backend_us"] = r.modeled_backend_us;
   d["steady_backend_us"] = r.steady_backend_us;

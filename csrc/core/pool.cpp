@@ -280,9 +280,13 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
     return carve(fit, rounded);
   };
 
-  b = attempt();
+  // Note [Step plan]: named (and placed, while a plan is in force) first.
+  std::uint32_t item = detail::StepPlan::kNoItem;
+  if (pool == 0 && !cached_only && plan.naming()) b = plan_allocate(rounded, stream, &item);
+  if (!b) b = attempt();
   if (!b && cached_only) return 0;  // a cached fit or nothing: no ladder, no OOM counted
   if (!b && !could_fit(rounded)) {  // Note [OOM ladder]: no step can help
+    plan.on_free(item);
     ++stats_.num_ooms;
     trace(TraceAction::kOom, 0, size, stream, pool, context);
     sync_memory_stats();
@@ -294,6 +298,7 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
     if (waited) {
       // Note [Cross-stream reuse]: what other streams freed becomes reusable
       // behind a barrier (refused during a capture: the fences still help).
+      if (pool == 0) plan_note_pressure();
       device_barrier();
       poll_deferred(true);
       sync_all_fences();
@@ -306,7 +311,14 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
       release_cached();
       b = attempt();
     }
+    if (!b && plan_arena) {
+      // A plan in force keeps its arena's cache to itself: let it go first
+      // (Note [Step plan arena]).
+      plan_drop(/*rearm=*/true);
+      b = attempt();
+    }
     if (!b) {
+      plan.on_free(item);
       ++stats_.num_ooms;
       trace(TraceAction::kOom, 0, size, stream, pool, context);
       sync_memory_stats();
@@ -314,6 +326,8 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
     }
   }
   // Success: the block is live.
+  heap = b->heap;  // a planned block lives in the plan's arena
+  b->plan_item = item;
   b->requested = size;
   b->stream = stream;
   b->context = context;
@@ -415,6 +429,8 @@ std::size_t Pool::Impl::release_cached(std::size_t keep_bytes, PoolId only) {
   poll_deferred(true);
   sync_all_fences();
   process_pending_unmaps(/*wait=*/true);
+  // Memory back to the device: a plan's arena too (Note [Step plan arena]).
+  if (only == kAllPools) plan_reset();
   const std::size_t before = held;
   if (heaps_of != nullptr) {
     release_pool_reclaimable(*heaps_of);
@@ -424,6 +440,7 @@ std::size_t Pool::Impl::release_cached(std::size_t keep_bytes, PoolId only) {
     release_empty_segments(false);
   }
   maybe_drop_released_pools();
+  drop_retired_arenas();
   sync_memory_stats();
   return before - held;
 }
@@ -541,6 +558,8 @@ void Pool::set_limit(std::size_t bytes) {
     throw PoolError("set_limit: " + mib(bytes) + " is below one granule (" + mib(g) +
                     "); give at least one granule or 0 for no limit");
   }
+  // A plan learnt under a larger budget may not fit the new one (Note [Step plan arena]).
+  if (bytes != 0 && (config_.limit_bytes == 0 || bytes < config_.limit_bytes)) impl_->plan_reset();
   config_.limit_bytes = bytes;
 }
 

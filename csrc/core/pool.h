@@ -166,6 +166,9 @@ namespace torchmem {
   X(bool, alias_reclaim, true,                                                                       \
     "Stitch granules freed on the requesting stream before their fences complete, by mapping the " \
     "handle at a second address (Note [Alias reclaim]).")                                            \
+  X(bool, step_plan, true,                                                                           \
+    "Learn a static layout for a repeating step once the pool stitches or waits for the device, "   \
+    "and keep it (Note [Step plan] in detail/step_plan.h; VMM backends).")                            \
   X(std::size_t, virtual_bytes, 0, "Virtual address space reserved per heap; 0 = 2x the device's total memory.") \
   X(bool, debug_checks, false,                                                                       \
     "Run check_invariants() after every operation and throw std::logic_error naming the "          \

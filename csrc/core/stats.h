@@ -71,6 +71,11 @@ enum StatKind : int { kStatAll = 0, kStatSmallPool = 1, kStatLargePool = 2, kSta
 //   num_deferred_frees    frees that waited on foreign-stream events
 //   num_cache_releases    release_cached() calls (empty_cache)
 //   num_allocs, num_frees every successful allocate / deallocate
+//   num_device_barriers   waits for the whole device (Note [Device barrier]), for any reason
+//   num_plans             step plans put in force (Note [Step plan])
+//   num_plan_hits         allocations placed where the plan in force said
+//   num_plan_misses       allocations a plan in force could not place (served as before)
+//   num_plan_drops        plans ended (misses, OOM, empty_cache, a lower budget)
 #define TORCHMEM_COUNTERS(X) \
   X(num_alloc_retries)       \
   X(num_ooms)                \
@@ -81,7 +86,12 @@ enum StatKind : int { kStatAll = 0, kStatSmallPool = 1, kStatLargePool = 2, kSta
   X(num_deferred_frees)      \
   X(num_cache_releases)      \
   X(num_allocs)              \
-  X(num_frees)
+  X(num_frees)               \
+  X(num_device_barriers)     \
+  X(num_plans)               \
+  X(num_plan_hits)           \
+  X(num_plan_misses)         \
+  X(num_plan_drops)
 
 struct PoolStats {
 #define TORCHMEM_DECLARE_STAT_ARRAY(name) Stat name[kStatKinds];

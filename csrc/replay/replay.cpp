@@ -72,6 +72,8 @@ struct NativeTarget {
   std::size_t held() const { return model.stats().reserved_bytes; }
   double modeled_us() const { return model.stats().modeled_us; }
   std::uint64_t driver_calls() const { return model.stats().num_device_alloc + model.stats().num_device_free; }
+  // Releasing cached segments to retry synchronizes the device (cudaFree).
+  std::uint64_t barriers() const { return model.stats().num_alloc_retries; }
 };
 
 struct ExpandableTarget {
@@ -81,6 +83,7 @@ struct ExpandableTarget {
   std::size_t held() const { return model.stats().reserved_bytes; }
   double modeled_us() const { return model.stats().modeled_us; }
   std::uint64_t driver_calls() const { return 2 * (model.stats().pages_mapped + model.stats().pages_unmapped); }
+  std::uint64_t barriers() const { return model.stats().num_alloc_retries; }
 };
 
 struct PoolTarget {
@@ -95,6 +98,7 @@ struct PoolTarget {
     return c.create_calls + c.release_calls + c.map_calls + c.unmap_calls + c.segment_alloc_calls +
            c.segment_free_calls + c.device_sync_calls;
   }
+  std::uint64_t barriers() const { return backend.counters().device_sync_calls; }
 };
 
 struct LiveBlock {
@@ -131,11 +135,12 @@ void replay_events(Target target, const TraceEvent* events, std::size_t count, c
   // Note [Steady state]: the second half of the walk, after warm-up.
   const std::size_t half = end / 2;
   double half_us = 0.0;
-  std::uint64_t half_calls = 0;
+  std::uint64_t half_calls = 0, half_barriers = 0;
   for (std::size_t i = 0; i < end; ++i) {
     if (i == half) {
       half_us = target.modeled_us();
       half_calls = target.driver_calls();
+      half_barriers = target.barriers();
     }
     const TraceEvent& e = events[i];
     if (e.action == 0) {
@@ -178,6 +183,7 @@ void replay_events(Target target, const TraceEvent* events, std::size_t count, c
   result.final_reserved = target.held();
   result.steady_backend_us = target.modeled_us() - half_us;
   result.steady_driver_calls = target.driver_calls() - half_calls;
+  result.steady_barriers = target.barriers() - half_barriers;
   if (options.progress) options.progress(end, end);
 }
 
@@ -191,7 +197,7 @@ ReplayResult Replayer::run(const TraceEvent* events, std::size_t count) {
     replay_events(NativeTarget{*native_}, events, count, options_, result);
     const NativeStats& stats = native_->stats();
     result.ooms = stats.num_ooms;
-    result.alloc_retries = stats.num_alloc_retries;
+    result.alloc_retries = result.device_barriers = stats.num_alloc_retries;
     result.backend_calls.segment_alloc_calls = stats.num_device_alloc;
     result.backend_calls.segment_free_calls = stats.num_device_free;
     result.modeled_backend_us = stats.modeled_us;
@@ -199,7 +205,7 @@ ReplayResult Replayer::run(const TraceEvent* events, std::size_t count) {
     replay_events(ExpandableTarget{*expandable_}, events, count, options_, result);
     const ExpandableStats& stats = expandable_->stats();
     result.ooms = stats.num_ooms;
-    result.alloc_retries = stats.num_alloc_retries;
+    result.alloc_retries = result.device_barriers = stats.num_alloc_retries;
     result.backend_calls.create_calls = result.backend_calls.map_calls = stats.pages_mapped;
     result.backend_calls.unmap_calls = result.backend_calls.release_calls = stats.pages_unmapped;
     result.modeled_backend_us = stats.modeled_us;
@@ -209,6 +215,10 @@ ReplayResult Replayer::run(const TraceEvent* events, std::size_t count) {
     result.ooms = stats.num_ooms;
     result.alloc_retries = stats.num_alloc_retries;
     result.reclaims = stats.num_reclaims;
+    result.device_barriers = stats.num_device_barriers;
+    result.plans = stats.num_plans;
+    result.plan_hits = stats.num_plan_hits;
+    result.plan_misses = stats.num_plan_misses;
     result.backend_calls = backend_->counters();
     result.modeled_backend_us = backend_->modeled_us();
   }

@@ -95,6 +95,11 @@ struct ReplayResult {
   std::uint64_t ooms = 0;
   std::uint64_t alloc_retries = 0;  // allocations that released cached memory and retried
   std::uint64_t reclaims = 0;       // torchmem: granules stitched from cached free space
+  // torchmem: device barriers (backend_calls.device_sync_calls, counted by the
+  // pool) and step plans (Note [Step plan]): put in force, allocations placed
+  // by one, allocations one could not place.
+  std::uint64_t device_barriers = 0, plans = 0, plan_hits = 0, plan_misses = 0;
+  std::uint64_t steady_barriers = 0;  // device barriers in the second half of the walk
   BackendCounters backend_calls;    // native: segment_alloc/free calls only; expandable: a create and a
                                     // map per page mapped, an unmap and a release per page unmapped
   double modeled_backend_us = 0.0;

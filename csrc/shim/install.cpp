@@ -180,6 +180,18 @@ class TorchmemAllocator final : public CUDAPluggableAllocator {
                                                       size_t free) { observer(device, requested, total, free); });
   }
 
+  // Note [Trace trackers] torch's NCCL process group attaches one to register
+  // every segment with NCCL (TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1,
+  // ProcessGroupNCCL.register_mem_pool). torchmem's segments are VMM ranges
+  // whose granules move, which NCCL cannot keep registered: refuse at once,
+  // naming the option, rather than run with registrations that go stale.
+  void attachAllocatorTraceTracker(c10::cuda::CUDACachingAllocator::AllocatorTraceTracker) override {
+    TORCH_CHECK(false,
+                "torchmem: the allocator takes no trace trackers, which torch's NCCL process group attaches to "
+                "register memory with NCCL: unset TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK (collectives "
+                "work without it) and do not call register_mem_pool under torchmem (docs/compatibility.md, NCCL)");
+  }
+
   // Private-pool reference counts (torch.cuda.MemPool, graph pools). No
   // `override`: which of these torch declares differs between versions; a
   // name torch does not declare is simply unused.

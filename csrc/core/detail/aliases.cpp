@@ -120,6 +120,7 @@ detail::Block* Pool::Impl::find_fit_unblocked(Heap& heap, std::size_t size, Stre
 
 bool Pool::Impl::device_barrier() {
   if (!backend.synchronize_device()) return false;
+  ++stats_.num_device_barriers;
   barrier_seq = seq;
   // Every stream finished everything queued so far: every fence is done.
   for (detail::StreamSlot& s : slots) {

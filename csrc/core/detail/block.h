@@ -42,6 +42,8 @@ struct alignas(64) Block {
   StreamId free_stream = 0;
   std::uint64_t free_seq = 0;
   BlockState state = BlockState::kInactive;
+  // The block's name in the step plan (Note [Step plan]), or ~0 for none.
+  std::uint32_t plan_item = ~std::uint32_t{0};
   // Live blocks: what allocate() was told.
   std::size_t requested = 0;
   StreamId stream = 0;          // the allocating stream
@@ -68,6 +70,7 @@ class BlockArena {
     b->state = BlockState::kInactive;
     b->free_seq = 0;
     b->free_stream = 0;
+    b->plan_item = ~std::uint32_t{0};
     b->requested = 0;
     b->prev = b->next = nullptr;
     b->segment = nullptr;

@@ -73,6 +73,10 @@ Block* Pool::Impl::release_block(Block* b, StreamId free_stream) {
   const int kind = heap.small ? 0 : 1;
   const std::uint32_t slot = slot_for(free_stream);
   slots[slot].last_free_seq = seq;
+  if (b->plan_item != detail::StepPlan::kNoItem) {  // Note [Step plan]: its name is free again
+    plan.on_free(b->plan_item);
+    b->plan_item = detail::StepPlan::kNoItem;
+  }
   if (vmm) unpin(heap, b->addr, b->size, free_stream, seq, /*restore=*/false);
   b->state = BlockState::kInactive;
   // b->requested stays: snapshots show a free block's last request, as PyTorch's do.
@@ -99,7 +103,9 @@ Block* Pool::Impl::release_block(Block* b, StreamId free_stream) {
     b = p;
     --free_blocks[kind];
   }
+  Addr absorbed_next = 0;
   if (Block* n = b->next; n && n->is_free()) {
+    absorbed_next = n->addr;
     if (indexed) {
       heap.free.erase(n);
     } else {
@@ -120,6 +126,7 @@ Block* Pool::Impl::release_block(Block* b, StreamId free_stream) {
     heap.free.insert(b);
   }
   ++free_blocks[kind];
+  if (heap.arena) arena_note_free(heap, b, absorbed_next);
   return b;
 }
 

@@ -200,26 +200,7 @@ void Pool::Impl::allocate_at(Heap& heap, const CheckpointBlock& c) {
                                "restore again");
     }
   }
-  if (f->addr < c.addr) {
-    // Split off the free space below the block; both parts keep the fence tag.
-    Block* upper = arena.make();
-    upper->addr = c.addr;
-    upper->size = f->end() - c.addr;
-    upper->heap = f->heap;
-    upper->segment = f->segment;
-    upper->free_stream = f->free_stream;
-    upper->free_seq = f->free_seq;
-    upper->prev = f;
-    upper->next = f->next;
-    if (f->next) f->next->prev = upper;
-    f->next = upper;
-    const std::size_t old_size = f->size;
-    f->size = c.addr - f->addr;
-    heap.free.replace(old_size, f->addr, f);
-    heap.free.insert(upper);
-    ++free_blocks[heap.small ? 0 : 1];
-    f = upper;
-  }
+  f = split_free_at(f, c.addr);  // the free space below the block stays free
   Block* b = carve(f, c.size);
   ++seq;
   b->requested = c.requested;

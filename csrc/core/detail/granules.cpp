@@ -408,6 +408,7 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
   mapped_bytes[heap.small ? 0 : 1] += missing * gran;
   stats_.num_device_alloc += created;
   stats_.num_reclaims += reclaimed;
+  if (reclaimed && heap.pool == 0 && !heap.arena) plan_note_pressure();  // Note [Step plan]
   return true;
 }
 

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -76,6 +77,11 @@ struct Heap {
   // An in-use private pool's heap: its free memory is never reclaimed, moved
   // or released (Note [Private pools]); cleared at release_private_pool().
   bool frozen = false;
+  // A step plan's arena (Note [Step plan arena] in plan_pool.cpp): blocks go
+  // only where the plan says, found through free_by_addr (its free blocks by
+  // address). Frozen while its plan is in force.
+  bool arena = false;
+  std::map<Addr, Block*> free_by_addr;
   // VMM
   Addr base = 0;
   std::size_t span = 0;

@@ -138,6 +138,17 @@ std::string Pool::Impl::check_invariants() const {
       if (bytes != h.segment_bytes) { err << where(h) << ": segments hold " << bytes << " bytes, tally says " << h.segment_bytes; return err.str(); }
       held_seen += bytes;
     }
+    if (h.arena) {
+      // Note [Step plan arena]: its address index holds exactly its free blocks.
+      std::size_t indexed = 0;
+      for (const Block* b = h.first; b; b = b->next) {
+        if (!b->is_free()) continue;
+        auto it = h.free_by_addr.find(b->addr);
+        if (it == h.free_by_addr.end() || it->second != b) { err << where(h) << ": arena free block " << hex(b->addr) << " is missing from its address index"; return err.str(); }
+        ++indexed;
+      }
+      if (indexed != h.free_by_addr.size()) { err << where(h) << ": arena address index has " << h.free_by_addr.size() << " entries for " << indexed << " free blocks"; return err.str(); }
+    }
     if (free_count[h.small ? 0 : 1] - before != h.free.size()) {
       err << where(h) << ": free set has " << h.free.size() << " blocks, the range has " << free_count[h.small ? 0 : 1] - before;
       return err.str();

@@ -26,6 +26,7 @@
 #include "core/detail/addr_map.h"
 #include "core/detail/block.h"
 #include "core/detail/heap.h"
+#include "core/detail/step_plan.h"
 #include "core/detail/streams.h"
 #include "core/detail/trace_ring.h"
 #include "core/format.h"
@@ -220,6 +221,29 @@ struct Pool::Impl {
   // Like find_fit, skipping blocks whose first `size` bytes pending_blocks().
   detail::Block* find_fit_unblocked(detail::Heap& heap, std::size_t size, StreamId stream);
 
+  // ---- detail/plan_pool.cpp (Notes [Step plan], [Step plan arena]) ----------
+  // The default pool met memory pressure (a stitch or a device barrier):
+  // arms the plan if it is off.
+  void plan_note_pressure();
+  // Names a default-pool request (Note [Step plan]); while a plan is in
+  // force, places it where the plan says. Returns the block or null, and the
+  // request's name in *item.
+  detail::Block* plan_allocate(std::size_t rounded, StreamId stream, std::uint32_t* item);
+  // Ends the plan in force: its arena thaws (its cached granules become
+  // reclaimable) and retires. rearm: record a new window at once.
+  void plan_drop(bool rearm);
+  // Forgets the plan and every name (empty_cache, a lower budget).
+  void plan_reset();
+  // Splits free block `f` at `at` (inside it); returns the upper part, or f if at == f->addr.
+  detail::Block* split_free_at(detail::Block* f, Addr at);
+  // release_block() merged `b` (its address may be a merged neighbour's): an
+  // arena's address index follows (`absorbed_next`: a free neighbour above
+  // merged into it, 0 if none).
+  void arena_note_free(detail::Heap& heap, detail::Block* b, Addr absorbed_next);
+  void plan_adopt();
+  void plan_check_window();
+  void drop_retired_arenas();
+
   // ---- detail/checkpoint.cpp (Note [Pool checkpoints]) -------------------
   PoolCheckpoint checkpoint_private_pool(PoolId pool);
   RestoreDelta restore_private_pool(const PoolCheckpoint& checkpoint);
@@ -309,6 +333,18 @@ struct Pool::Impl {
   std::size_t free_blocks[2] = {0, 0};
   std::size_t heap_count[2] = {0, 0};
   bool memory_dirty = false;  // tallies above moved since the last sync_memory_stats()
+
+  // Note [Step plan]
+  detail::StepPlan plan;
+  detail::Heap* plan_arena = nullptr;         // the arena of the plan in force
+  std::vector<detail::Heap*> retired_arenas;  // thawed, dropped once empty
+  std::uint64_t pressure = 0;                 // stitches and barriers of the default pool
+  std::uint64_t pressure_at_arm = 0;
+  std::uint64_t plan_window = 0;              // allocations the plan in force was learnt from
+  std::uint64_t plan_window_allocs = 0;       // allocations of the plan in force's current window
+  std::uint64_t plan_window_misses = 0;
+  std::uint32_t plan_failures = 0;            // plans dropped since the last one that held
+  std::uint64_t plan_quiet_until = 0;         // num_allocs before which the plan stays off
 
   PoolStats stats_;
   detail::TraceRing ring;

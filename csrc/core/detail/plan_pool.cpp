@@ -1,0 +1,207 @@
+// plan_pool.cpp: the pool's side of the step plan: when to learn one, its
+// arena, placing blocks there, and when to let it go.
+//
+// Note [Step plan arena]
+// A plan in force owns an arena: a heap of its own (a virtual range of the
+// default pool) where block i of the plan lives at base + offset(i). The arena
+// is frozen like a private pool (Note [Private pools] in pool.h): its cached
+// granules stay mapped where they are, so once every planned range has been
+// backed the step makes no driver call and takes no device barrier. Its
+// granules are obtained the usual way (created under the budget, or stitched
+// from the online heaps' cache) the first time a range is used, which is the
+// plan's one-time warm-up; the online heaps shrink as their blocks are freed.
+//
+// Lifecycle (Note [Step plan] in step_plan.h for naming and planning):
+//   - off: the default pool never stitched nor waited for the device: its
+//     layout already holds, and naming costs nothing because nothing is named;
+//   - armed by the first stitch or step-4 barrier (plan_note_pressure): names
+//     every default-pool request and records lifetimes;
+//   - when the window closes: adopted if the window saw pressure (otherwise
+//     the online layout held by itself) and the plan fits the budget next to
+//     the memory it does not cover; otherwise off again, for a while;
+//   - in force: planned requests go to their ranges; anything else (a new
+//     shape, a range still taken) is served online, as before;
+//   - dropped when more than 1 in 50 requests of a window missed (the step
+//     changed: a new window is recorded at once; after three such drops in a
+//     row the plan stays off for a while), before an OOM is declared (its
+//     cache may back the request), and at empty_cache or a lower budget.
+// A dropped arena thaws: its cached granules become reclaimable, its live
+// blocks are freed as usual, and the heap goes once it holds nothing.
+#include <algorithm>
+
+#include "core/detail/pool_impl.h"
+
+namespace torchmem {
+
+using detail::Block;
+using detail::Heap;
+using detail::StepPlan;
+
+namespace {
+// A window of a plan in force holds if at most 1 in this many requests missed.
+constexpr std::uint64_t kMissDivisor = 50;
+// Plans dropped in a row before the pool stops planning for a while.
+constexpr std::uint32_t kMaxPlanFailures = 3;
+}  // namespace
+
+void Pool::Impl::plan_note_pressure() {
+  ++pressure;
+  if (!vmm || !config.step_plan || plan.naming() || stats_.num_allocs < plan_quiet_until) return;
+  plan.arm();
+  pressure_at_arm = pressure;
+}
+
+Block* Pool::Impl::plan_allocate(std::size_t rounded, StreamId stream, std::uint32_t* item) {
+  if (plan.state() == StepPlan::State::kRecording) {
+    if (plan.window_closed()) {
+      plan_adopt();
+    } else if (plan.window_hopeless()) {
+      plan_reset();  // shapes that do not repeat: nothing to plan
+      plan_quiet_until = stats_.num_allocs + StepPlan::kMaxRecordAllocs;
+    }
+  } else if (plan.active()) {
+    plan_check_window();
+  }
+  *item = plan.on_alloc(rounded, stream, rounded <= config.small_threshold);
+  if (!plan.active()) return nullptr;
+  ++plan_window_allocs;
+  Block* b = nullptr;
+  const std::uint64_t offset = plan.offset_of(*item);
+  if (offset != StepPlan::kNoOffset && offset + rounded <= plan_arena->span) {
+    const Addr at = plan_arena->base + offset;
+    auto it = plan_arena->free_by_addr.upper_bound(at);
+    Block* f = it == plan_arena->free_by_addr.begin() ? nullptr : std::prev(it)->second;
+    if (f && f->end() >= at + rounded) {  // the range is free
+      const std::size_t missing = pin(*plan_arena, at, rounded);
+      if (missing == 0 || acquire(*plan_arena, at, rounded, missing, rounded, stream)) {
+        Block* upper = split_free_at(f, at);
+        plan_arena->free_by_addr.erase(upper->addr);
+        b = carve(upper, rounded);
+        if (Block* rest = b->next; rest && rest->is_free()) plan_arena->free_by_addr[rest->addr] = rest;
+      } else {
+        unpin(*plan_arena, at, rounded, 0, 0, /*restore=*/true);
+      }
+    }
+  }
+  if (b) {
+    ++stats_.num_plan_hits;
+  } else {
+    ++stats_.num_plan_misses;
+    ++plan_window_misses;
+  }
+  return b;
+}
+
+void Pool::Impl::plan_adopt() {
+  if (pressure == pressure_at_arm) {  // the online layout held through a whole window
+    plan_reset();
+    return;
+  }
+  const std::uint64_t window = plan.allocs_recorded();
+  const std::size_t footprint = plan.plan(gran);
+  // What the plan does not cover stays where it is: persistent blocks, live
+  // from before the window.
+  std::size_t uncovered = 0;  // granules live blocks outside the window hold now
+  for (const auto& hp : heaps) {
+    if (!hp || !vmm) continue;
+    for (const detail::Granule& g : hp->granules) uncovered += g.live ? gran : 0;
+  }
+  if (footprint == 0 || footprint + uncovered > budget()) {
+    plan_reset();
+    plan_quiet_until = stats_.num_allocs + 4 * window;
+    return;
+  }
+  drop_retired_arenas();
+  plan_arena = make_heap(0, /*small=*/false);
+  plan_arena->frozen = true;
+  plan_arena->arena = true;
+  plan_arena->free_by_addr.emplace(plan_arena->first->addr, plan_arena->first);
+  plan.activate();
+  plan_window = std::max<std::uint64_t>(window, StepPlan::kMinQuiet);
+  plan_window_allocs = plan_window_misses = 0;
+  ++stats_.num_plans;
+}
+
+void Pool::Impl::plan_check_window() {
+  if (plan_window_allocs < plan_window) return;
+  const bool held = plan_window_misses * kMissDivisor <= plan_window_allocs;
+  plan_window_allocs = plan_window_misses = 0;
+  if (held) {
+    plan_failures = 0;
+    return;
+  }
+  if (++plan_failures < kMaxPlanFailures) {
+    plan_drop(/*rearm=*/true);
+    return;
+  }
+  plan_failures = 0;
+  plan_reset();
+  plan_quiet_until = stats_.num_allocs + 16 * plan_window;
+}
+
+void Pool::Impl::plan_drop(bool rearm) {
+  if (plan_arena) {
+    // Thawed: its cached granules may serve anyone now (as release_private_pool).
+    plan_arena->frozen = false;
+    for (std::size_t i = 0; i < plan_arena->granules.size(); ++i) {
+      const detail::Granule& g = plan_arena->granules[i];
+      if (g.handle && g.live == 0 && !g.on_list && !g.run_count) {
+        list_push(g.slot, detail::GranuleRef{plan_arena->id, static_cast<std::uint32_t>(i)}, /*front=*/false);
+      }
+    }
+    retired_arenas.push_back(plan_arena);
+    plan_arena = nullptr;
+    ++stats_.num_plan_drops;
+  }
+  if (rearm) {
+    plan.rerecord();
+    pressure_at_arm = pressure;
+  } else {
+    plan.reset();
+  }
+}
+
+void Pool::Impl::plan_reset() { plan_drop(/*rearm=*/false); }
+
+void Pool::Impl::drop_retired_arenas() {
+  for (std::size_t i = 0; i < retired_arenas.size();) {
+    Heap* h = retired_arenas[i];
+    if (h->live_blocks == 0 && h->mapped == 0 && h->stale == 0) {
+      drop_heap(h);
+      retired_arenas.erase(retired_arenas.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+}
+
+Block* Pool::Impl::split_free_at(Block* f, Addr at) {
+  if (at == f->addr) return f;
+  Heap& heap = *f->heap;
+  // The free space below `at` stays a free block; both parts keep the fence tag.
+  Block* upper = arena.make();
+  upper->addr = at;
+  upper->size = f->end() - at;
+  upper->heap = f->heap;
+  upper->segment = f->segment;
+  upper->free_stream = f->free_stream;
+  upper->free_seq = f->free_seq;
+  upper->prev = f;
+  upper->next = f->next;
+  if (f->next) f->next->prev = upper;
+  f->next = upper;
+  const std::size_t old_size = f->size;
+  f->size = at - f->addr;
+  heap.free.replace(old_size, f->addr, f);
+  heap.free.insert(upper);
+  ++free_blocks[heap.small ? 0 : 1];
+  if (heap.arena) heap.free_by_addr[upper->addr] = upper;
+  return upper;
+}
+
+void Pool::Impl::arena_note_free(Heap& heap, Block* b, Addr absorbed_next) {
+  if (absorbed_next) heap.free_by_addr.erase(absorbed_next);
+  heap.free_by_addr[b->addr] = b;
+}
+
+}  // namespace torchmem

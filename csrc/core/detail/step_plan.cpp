@@ -1,0 +1,174 @@
+// step_plan.cpp: naming requests, recording their lifetimes and the
+// greedy-by-size planner (Note [Step plan] in step_plan.h).
+#include "core/detail/step_plan.h"
+
+#include <algorithm>
+#include <map>
+
+namespace torchmem::detail {
+
+namespace {
+constexpr std::uint32_t kMaxItems = 1u << 24;  // ids keep 24 bits; the top 8 are the generation
+}  // namespace
+
+void StepPlan::arm() {
+  if (state_ == State::kOff) {
+    state_ = State::kRecording;
+    record_start_ = last_new_ = allocs_;
+    last_new_clock_ = clock_;
+    low_live_ = high_live_ = named_live_bytes_;
+    return;
+  }
+  rerecord();
+}
+
+void StepPlan::reset() {
+  state_ = State::kOff;
+  generation_ = (generation_ + 1) & 0xFF;
+  sig_index_.clear();
+  sigs_.clear();
+  items_.clear();
+  named_live_bytes_ = low_live_ = high_live_ = 0;
+  clock_ = allocs_ = record_start_ = last_new_ = 0;
+  min_window_ = kMinQuiet;
+}
+
+void StepPlan::rerecord() {
+  state_ = State::kRecording;
+  record_start_ = last_new_ = allocs_;
+  last_new_clock_ = clock_;
+  low_live_ = high_live_ = named_live_bytes_;
+  for (Item& x : items_) {
+    x.intervals.clear();
+    // A block live now counts as live from the window's start.
+    if (x.live) x.intervals.push_back(Interval{clock_, kOpen});
+  }
+  ++clock_;
+}
+
+std::uint32_t StepPlan::on_alloc(std::size_t rounded, StreamId stream, bool small) {
+  if (state_ == State::kOff) return kNoItem;
+  auto [it, inserted] = sig_index_.try_emplace(SigKey{rounded, stream, small}, static_cast<std::uint32_t>(sigs_.size()));
+  if (inserted) sigs_.emplace_back();
+  Sig& s = sigs_[it->second];
+  std::uint32_t idx;
+  if (!s.free_slots.empty()) {
+    idx = s.item_of_slot[s.free_slots.top()];
+    s.free_slots.pop();
+  } else {
+    if (items_.size() >= kMaxItems) return kNoItem;
+    idx = static_cast<std::uint32_t>(items_.size());
+    Item x;
+    x.sig = it->second;
+    x.slot = static_cast<std::uint32_t>(s.item_of_slot.size());
+    x.size = rounded;
+    x.stream = stream;
+    items_.push_back(std::move(x));
+    s.item_of_slot.push_back(idx);
+    last_new_ = allocs_;
+    last_new_clock_ = clock_;
+    low_live_ = high_live_ = named_live_bytes_;  // the quiet stretch (a whole cycle) sets the range
+  }
+  Item& x = items_[idx];
+  x.live = true;
+  named_live_bytes_ += x.size;
+  ++allocs_;
+  if (state_ == State::kRecording) {
+    x.intervals.push_back(Interval{clock_++, kOpen});
+    high_live_ = std::max(high_live_, named_live_bytes_);
+  }
+  return (generation_ << 24) | idx;
+}
+
+void StepPlan::on_free(std::uint32_t item) {
+  const std::uint32_t idx = index_of(item);
+  if (idx == kNoItem) return;
+  Item& x = items_[idx];
+  if (!x.live) return;
+  x.live = false;
+  named_live_bytes_ -= x.size;
+  sigs_[x.sig].free_slots.push(x.slot);
+  if (state_ == State::kRecording) {
+    low_live_ = std::min(low_live_, named_live_bytes_);
+    if (!x.intervals.empty() && x.intervals.back().end == kOpen) x.intervals.back().end = clock_++;
+  }
+}
+
+bool StepPlan::window_closed() const {
+  if (state_ != State::kRecording) return false;
+  const std::uint64_t quiet = allocs_ - last_new_;
+  const std::uint64_t discovered = last_new_ - record_start_;
+  if (quiet < std::max(discovered, kMinQuiet) || allocs_ - record_start_ < min_window_) return false;
+  return named_live_bytes_ <= low_live_ + (high_live_ - low_live_) / 10;
+}
+
+bool StepPlan::overlap(const Item& a, const Item& b) {
+  // Both lists are in time order and each item's intervals are disjoint.
+  std::size_t i = 0, j = 0;
+  while (i < a.intervals.size() && j < b.intervals.size()) {
+    const Interval& x = a.intervals[i];
+    const Interval& y = b.intervals[j];
+    if (x.start <= y.end && y.start <= x.end) return true;
+    if (x.end < y.end) {
+      ++i;
+    } else {
+      ++j;
+    }
+  }
+  return false;
+}
+
+std::size_t StepPlan::plan(std::size_t align) {
+  min_window_ = std::max(min_window_, allocs_ - record_start_);
+  // Intervals still open end now (Note [Step plan]).
+  std::map<StreamId, std::vector<std::uint32_t>> by_stream;
+  for (std::uint32_t i = 0; i < items_.size(); ++i) {
+    Item& x = items_[i];
+    x.offset = kNoOffset;
+    if (x.intervals.empty()) continue;
+    if (x.intervals.back().end == kOpen) {
+      // Live through the whole last cycle and never freed in the window: not the step's.
+      if (x.intervals.size() == 1 && x.intervals.back().start <= last_new_clock_) continue;
+      x.intervals.back().end = clock_;
+    }
+    by_stream[x.stream].push_back(i);
+  }
+  struct Placed {
+    std::uint64_t offset;
+    std::size_t size;
+    std::uint32_t item;
+  };
+  std::size_t base = 0;
+  for (auto& [stream, members] : by_stream) {
+    std::sort(members.begin(), members.end(), [&](std::uint32_t a, std::uint32_t b) {
+      const Item& x = items_[a];
+      const Item& y = items_[b];
+      if (x.size != y.size) return x.size > y.size;
+      return x.intervals.front().start < y.intervals.front().start;
+    });
+    std::vector<Placed> placed;  // by offset
+    std::uint64_t top = 0;
+    for (std::uint32_t m : members) {
+      Item& x = items_[m];
+      const std::uint64_t first = x.intervals.front().start, last = x.intervals.back().end;
+      std::uint64_t at = 0;
+      std::size_t pos = 0;
+      for (; pos < placed.size(); ++pos) {
+        const Placed& p = placed[pos];
+        const Item& y = items_[p.item];
+        if (y.intervals.back().end < first || last < y.intervals.front().start || !overlap(x, y)) continue;
+        if (p.offset >= at + x.size) break;  // the gap below p holds x
+        at = std::max<std::uint64_t>(at, p.offset + p.size);
+      }
+      x.offset = base + at;
+      placed.insert(std::upper_bound(placed.begin(), placed.end(), at,
+                                     [](std::uint64_t o, const Placed& p) { return o < p.offset; }),
+                    Placed{at, x.size, m});
+      top = std::max<std::uint64_t>(top, at + x.size);
+    }
+    base += (top + align - 1) / align * align;
+  }
+  return base;
+}
+
+}  // namespace torchmem::detail

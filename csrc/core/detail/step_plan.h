@@ -1,0 +1,159 @@
+// step_plan.h: a static layout for a repeating step, learnt from the requests
+// themselves (the pool side is in detail/plan_pool.cpp).
+//
+// Note [Step plan]
+// A training or decoding step makes the same requests in the same order every
+// time its shapes repeat. An online allocator under a tight budget cannot keep
+// one layout for them: the virtual footprint of best fit is larger than the
+// budget, so granules move under every step, with driver calls and, sooner or
+// later, a device barrier (Note [Device barrier] in pool.h). Given the step's
+// lifetimes a layout that fits can be computed once (dynamic storage
+// allocation, as STAlloc does from profiled iterations), and then kept.
+//
+// Names. A request is named by its signature (rounded size, stream, heap) and
+// a sub-slot: the lowest index not held by a live block of the same signature.
+// Two tensors of one shape live at once (the same layer's activations, saved
+// for backward, in two layers) get two sub-slots; a temporary freed before the
+// next of its kind keeps sub-slot 0. A repeating step hands out the same names
+// in the same order every time, with no step boundary to detect and no phase
+// to keep; blocks that were live before recording began hold no sub-slot.
+// (signature, sub-slot) is an item.
+//
+// Recording. Each item's lifetimes (intervals of a clock that ticks at every
+// recorded alloc and free) are kept from the moment the plan is armed. The
+// window closes once no new item has appeared for at least as many
+// allocations as it took to see them all (and at least kMinQuiet): a cycle
+// (micro-steps and the optimizer step together) was seen whole and has
+// repeated, and at the cycle's low point: where the fewest named bytes are
+// live (between steps), so that the arena starts nearly empty. A window
+// recorded again (the plan was dropped, names kept) is at least as long as
+// the last one that closed. A workload whose shapes never repeat keeps finding new items; its
+// recording gives up at kMaxRecordAllocs and backs off.
+//
+// Planning: greedy by size. Items sorted by size, largest first, each placed
+// at the lowest offset where it overlaps in address no placed item that it
+// overlaps in time. Items of different streams never share addresses (a
+// stream reusing another's bytes would need a device barrier; PyTorch's
+// allocator keeps streams apart too): each stream gets its own region. An
+// item live when the window closed counts as live until then, except one
+// live since before the last cycle began (parameters, optimizer state made
+// in the window): it is not the step's, and stays where it is.
+//
+// The plan is a hint, never a promise: the pool places a planned item at its
+// offset only if that range is free, and otherwise serves it as before.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <queue>
+#include <unordered_map>
+#include <vector>
+
+#include "core/types.h"
+
+namespace torchmem::detail {
+
+class StepPlan {
+ public:
+  static constexpr std::uint32_t kNoItem = ~std::uint32_t{0};
+  static constexpr std::uint64_t kNoOffset = ~std::uint64_t{0};
+  // Recording window bounds (allocations).
+  static constexpr std::uint64_t kMinQuiet = 64;
+  static constexpr std::uint64_t kMaxRecordAllocs = std::uint64_t{1} << 20;
+
+  enum class State { kOff, kRecording, kActive };
+
+  State state() const { return state_; }
+  // Names are handed out (and returned) from arm() until reset().
+  bool naming() const { return state_ != State::kOff; }
+  bool active() const { return state_ == State::kActive; }
+
+  // Starts naming and recording; items named so far are kept.
+  void arm();
+  // Forgets everything; blocks still holding names give them back to nobody
+  // (their ids carry the old generation).
+  void reset();
+  // A new request: its item (naming it, recording its start), or kNoItem
+  // when not naming. `item` ids carry a generation in their top 8 bits.
+  std::uint32_t on_alloc(std::size_t rounded, StreamId stream, bool small);
+  // The block named `item` was freed (or its allocation failed).
+  void on_free(std::uint32_t item);
+  // Recording: a full cycle was seen and repeated, and this is the cycle's
+  // low point (Note [Step plan]: the plan is adopted where the fewest named
+  // blocks are live, so that little lives outside the arena meanwhile).
+  bool window_closed() const;
+  // Recording went on too long without repeating.
+  bool window_hopeless() const { return state_ == State::kRecording && allocs_ - record_start_ >= kMaxRecordAllocs; }
+  // Computes offsets for every recorded item; returns the footprint in bytes
+  // (each stream's region rounded up to `align`). Stops recording.
+  std::size_t plan(std::size_t align);
+  void activate() { state_ = State::kActive; }
+  // Back to recording, keeping names (a new window starts now).
+  void rerecord();
+
+  // Planned offset of `item` (kNoOffset if none).
+  std::uint64_t offset_of(std::uint32_t item) const {
+    const std::uint32_t i = index_of(item);
+    return i == kNoItem ? kNoOffset : items_[i].offset;
+  }
+  // Bytes of live named blocks (they move into the plan's arena as they are
+  // allocated again).
+  std::size_t named_live_bytes() const { return named_live_bytes_; }
+  std::size_t items() const { return items_.size(); }
+  std::uint64_t allocs_recorded() const { return allocs_ - record_start_; }
+
+ private:
+  struct SigKey {
+    std::size_t size;
+    StreamId stream;
+    bool small;
+    bool operator==(const SigKey& o) const { return size == o.size && stream == o.stream && small == o.small; }
+  };
+  struct SigHash {
+    std::size_t operator()(const SigKey& k) const {
+      return std::hash<std::size_t>()(k.size * 0x9E3779B97F4A7C15ull ^ (k.stream + (k.small ? 1 : 0)));
+    }
+  };
+  struct Sig {
+    std::vector<std::uint32_t> item_of_slot;
+    // Free sub-slots below item_of_slot.size(), lowest first.
+    std::priority_queue<std::uint32_t, std::vector<std::uint32_t>, std::greater<std::uint32_t>> free_slots;
+  };
+  struct Interval {
+    std::uint64_t start, end;  // end == kOpen while live
+  };
+  struct Item {
+    std::uint32_t sig;
+    std::uint32_t slot;
+    std::size_t size;
+    StreamId stream;
+    bool live = false;
+    std::uint64_t offset = kNoOffset;
+    std::vector<Interval> intervals;
+  };
+  static constexpr std::uint64_t kOpen = ~std::uint64_t{0};
+
+  std::uint32_t index_of(std::uint32_t item) const {
+    if (item == kNoItem || (item >> 24) != generation_) return kNoItem;
+    return item & 0xFFFFFF;
+  }
+  static bool overlap(const Item& a, const Item& b);
+
+  State state_ = State::kOff;
+  std::uint32_t generation_ = 0;
+  std::unordered_map<SigKey, std::uint32_t, SigHash> sig_index_;
+  std::vector<Sig> sigs_;
+  std::vector<Item> items_;
+  std::uint64_t clock_ = 0;          // ticks at every recorded alloc and free
+  std::uint64_t allocs_ = 0;         // named allocations
+  std::uint64_t record_start_ = 0;   // allocs_ when the window opened
+  std::uint64_t last_new_ = 0;       // allocs_ when the last new item appeared
+  std::uint64_t last_new_clock_ = 0; // clock_ then
+  std::size_t named_live_bytes_ = 0;
+  // The window's range of named live bytes, and the length of the last
+  // window that closed (a window recorded again is at least as long).
+  std::size_t low_live_ = 0, high_live_ = 0;
+  std::uint64_t min_window_ = kMinQuiet;
+};
+
+}  // namespace torchmem::detail

@@ -1,0 +1,161 @@
+"""Note [Step plan] on the CPU: a training step that repeats, replayed through the
+pool over the simulated device (events that complete late, as on a GPU), stops
+costing driver calls and device barriers once warm, at every budget from its
+smallest (min-cap) + 2% upwards and with no budget; what a plan cannot cover is
+served as before; invariants hold throughout."""
+
+import numpy as np
+import pytest
+
+from torchmem import patterns, replay
+from torchmem._loader import _C
+
+from sim_pool import MiB, make_pool
+
+STEPS = 10
+LAG = 10  # polls a simulated event stays pending: the GPU runs behind the host
+
+
+def events_of(**kwargs):
+    return np.asarray(patterns.training_steps(STEPS, **kwargs), dtype=np.int64)
+
+
+def run(events, limit=0, stop_at=-1, **config):
+    cfg = replay.pool_config(",".join(f"{k}={v}" for k, v in config.items()) or None)
+    return _C.replay(events, "torchmem", pool_config=cfg, limit=limit, capacity=140 << 30, event_delay=LAG,
+                     stop_at=stop_at)
+
+
+def last_steps_cost(events, limit, steps=2, **config):
+    """Driver calls and device barriers of the last `steps` steps, and the whole run."""
+    step_len = (len(events) - 3 * 24) // STEPS  # after the parameters and optimizer states
+    start = len(events) - steps * step_len
+    before, after = run(events, limit, stop_at=start - 1, **config), run(events, limit, **config)
+
+    def calls(r):
+        c = r["backend_calls"]
+        return c["create_calls"] + c["map_calls"] + c["unmap_calls"] + c["release_calls"]
+
+    return calls(after) - calls(before), after["device_barriers"] - before["device_barriers"], after
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("above_min_cap", [None, 1.02, 1.05, 1.10])
+def test_a_repeating_step_makes_no_driver_call_once_warm(seed, above_min_cap):
+    events = events_of(seed=seed)
+    limit = 0
+    if above_min_cap:
+        limit = int(replay.find_min_cap(events, "torchmem", event_delay=LAG)["min_cap"] * above_min_cap)
+    calls, barriers, whole = last_steps_cost(events, limit)
+    assert whole["ooms"] == 0
+    assert (calls, barriers) == (0, 0), f"seed {seed}, budget {above_min_cap}: {calls} calls, {barriers} barriers"
+    if above_min_cap == 1.02:  # memory is the limit: the layout that holds is a plan's
+        assert whole["plans"] >= 1 and whole["plan_hits"] > 0
+
+
+def test_min_cap_is_not_raised_by_planning():
+    for seed in range(3):
+        events = events_of(seed=seed)
+        planned = replay.find_min_cap(events, "torchmem", event_delay=LAG)["min_cap"]
+        online = replay.find_min_cap(events, "torchmem", config="step_plan=false", event_delay=LAG)["min_cap"]
+        assert planned <= online, seed
+
+
+def test_without_a_plan_the_same_step_keeps_paying():
+    """What the plan is for: step_plan=false at the same budget moves granules every step."""
+    events = events_of(seed=2)
+    limit = int(replay.find_min_cap(events, "torchmem", event_delay=LAG)["min_cap"] * 1.02)
+    calls, _, _ = last_steps_cost(events, limit, step_plan="false")
+    assert calls > 0
+
+
+def test_gradient_accumulation_is_one_cycle():
+    """Micro-steps and the optimizer step together repeat: the plan covers the whole cycle."""
+    events = np.asarray(patterns.training_steps(8, layers=12, seed=4, micro_steps=4), dtype=np.int64)
+    limit = int(replay.find_min_cap(events, "torchmem", event_delay=LAG)["min_cap"] * 1.05)
+    step_len = (len(events) - 3 * 12) // 8
+    before = run(events, limit, stop_at=len(events) - 2 * step_len - 1)
+    after = run(events, limit)
+    assert after["ooms"] == 0 and after["plans"] >= 1
+    assert after["backend_calls"]["map_calls"] == before["backend_calls"]["map_calls"]
+    assert after["device_barriers"] == before["device_barriers"]
+
+
+@pytest.mark.parametrize("budget", [None, 1.10])
+def test_a_side_stream_takes_no_barrier_once_warm(budget):
+    """FSDP-like: weights gathered on a stream of their own. Streams never share a
+    plan's addresses, so no step needs a device barrier, with or without a budget."""
+    events = events_of(seed=1, side_stream=7)
+    limit = int(replay.find_min_cap(events, "torchmem", event_delay=LAG)["min_cap"] * budget) if budget else 0
+    calls, barriers, whole = last_steps_cost(events, limit)
+    assert whole["ooms"] == 0
+    assert (calls, barriers) == (0, 0)
+
+
+def test_shapes_that_change_are_served_and_planned_again():
+    """A new model mid-run: the plan in force misses and is dropped; the new steps are
+    served, and once they repeat they cost nothing again. A budget the online layout
+    fits, the planned run fits too."""
+    first = patterns.training_steps(8, layers=12, seed=5)
+    second = patterns.training_steps(8, layers=12, seed=6)
+    offset = max(row[1] for row in first) + 1
+    # the second model's steps after the first's (its own parameters added on top)
+    events = np.asarray(first + [(a, addr + offset, size, s) for a, addr, size, s in second], dtype=np.int64)
+    online = replay.find_min_cap(events, "torchmem", config="step_plan=false", event_delay=LAG)["min_cap"]
+    limit = int(online * 1.03)
+    planned = run(events, limit)
+    assert planned["ooms"] == 0
+    assert planned["plans"] >= 1
+    step_len = (len(second) - 3 * 12) // 8
+    before = run(events, limit, stop_at=len(events) - 2 * step_len - 1)
+    assert planned["backend_calls"]["map_calls"] == before["backend_calls"]["map_calls"]
+    assert planned["device_barriers"] == before["device_barriers"]
+
+
+def test_invariants_hold_while_planning():
+    events = events_of(seed=3)
+    limit = int(replay.find_min_cap(events, "torchmem", event_delay=LAG)["min_cap"] * 1.02)
+    result = run(events, limit, debug_checks="true")  # check_invariants() after every operation
+    assert result["ooms"] == 0 and result["plans"] >= 1
+
+
+def pool_with_plan(**config):
+    """A simulated pool that ran a repeating step at 1.02x its min-cap (a plan in force)."""
+    events = patterns.training_steps(6, layers=8, seed=7)
+    limit = int(replay.find_min_cap(np.asarray(events, dtype=np.int64), "torchmem", event_delay=LAG)["min_cap"] * 1.02)
+    pool = make_pool(limit=limit, trace_capacity=0, capacity=140 << 30, event_delay=LAG, debug_checks=True, **config)
+    live = {}
+    for action, addr, size, stream in events:
+        if action == 0:
+            live[addr] = pool.allocate(size, stream)
+            assert live[addr], "no OOM at 1.02x min-cap"
+        else:
+            pool.free(live.pop(addr))
+    return pool, limit
+
+
+def test_a_plan_forms_in_a_pool_and_empty_cache_gives_its_memory_back():
+    pool, _ = pool_with_plan()
+    stats = pool.stats()
+    assert stats["num_plans"] >= 1 and stats["num_plan_hits"] > 0
+    reserved = stats["reserved_bytes"]["all"]["current"]
+    assert pool.release_cached() > 0
+    stats = pool.stats()
+    assert stats["num_plan_drops"] >= 1  # empty_cache ends the plan: its arena's cache goes too
+    assert stats["reserved_bytes"]["all"]["current"] < reserved
+    pool.check_invariants()  # raises naming the first violation
+
+
+def test_a_lower_budget_ends_the_plan():
+    pool, limit = pool_with_plan()
+    drops = pool.stats()["num_plan_drops"]
+    pool.set_limit(limit - 2 * MiB)
+    assert pool.stats()["num_plan_drops"] == drops + 1
+    addr = pool.allocate(24 * MiB)
+    pool.free(addr)
+    pool.check_invariants()  # raises naming the first violation
+
+
+def test_step_plan_off_never_plans():
+    pool, _ = pool_with_plan(step_plan=False)
+    assert pool.stats()["num_plans"] == 0
