@@ -125,3 +125,8 @@ def test_the_built_module_has_no_debug_info():
     assert ".text" in names
     assert not [name for name in names if name.startswith(".debug")], names
     assert ".symtab" not in names  # stripped at link time
+
+
+def test_the_readmes_venv_is_ignored():
+    with open(os.path.join(REPO, ".gitignore")) as f:
+        assert ".venv/" in f.read().split()
