@@ -25,7 +25,8 @@ NEEDS = ("Needs a CUDA GPU with more memory than --raised-limit (64 GiB by defau
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=NEEDS)
-    parser.add_argument("--limit", default="8GiB", help="torchmem budget for the first two calls (default: %(default)s)")
+    parser.add_argument("--limit", default="8GiB",
+                        help="torchmem budget for the first two calls (default: %(default)s)")
     parser.add_argument("--raised-limit", default="64GiB",
                         help="budget for the third call, to show it grows back (default: %(default)s)")
     parser.add_argument("--sequences", type=int, default=4096, help="sequences to score (default: %(default)s)")

@@ -21,8 +21,8 @@ import os
 import pickle
 import sys
 
-from torchmem.cli.options import (LIMIT_HELP, CliError, limit_bytes, parse_config, parse_limit, parse_size,
-                                  resolve_trace)
+from torchmem.cli.options import (GRANULE, LIMIT_HELP, CliError, limit_bytes, parse_config, parse_limit,
+                                  parse_size, resolve_trace)
 
 HELP = "replay allocator traces under torchmem and PyTorch's native allocator (model), side by side"
 
@@ -176,15 +176,28 @@ def _json_line(result, with_min_cap, with_min_device=False):
     return json.dumps(record, sort_keys=False)
 
 
+def _source(args, key):
+    """Where a config option the user set came from, as they typed it."""
+    given_here = any(item.partition("=")[0].strip() == key for item in (args.config or "").split(","))
+    return f"--config {key}" if given_here else f"TORCHMEM_CONF {key}"
+
+
 def budget(args, config, capacity):
     """The replay's budget in bytes (0: the whole device): --limit, else the limit of --config or
-    TORCHMEM_CONF, each refused below a granule or above the simulated device, naming its source."""
+    TORCHMEM_CONF, each refused below a granule or above the simulated device, naming its source.
+    A pre-reservation (reserve) larger than the budget is refused here too."""
     if args.limit is not None:
-        return limit_bytes(parse_limit(args.limit), capacity)
-    if config.limit is None:
-        return 0
-    given_here = any(item.partition("=")[0].strip() == "limit" for item in (args.config or "").split(","))
-    return limit_bytes(config.limit, capacity, "--config limit" if given_here else "TORCHMEM_CONF limit")
+        limit = limit_bytes(parse_limit(args.limit), capacity)
+    elif config.limit is None:
+        limit = 0
+    else:
+        limit = limit_bytes(config.limit, capacity, _source(args, "limit"))
+    if config.reserve > (limit or capacity):
+        what = "the budget (--limit)" if args.limit is not None else (
+            f"the budget ({_source(args, 'limit')})" if limit else "the simulated device (--capacity)")
+        raise CliError(f"{_source(args, 'reserve')}: {config.reserve / (1 << 30):,.2f} GiB is more than "
+                       f"{what}, {(limit or capacity) / (1 << 30):,.2f} GiB")
+    return limit
 
 
 def check_snapshot_target(out, policy, traces):
@@ -246,8 +259,8 @@ def run(args):
     # Every option is checked before the first replay, which can take a minute.
     policies = replay_api.POLICIES if args.policy == "all" else (args.policy,)
     capacity = parse_size(args.capacity, "--capacity") if args.capacity is not None else replay_api.DEFAULT_CAPACITY
-    if capacity <= 0:
-        raise CliError("--capacity must be > 0 bytes")
+    if capacity < GRANULE:
+        raise CliError(f"--capacity {args.capacity}: the simulated device needs at least one 2 MiB granule")
     config = parse_config(args.config)
     limit = budget(args, config, capacity)
     if args.event_delay < 0:
@@ -261,6 +274,11 @@ def run(args):
     first = True
     for path in paths:
         trace = checked(trace_io.load(path, device=args.device), path, args.lenient)
+        if (args.min_cap or args.min_device) and config.reserve >= trace.peak_requested():
+            # The searches try budgets down to the trace's peak requested; none may sit under the reservation.
+            raise CliError(f"{_source(args, 'reserve')}: {config.reserve / (1 << 30):,.2f} GiB is at least {path}'s "
+                           f"peak requested, and --min-cap/--min-device search budgets below it; leave reserve "
+                           f"out for the search")
         show = progress if len(trace) >= PROGRESS_MIN_EVENTS else None
         results = []
         for policy in policies:
