@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # ninja -v (torch's cpp_extension runs it so): "[3/40] c++ ... -c /path/x.cpp -o /path/x.o ..."
@@ -96,11 +97,14 @@ def main(argv):
     if not force and fresh and is_installed() and loads_with_this_torch():
         return
     print("building torchmem._C (pip install --no-build-isolation -e .)", flush=True)
+    started = time.monotonic()
     # -v: pip passes the build's output on, which run_showing_progress shortens.
     code = run_showing_progress([sys.executable, "-m", "pip", "install", "-v", "--no-build-isolation",
                                  "--no-deps", "-e", ROOT])
     if code:
         sys.exit(code)
+    minutes, seconds = divmod(round(time.monotonic() - started), 60)
+    print(f"built and installed torchmem in {minutes} min {seconds} s", flush=True)
 
 
 if __name__ == "__main__":
