@@ -73,30 +73,29 @@ def test_makefile_announces_the_torch_install():
     assert "install -q" not in dry.split("tools/ensure_deps.py")[0]
 
 
+# Loads setup.py as a release and as a DEBUG=1 build (setup() stubbed) and prints what each would do.
 SETUP_PROBE = """
-import json, runpy, setuptools
+import json, os, runpy, setuptools
 setuptools.setup = lambda **kwargs: None
-ns = runpy.run_path("setup.py")
-print(json.dumps({"plan": ns["build_plan"](), "cxx": ns["compile_args"](), "link": ns["link_args"](),
-                  "requires": ns["install_requires"](), "sources": len(ns["sources"]())}))
+answers = {}
+for debug in ("0", "1"):
+    os.environ["DEBUG"] = debug
+    ns = runpy.run_path("setup.py")
+    answers[debug] = {"plan": ns["build_plan"](), "cxx": ns["compile_args"](), "link": ns["link_args"](),
+                      "requires": ns["install_requires"](), "sources": len(ns["sources"]())}
+print(json.dumps(answers))
 """
 
 
-def _setup_answers(debug):
-    env = dict(os.environ, DEBUG="1" if debug else "0")
-    proc = subprocess.run([sys.executable, "-c", SETUP_PROBE], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def test_release_builds_drop_debug_info_and_pin_torch():
-    release = _setup_answers(debug=False)
+    proc = subprocess.run([sys.executable, "-c", SETUP_PROBE], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    answers = json.loads(proc.stdout.strip().splitlines()[-1])
+    release, debug = answers["0"], answers["1"]
     assert "-g0" in release["cxx"] and "-g" not in release["cxx"] and release["link"] == ["-s"]
     assert release["requires"] == [f"torch=={torch.__version__.split('+')[0]}", "numpy"]
     assert f"compiling torchmem._C: {release['sources']} source files, about " in release["plan"]
     assert " min on " in release["plan"]
-    debug = _setup_answers(debug=True)
     assert "-g" in debug["cxx"] and "-g0" not in debug["cxx"] and debug["link"] == []
 
 
