@@ -10,8 +10,8 @@
 # compiled, except that csrc/shim/ and any file named *_cuda.cpp are compiled only
 # in CUDA builds, which also define TORCHMEM_WITH_CUDA=1.
 #
-# Release builds ship without debug info (-g0 over Python's own -g, and a stripped
-# link): with it the module is ~40x larger. The package's metadata pins the torch it
+# Release builds ship without debug info (-g0 over Python's own -g, and --strip-debug
+# at link): with it the module is ~30x larger. The package's metadata pins the torch it
 # is built against (Requires-Dist torch==X.Y.Z), because the module works only with
 # that torch's C++ ABI; torchmem/_built_with.py records it for the import-time message.
 #
@@ -104,8 +104,9 @@ def compile_args():
 
 
 def link_args():
-    # -s strips what -g0 cannot reach: debug info in the static parts linked in.
-    return [] if DEBUG else ["-s"]
+    # Strips what -g0 cannot reach (debug info in the static parts linked in) but keeps the
+    # symbol table: torch's unwinder names torchmem's C++ frames in memory snapshots from it.
+    return [] if DEBUG else ["-Wl,--strip-debug"]
 
 
 def install_requires():

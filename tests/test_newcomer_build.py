@@ -92,7 +92,7 @@ def test_release_builds_drop_debug_info_and_pin_torch():
     assert proc.returncode == 0, proc.stderr
     answers = json.loads(proc.stdout.strip().splitlines()[-1])
     release, debug = answers["0"], answers["1"]
-    assert "-g0" in release["cxx"] and "-g" not in release["cxx"] and release["link"] == ["-s"]
+    assert "-g0" in release["cxx"] and "-g" not in release["cxx"] and release["link"] == ["-Wl,--strip-debug"]
     assert release["requires"] == [f"torch=={torch.__version__.split('+')[0]}", "numpy"]
     assert f"compiling torchmem._C: {release['sources']} source files, about " in release["plan"]
     assert " min on " in release["plan"]
@@ -123,7 +123,8 @@ def test_the_built_module_has_no_debug_info():
     names = _section_names(_C.__file__)
     assert ".text" in names
     assert not [name for name in names if name.startswith(".debug")], names
-    assert ".symtab" not in names  # stripped at link time
+    # the symbol table stays: torch's unwinder names torchmem's C++ frames from it (tests/test_stacks.py)
+    assert ".symtab" in names
 
 
 def test_the_readmes_venv_is_ignored():
