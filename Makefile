@@ -12,8 +12,12 @@ PIP := $(PYTHON) -m pip
 .PHONY: setup setup-test build demo test test-gpu bench-micro bench-host-micro clean \
 	bench-vmm-chunks bench-vmm-chunks-build
 
+# Each long step says what it does and about how long it takes, then shows pip's or
+# the build's progress: minutes of silence look like a hang.
 setup:
-	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	@$(PYTHON) -c "import torch" 2>/dev/null || { \
+	  echo "installing $(TORCH_SPEC) (about 1-3 min: ~4 GB with its CUDA libraries, ~0.5 GB from the CPU-only index)"; \
+	  $(PIP) install $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"; }
 	@$(PYTHON) tools/ensure_deps.py demo
 	@$(PYTHON) tools/build_if_stale.py
 
@@ -21,9 +25,9 @@ setup:
 setup-test: setup
 	@$(PYTHON) tools/ensure_deps.py test
 
-# Force a rebuild of torchmem._C in place.
+# Force a rebuild of torchmem._C in place (pip install -e, showing the build's steps).
 build:
-	$(PIP) install -q --no-build-isolation --no-deps -e .
+	$(PYTHON) tools/build_if_stale.py --force
 
 # Main job: without a GPU, replay a bundled real trace under torchmem and a model
 # of PyTorch's native allocator, side by side; with a GPU, train with torchmem.

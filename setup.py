@@ -10,9 +10,14 @@
 # compiled, except that csrc/shim/ and any file named *_cuda.cpp are compiled only
 # in CUDA builds, which also define TORCHMEM_WITH_CUDA=1.
 #
+# Release builds ship without debug info (-g0 over Python's own -g, and --strip-debug
+# at link): with it the module is ~30x larger. The package's metadata pins the torch it
+# is built against (Requires-Dist torch==X.Y.Z), because the module works only with
+# that torch's C++ ABI; torchmem/_built_with.py records it for the import-time message.
+#
 # Environment: CUDA_HOME (toolkit root), TORCH_CUDA_ARCH_LIST (default below),
-# DEBUG=1 (-O0 -g, expensive invariant checks on), TORCHMEM_FORCE_CPU=1 (skip the
-# CUDA parts), TORCHMEM_BUILD_DIR (ninja's object directory, default build/obj).
+# DEBUG=1 (-O0 -g, unstripped, expensive invariant checks on), TORCHMEM_FORCE_CPU=1
+# (skip the CUDA parts), TORCHMEM_BUILD_DIR (ninja's object directory, default build/obj).
 
 import glob
 import os
@@ -67,6 +72,10 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtensio
 
 WITH_CUDA = bool(torch.version.cuda) and CUDA_HOME is not None
 DEBUG = os.environ.get("DEBUG", "0") == "1"
+TORCH_BASE_VERSION = torch.__version__.split("+")[0]
+# Seconds of one core per source file at -O3 (torch's headers dominate), from a build on
+# the 2-core CI machine (about 4 min for 40 files); only used to say how long a build takes.
+SECONDS_PER_SOURCE = 12
 
 
 def is_cuda_only(path):
@@ -83,7 +92,8 @@ def sources():
 def compile_args():
     # C++20: torch >= 2.10 headers need it (std::strong_ordering in c10), and cpp_extension asks for it too.
     flags = ["-std=c++20", "-fvisibility=hidden", "-Wall", "-Wno-unused-function"]
-    flags += ["-O0", "-g"] if DEBUG else ["-O3", "-DNDEBUG"]
+    # -g0 comes after Python's CFLAGS (which carry -g) and so wins.
+    flags += ["-O0", "-g"] if DEBUG else ["-O3", "-DNDEBUG", "-g0"]
     macros = [
         f"-DTORCHMEM_TORCH_VERSION=\"{torch.__version__}\"",
         f"-DTORCHMEM_CUDA_VERSION=\"{torch.version.cuda if WITH_CUDA else ''}\"",
@@ -93,12 +103,41 @@ def compile_args():
     return flags + macros
 
 
+def link_args():
+    # Strips what -g0 cannot reach (debug info in the static parts linked in) but keeps the
+    # symbol table: torch's unwinder names torchmem's C++ frames in memory snapshots from it.
+    return [] if DEBUG else ["-Wl,--strip-debug"]
+
+
+def install_requires():
+    """The module links against this torch's C++ ABI, so the package requires exactly it
+    (any local variant: torch==2.14.1 accepts 2.14.1+cu130 and 2.14.1+cpu)."""
+    return [f"torch=={TORCH_BASE_VERSION}", "numpy"]
+
+
+def build_plan():
+    """One line saying what the build compiles and about how long it takes from scratch."""
+    count = len(sources())
+    cores = os.cpu_count() or 1
+    minutes = max(1, round(count * SECONDS_PER_SOURCE / cores / 60))
+    return (f"torchmem: compiling torchmem._C: {count} source files, about {minutes} min on {cores} "
+            f"cores from scratch (only changed files after that), one line per file below")
+
+
+def built_with_text():
+    """torchmem/_built_with.py: what the module was built against, readable without loading it."""
+    return ("# Written by setup.py when torchmem._C is built; not in git.\n"
+            f"TORCH_VERSION = {torch.__version__!r}\n"
+            f"CUDA_VERSION = {(torch.version.cuda if WITH_CUDA else None)!r}\n")
+
+
 def extension():
     common = dict(
         name="torchmem._C",
         sources=sources(),
         include_dirs=[os.path.join(ROOT, "csrc")],
         extra_compile_args={"cxx": compile_args()},
+        extra_link_args=link_args(),
     )
     if WITH_CUDA:
         # The driver API (cuMem*) is reached through cudaGetDriverEntryPoint, so
@@ -115,12 +154,20 @@ class Build(BuildExtension):
         # ninja recompiles only what changed (tests/test_wheel.py builds a wheel).
         self.build_temp = os.environ.get("TORCHMEM_BUILD_DIR") or os.path.join(ROOT, "build", "obj")
 
+    def run(self):
+        print(f"torchmem: building with CUDA={'yes (' + CUDA_HOME + ')' if WITH_CUDA else 'no'}, "
+              f"torch {torch.__version__}, DEBUG={int(DEBUG)}", file=sys.stderr)
+        print(build_plan(), file=sys.stderr, flush=True)
+        super().run()
+        # Next to the module, in place and in a wheel's staging folder alike.
+        folder = os.path.dirname(self.get_ext_fullpath("torchmem._C"))
+        with open(os.path.join(folder, "_built_with.py"), "w") as f:
+            f.write(built_with_text())
 
-print(f"torchmem: building with CUDA={'yes (' + CUDA_HOME + ')' if WITH_CUDA else 'no'}, "
-      f"torch {torch.__version__}, DEBUG={int(DEBUG)}", file=sys.stderr)
 
-# Metadata lives in pyproject.toml; only the extension is described here.
+# Metadata lives in pyproject.toml; only the extension and the torch it needs are described here.
 setup(
+    install_requires=install_requires(),
     ext_modules=[extension()],
     cmdclass={"build_ext": Build.with_options(use_ninja=True)},
 )

@@ -1,31 +1,47 @@
 """Train a GPT-2-style model under a tight memory budget with torchmem's
 BatchSizeController: the first micro-batch (the whole batch) does not fit, the
-controller recovers, jumps to the largest size that fits and keeps the global
-batch of 64 by accumulation.
+controller recovers from the OOM, measures the memory each step takes, moves to
+the largest size that fits, and keeps the global batch of 64 by accumulation.
 
     python examples/gpt2_finetune_budget.py                  # H200: GPT-2 small, 24 GiB budget
     python examples/gpt2_finetune_budget.py --limit 16GiB --steps 60
     python examples/gpt2_finetune_budget.py --no-install     # torch's allocator + memory fraction
 
-Prints every decision of the controller (OOMs survived, micro-batch jumps), the
+Prints every decision of the controller (OOMs survived, micro-batch changes), the
 loss, and tokens per second. Without a GPU it says so and runs a tiny CPU
-version against a synthetic memory budget (torchmem.batch.SyntheticMemory).
+version against a synthetic memory budget (torchmem.batch.SyntheticMemory),
+where it says what the controller does there: halve on each OOM, then keep the
+last size that held (CPU_STORY).
 """
 
 import argparse
 import os
 import sys
+import textwrap
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+NEEDS = ("Needs a CUDA GPU with more memory than --limit (GPT-2 small, 24 GiB by default: an H200, A100-40GB "
+         "or larger) and torchmem built with CUDA. Without a GPU it runs a tiny CPU version instead.")
+# What the controller does in the CPU version, as it happens there: with a budget of 12
+# samples and sizes that are multiples of 8, 32 and 16 fail and 8 is the largest that holds.
+CPU_STORY = ("No CUDA GPU: running a tiny CPU version against a synthetic memory budget that fits 12 samples "
+             "per micro-batch. The controller starts at the whole batch; on each OOM it halves the micro-batch "
+             "(it has no measured memory line yet to jump with) until a size holds, then keeps it: sizes are "
+             "multiples of 8 (few shapes for torch.compile), so after 32 and 16 fail it stays at 8, and "
+             "accumulates to keep the global batch.")
+
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--limit", default="24GiB", help="torchmem memory budget (bytes, '24GiB' or a fraction)")
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--global-batch", type=int, default=64)
-    parser.add_argument("--seq", type=int, default=1024)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=NEEDS)
+    parser.add_argument("--limit", default="24GiB",
+                        help="torchmem memory budget: a size such as 24GiB, or a fraction of the GPU such as 0.5 "
+                             "(default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=40, help="training steps (default: %(default)s)")
+    parser.add_argument("--global-batch", type=int, default=64,
+                        help="samples per optimizer step, kept whatever the micro-batch (default: %(default)s)")
+    parser.add_argument("--seq", type=int, default=1024, help="sequence length (default: %(default)s)")
     parser.add_argument("--no-install", action="store_true",
                         help="do not install torchmem: budget via torch.cuda.set_per_process_memory_fraction")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
@@ -85,8 +101,7 @@ def main(argv=None):
     args = parse_args(argv)
     import torch
     if not torch.cuda.is_available():
-        print("No CUDA GPU: running a tiny CPU version against a synthetic memory budget "
-              "(fits 12 samples per micro-batch).")
+        print(textwrap.fill(CPU_STORY, width=100))
         from torchmem.batch import SyntheticMemory
         memory = SyntheticMemory(fixed=100 << 20, per_sample=8 << 20, budget=(100 << 20) + 12 * (8 << 20) + 1)
         args.steps = min(args.steps, 12)

@@ -19,7 +19,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 def main(argv=None):
     from tiny_gpt import example_args
 
-    args = example_args(__doc__.split("\n\n")[0], argv)
+    args = example_args(__doc__.split("\n\n")[0], argv, needs=(
+        "Needs a CUDA GPU with more memory than --limit (GPT-2 small, 24 GiB by default), torchmem built with "
+        "CUDA, and transformers (pip install transformers accelerate). Without them it says so and exits 0."))
 
     import torch
     try:

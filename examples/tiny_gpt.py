@@ -84,14 +84,18 @@ def synthetic_tokens(n, cfg, generator=None, device="cpu"):
     return ids.to(device)
 
 
-def example_args(description, argv=None, steps=30):
+def example_args(description, argv=None, steps=30, needs=None):
     """The options every training example takes: the torchmem budget, steps,
-    global batch and sequence length."""
+    global batch and sequence length. `needs`: what the example needs to run,
+    shown at the end of --help."""
     import argparse
 
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--limit", default="24GiB", help="torchmem memory budget (bytes, '24GiB' or a fraction)")
-    parser.add_argument("--steps", type=int, default=steps)
-    parser.add_argument("--global-batch", type=int, default=64)
-    parser.add_argument("--seq", type=int, default=1024)
+    parser = argparse.ArgumentParser(description=description, epilog=needs)
+    parser.add_argument("--limit", default="24GiB",
+                        help="torchmem memory budget: a size such as 24GiB, or a fraction of the GPU such as 0.5 "
+                             "(default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=steps, help="training steps (default: %(default)s)")
+    parser.add_argument("--global-batch", type=int, default=64,
+                        help="samples per optimizer step, kept whatever the micro-batch (default: %(default)s)")
+    parser.add_argument("--seq", type=int, default=1024, help="sequence length (default: %(default)s)")
     return parser.parse_args(argv)

@@ -46,6 +46,49 @@ def test_mismatched_torch_build_fails_with_rebuild_hint():
     assert "pip install --no-build-isolation -e ." in proc.stderr
 
 
+def test_cli_says_in_one_line_which_torch_the_module_was_built_for():
+    # A wheel or build for another torch: `python -m torchmem ...` prints one line, no traceback.
+    proc = run_python(
+        """
+        import sys
+        import torchmem._C as C
+        real = C.build_info
+        C.build_info = lambda: dict(real(), torch_version="1.0.0+cu118")
+        from torchmem.cli import main
+        sys.exit(main(["info"]))
+        """,
+        check=False,
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("torchmem info: error: torchmem._C was built against torch 1.0.0+cu118, but torch ")
+    assert "Install torch==1.0.0" in line and "pip install --no-build-isolation -e ." in line
+
+
+def test_a_module_that_cannot_load_names_the_torch_it_was_built_for():
+    # Against another torch's ABI the import itself fails (undefined symbol): the version
+    # comes from torchmem/_built_with.py, which setup.py writes beside the module.
+    proc = run_python(
+        """
+        import sys, types
+        sys.modules["torchmem._C"] = None
+        sys.modules["torchmem._built_with"] = types.SimpleNamespace(TORCH_VERSION="1.0.0")
+        from torchmem.cli import main
+        sys.exit(main(["info"]))
+        """,
+        check=False,
+    )
+    assert proc.returncode == 2
+    (line,) = proc.stderr.splitlines()
+    assert "torchmem._C was built against torch 1.0.0" in line and "cannot load" in line
+
+
+def test_the_build_records_the_torch_it_was_built_against():
+    from torchmem import _loader
+
+    assert _loader.built_for() == torchmem.build_info()["torch_version"]
+
+
 def test_cli_info_prints_build_info():
     out = subprocess.run([sys.executable, "-m", "torchmem", "info"], cwd=REPO,
                          capture_output=True, text=True, check=True).stdout

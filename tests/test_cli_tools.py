@@ -89,7 +89,7 @@ def test_plot_writes_a_png_that_opens(tmp_path, capsys):
 
     trace_path, png = tmp_path / "t.json.gz", tmp_path / "out.png"
     _write_trace(trace_path)
-    assert main(["plot", str(trace_path), "-o", str(png), "--no-replay"]) == 0
+    assert main(["plot", str(trace_path), "-o", str(png), "--no-replay", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     image = matplotlib.image.imread(str(png))
     assert image.shape[0] > 300 and image.shape[1] > 600
@@ -98,6 +98,8 @@ def test_plot_writes_a_png_that_opens(tmp_path, capsys):
     snap_path, png2 = tmp_path / "s.pickle", tmp_path / "snap.png"
     assert main(["convert", str(trace_path), str(snap_path)]) == 0
     assert main(["plot", str(snap_path), "-o", str(png2)]) == 0
+    said = capsys.readouterr().out.splitlines()[-1]  # in words: the snapshot has history, so a timeline
+    assert said.startswith(f"wrote {png2}: timeline of 11 events; peak requested 0.009 GiB; recorded allocator")
     assert matplotlib.image.imread(str(png2)).ndim == 3
 
 
@@ -109,7 +111,7 @@ def test_plot_draws_the_layout_that_replay_snapshot_writes(tmp_path, capsys):
     snap, png = tmp_path / "peak.pickle", tmp_path / "layout.png"
     assert main(["replay", "vision", "--policy", "native", "--json", "--snapshot", str(snap)]) == 0
     record = json.loads(capsys.readouterr().out.splitlines()[0])
-    assert main(["plot", str(snap), "-o", str(png)]) == 0
+    assert main(["plot", str(snap), "-o", str(png), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     snapshot = trace_io.read_snapshot(str(snap))
     assert summary["segments"] == len(snapshot["segments"]) and summary["reserved"] == record["peak_reserved"]
@@ -119,7 +121,7 @@ def test_plot_draws_the_layout_that_replay_snapshot_writes(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, words", [
     (["stats", "/no/such/file.pickle"], ["FILE", "/no/such/file.pickle"]),
-    (["stats"], ["not installed", "snapshot"]),
+    (["stats"], ["no FILE given", "no torchmem allocator", "snapshot", "torchmem top"]),
     (["plot", "/no/such.json.gz", "-o", "x.png"], ["FILE"]),
     (["plot", "{trace}", "-o", "out.jpg"], ["--output", ".png"]),
     (["plot", "{trace}", "-o", "/no/dir/out.png"], ["--output", "does not exist"]),

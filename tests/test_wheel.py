@@ -5,7 +5,8 @@ pyproject.toml goes unseen there (torchmem.batch was once left out of the wheel)
 This builds the wheel the way a user would get it, installs it into a fresh
 directory and imports all of it from a Python that cannot see the checkout.
 The wheel's compile shares the in-place build's object directory (build/obj,
-setup.py), so after `make build` it only relinks.
+setup.py), so after `make build` it only relinks. It also checks what the wheel
+tells pip: the exact torch it was built against, and a module without debug info.
 """
 
 import glob
@@ -69,6 +70,17 @@ def test_wheel_installs_and_imports_everything_outside_the_checkout(tmp_path):
     assert len(wheel) == 1, wheel
     with zipfile.ZipFile(wheel[0]) as archive:
         names = set(archive.namelist())
+        metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+        module = next(info for info in archive.infolist() if info.filename.startswith("torchmem/_C"))
+        built_with = archive.read("torchmem/_built_with.py").decode()
+    # The module works only with the torch it was compiled against: the metadata says which.
+    import torch
+
+    requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist: torch")]
+    assert requires == [f"Requires-Dist: torch=={torch.__version__.split('+')[0]}"], requires
+    assert f"TORCH_VERSION = {torch.__version__!r}" in built_with
+    # Without debug info: ~2 MB, where it made it ~60 MB.
+    assert module.file_size < 10 << 20, module.file_size
     for package in _packages_in_checkout():
         assert package.replace(".", "/") + "/__init__.py" in names, f"{package} is missing from the wheel"
     for path in bundled_traces():

@@ -7,6 +7,8 @@ machine without network (the GPU machine) has them already.
 The demo needs only the build tools; the test suite also needs pytest, hypothesis,
 matplotlib and the frameworks the integrations are tested against (Lightning,
 Transformers, Accelerate: several GB), so only `make test` installs those.
+It says what it installs and about how long that takes before pip starts, and
+leaves pip's own progress visible: a silent minute looks like a hang.
 """
 
 import importlib.util
@@ -36,6 +38,18 @@ NEEDED = {
         "pynvml": "nvidia-ml-py",
     },
 }
+# The big ones: with their dependencies, a few GB and a few minutes to download.
+LARGE = {"lightning", "transformers", "accelerate"}
+
+
+def announcement(missing_names, needed):
+    """The line printed before installing: what, and about how long."""
+    requirements = " ".join(needed[name] for name in missing_names)
+    if LARGE & set(missing_names):
+        duration = "about 2-5 min and a few GB: the frameworks bring their own dependencies"
+    else:
+        duration = "about 10-30 s"
+    return f"installing missing packages: {requirements} ({duration})"
 
 
 def main(argv):
@@ -44,10 +58,10 @@ def main(argv):
     needed = dict(NEEDED["demo"])
     if argv[0] == "test":
         needed.update(NEEDED["test"])
-    missing = [req for name, req in needed.items() if importlib.util.find_spec(name) is None]
+    missing = [name for name in needed if importlib.util.find_spec(name) is None]
     if missing:
-        print(f"installing missing packages: {' '.join(missing)}", flush=True)
-        subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", *missing])
+        print(announcement(missing, needed), flush=True)
+        subprocess.check_call([sys.executable, "-m", "pip", "install", *(needed[name] for name in missing)])
 
 
 if __name__ == "__main__":

@@ -5,8 +5,11 @@ batch, retry) work without a build: `_C` is loaded when something first reads
 `torchmem._loader._C` (``from torchmem._loader import _C``) or calls
 ``extension()``. A module built against one torch and imported with another
 fails with an undefined-symbol ImportError, or worse, loads and misbehaves. We
-check the torch version the module was built against (build_info) and turn both
-cases into an error that says what happened and how to rebuild.
+check the torch version the module was built against (build_info, or, when the
+module cannot even load, torchmem/_built_with.py, which setup.py writes beside it)
+and turn both cases into an ExtensionLoadError: one line that says which torch the
+module was built for, which is installed, and how to rebuild. The CLI prints it as
+that one line.
 
 ``is_installed()`` is the one answer to "is torchmem's allocator installed in
 this process?"; every other module asks it.
@@ -23,28 +26,50 @@ _module = None
 _lock = threading.Lock()
 
 
+class ExtensionLoadError(ImportError):
+    """torchmem._C is missing, or built for another torch; the message says how to fix it."""
+
+
 def _base_version(version):
     return version.split("+")[0]
 
 
+def built_for():
+    """The torch version the compiled module was built against, read without loading it
+    (torchmem/_built_with.py), or None when the build did not record it."""
+    try:
+        from torchmem import _built_with
+    except ImportError:
+        return None
+    return getattr(_built_with, "TORCH_VERSION", None)
+
+
+def _mismatch(built, installed, detail=""):
+    return ExtensionLoadError(
+        f"torchmem._C was built against torch {built}, but torch {installed} is installed{detail}. "
+        f"Install torch=={_base_version(built)} (what the package requires), or: {REBUILD_HINT}"
+    )
+
+
 def load_extension():
-    """Imports torchmem._C and checks it matches the installed torch; raises ImportError saying how to fix it."""
+    """Imports torchmem._C and checks it matches the installed torch; raises ExtensionLoadError saying how to fix it."""
     import torch
 
     try:
         from torchmem import _C
     except ImportError as exc:
-        raise ImportError(
-            f"torchmem's compiled module torchmem._C could not be loaded ({exc}). It is "
+        reason = " ".join(str(exc).split())
+        built = built_for()
+        if built and _base_version(built) != _base_version(torch.__version__):
+            raise _mismatch(built, torch.__version__, f", and the module cannot load ({reason})") from exc
+        raise ExtensionLoadError(
+            f"torchmem's compiled module torchmem._C could not be loaded ({reason}). It is "
             f"missing, or it was built for another torch than the one installed "
             f"(torch {torch.__version__}). {REBUILD_HINT}"
         ) from exc
     built = _C.build_info()["torch_version"]
     if _base_version(built) != _base_version(torch.__version__):
-        raise ImportError(
-            f"torchmem._C was built against torch {built}, but torch "
-            f"{torch.__version__} is installed. {REBUILD_HINT}"
-        )
+        raise _mismatch(built, torch.__version__)
     return _C
 
 

@@ -4,13 +4,16 @@
 installs torchmem, trains a decoder-only transformer built from plain torch
 (no downloads) for ~30 steps with a random batch size and sequence length per
 step (the shape churn that fragments PyTorch's native cache), and prints loss,
-step time and torchmem's peak requested / reserved bytes and their ratio.
-Under a minute on an H200.
+step time and torchmem's peak requested / reserved bytes and their ratio, in
+lines of at most 100 columns. Under a minute on an H200.
 """
 
 import argparse
 import random
+import textwrap
 import time
+
+WIDTH = 100  # columns of every printed line
 
 
 def build_model(torch, vocab, width, layers, heads, max_seq):
@@ -48,14 +51,19 @@ def parse_args(argv=None):
 
 
 def add_arguments(parser):
-    """Options of the GPU demo (the CLI's `demo` command may add these)."""
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--width", type=int, default=768)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--max-batch", type=int, default=24)
-    parser.add_argument("--max-seq", type=int, default=1024)
-    parser.add_argument("--limit", default=None, help="torchmem budget, e.g. '40GiB' or 0.5")
+    """Options of the GPU demo (the CLI's `demo` command adds these)."""
+    from torchmem.cli.options import LIMIT_HELP
+
+    parser.add_argument("--steps", type=int, default=30, help="training steps (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the model and the shapes (default: %(default)s)")
+    parser.add_argument("--width", type=int, default=768, help="model width (default: %(default)s)")
+    parser.add_argument("--layers", type=int, default=8, help="transformer layers (default: %(default)s)")
+    parser.add_argument("--max-batch", type=int, default=24,
+                        help="largest batch; each step draws one in 1..this (default: %(default)s)")
+    parser.add_argument("--max-seq", type=int, default=1024,
+                        help="longest sequence; each step draws one in 32..this (default: %(default)s)")
+    parser.add_argument("--limit", default=None, metavar="BUDGET",
+                        help="torchmem's " + LIMIT_HELP.replace("%", "%%").replace("the device", "the GPU"))
 
 
 def _option(args, name, default):
@@ -80,13 +88,15 @@ def main(args=None):
     if not torch.cuda.is_available():
         print("torchmem demo: no CUDA GPU here; run `python -m torchmem demo` for the trace replay instead")
         return 1
+    from torchmem.cli.options import parse_limit
+
     options = {"warn_unsupported": False}
     if limit is not None:
-        options["limit"] = limit
+        options["limit"] = parse_limit(limit)
     config = torchmem.install(**options)
     device = torch.cuda.current_device()
-    print(f"torchmem installed on {torch.cuda.get_device_name(device)}: {config!r}, "
-          f"backend {_C.runtime_backend_name(device)}")
+    print(f"torchmem installed on {torch.cuda.get_device_name(device)}, backend {_C.runtime_backend_name(device)}")
+    print(textwrap.fill(f"config: {config!r}", width=WIDTH, subsequent_indent="  "))
 
     rng = random.Random(seed)
     torch.manual_seed(seed)
@@ -115,19 +125,29 @@ def main(args=None):
             print(f"step {step:3d}  batch {batch:3d} x seq {seq:5d}  loss {float(loss.detach()):7.3f}  {elapsed * 1e3:7.1f} ms")
         del logits, loss, ids
 
-    stats = _C.runtime_stats(device)
+    times.sort()
+    for line in summary_lines(_C.runtime_stats(device), steps, times[len(times) // 2]):
+        print(line)
+    return 0
+
+
+def summary_lines(stats, steps, median_step_s):
+    """The closing figures from the pool's stats (_C.runtime_stats), each explained, in GiB."""
     requested = stats["requested_bytes"]["all"]["peak"]
     allocated = stats["allocated_bytes"]["all"]["peak"]
     reserved = stats["reserved_bytes"]["all"]["peak"]
-    times.sort()
-    print(f"median step {times[len(times) // 2] * 1e3:.1f} ms over {steps} steps")
-    print(f"torchmem peak requested {requested / 2**20:,.0f} MiB, peak allocated {allocated / 2**20:,.0f} MiB, "
-          f"peak reserved {reserved / 2**20:,.0f} MiB, ratio reserved/requested {reserved / requested:.3f} "
-          f"(reserved/allocated {reserved / allocated:.3f})")
-    print(f"driver calls: {stats['num_device_alloc']} granules/segments created, "
-          f"{stats.get('num_reclaims', 0)} granules stitched, {stats['num_alloc_retries']} alloc retries, "
-          f"{stats['num_ooms']} OOMs")
-    return 0
+    gib = float(1 << 30)
+    return [
+        f"after {steps} steps (median step {median_step_s * 1e3:.1f} ms), torchmem's peaks:",
+        f"  requested  {requested / gib:8.3f} GiB  the most the model asked for at once",
+        f"  allocated  {allocated / gib:8.3f} GiB  the same, in torchmem's 512 B blocks",
+        f"  reserved   {reserved / gib:8.3f} GiB  held from the GPU by the pool",
+        f"  reserved / requested {reserved / max(requested, 1):.3f} (1.000 = no memory wasted)",
+        f"  {stats['num_device_alloc']:,} granules/segments created (driver calls), "
+        f"{stats.get('num_reclaims', 0):,} granules stitched from free space",
+        f"  {stats['num_alloc_retries']:,} allocations released cached memory and retried; "
+        f"{stats['num_ooms']:,} failed (OOM)",
+    ]
 
 
 if __name__ == "__main__":

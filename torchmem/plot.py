@@ -7,7 +7,8 @@ bytes the program asked for), the recorded allocator's reserved bytes and the
 reserved bytes torchmem's pool would hold for the same requests (replayed); a second panel shows the fragmentation ratio so far
 (peak reserved / peak requested up to each event), which ends at the headline
 figure. Drawing uses a bare matplotlib Figure (Agg), never pyplot, so calling
-it from a notebook does not change the notebook's backend.
+it from a notebook does not change the notebook's backend. Legends sit above
+the axes, outside them, so that they never cover a curve or a segment.
 
 A snapshot without history (what `replay --snapshot` writes: the layout at one
 moment) has no timeline; plot_layout draws its segments and blocks instead.
@@ -71,10 +72,7 @@ def replayed_reserved(trace):
 
 
 def _decimate(values, points=MAX_POINTS):
-    """(x, y): the maximum of each bucket (A snapshot without history (what `replay --snapshot` writes: the layout at one
-moment) has no timeline; plot_layout draws its segments and blocks instead.
-
-Note [Peak-preserving decimation])."""
+    """(x, y): the maximum of each bucket of events (Note [Peak-preserving decimation])."""
     values = np.asarray(values)
     if len(values) <= points:
         return np.arange(len(values)), values
@@ -90,9 +88,23 @@ def running_ratio(requested, reserved):
         return np.where(peak_requested > 0, peak_reserved / peak_requested, 0.0)
 
 
+def _legend_above(axes, handles=None, columns=3):
+    """A legend in a row above `axes`, outside the plotting area."""
+    kwargs = {"handles": handles} if handles is not None else {}
+    return axes.legend(loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=columns, frameon=False,
+                       borderaxespad=0.0, fontsize=9, **kwargs)
+
+
 def plot_timeline(path, output, replay=True, title=None):
     """Writes a PNG timeline for the trace or snapshot at `path` to `output`; returns a dict
     of the figures drawn (peaks and final ratios)."""
+    figure, summary = timeline_figure(path, replay=replay, title=title)
+    figure.savefig(output, format="png", dpi=100)
+    return summary
+
+
+def timeline_figure(path, replay=True, title=None):
+    """(matplotlib Figure, figures drawn) of plot_timeline, unsaved."""
     # A Figure without pyplot renders with Agg and leaves the process's backend alone.
     from matplotlib.figure import Figure
 
@@ -107,7 +119,7 @@ def plot_timeline(path, output, replay=True, title=None):
     if torchmem_reserved is not None:
         series.append(("reserved (torchmem, replayed)", torchmem_reserved, "tab:green"))
 
-    fig = Figure(figsize=(11, 6.5))
+    fig = Figure(figsize=(11, 6.5), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     gib = float(1 << 30)
     summary = {"events": int(len(trace)), "peak_requested": int(requested.max())}
@@ -122,8 +134,8 @@ def plot_timeline(path, output, replay=True, title=None):
             summary[f"peak_reserved_{key}"] = int(values.max())
             summary[f"ratio_{key}"] = float(ratio[-1])
     top.set_ylabel("GiB")
-    top.set_title(title or f"memory timeline: {description}")
-    top.legend(loc="upper left")
+    fig.suptitle(title or f"memory timeline: {description}")
+    _legend_above(top)
     top.grid(alpha=0.3)
     bottom.set_ylabel("peak reserved /\npeak requested")
     bottom.set_xlabel("allocator event")
@@ -131,9 +143,7 @@ def plot_timeline(path, output, replay=True, title=None):
     finite = [v for k, v in summary.items() if k.startswith("ratio_") and v > 0]
     if finite:
         bottom.set_ylim(0.95, max(finite) * 1.15)
-    fig.tight_layout()
-    fig.savefig(output, format="png", dpi=100)
-    return summary
+    return fig, summary
 
 
 def has_history(path):
@@ -157,7 +167,7 @@ def plot_layout(path, output, title=None):
     if not segments:
         raise ValueError(f"{path}: the snapshot holds no segments: nothing to draw")
     mib = float(1 << 20)
-    fig = Figure(figsize=(11, min(2 + 0.3 * len(segments), 30)))
+    fig = Figure(figsize=(11, min(2 + 0.3 * len(segments), 30)), layout="constrained")
     axes = fig.subplots()
     totals = dict.fromkeys((state for state, _ in _STATE_COLORS), 0)
     for row, segment in enumerate(segments):
@@ -175,11 +185,9 @@ def plot_layout(path, output, title=None):
     reserved = sum(seg["total_size"] for seg in segments)
     settings = snapshot.get("allocator_settings") or {}
     where = f" ({settings['replayed_policy']}, event {settings['replayed_event']:,})" if "replayed_event" in settings else ""
-    axes.set_title(title or f"memory layout: {os.path.basename(path)}{where}: {reserved / mib:,.0f} MiB reserved "
-                            f"in {len(segments)} segments, {totals['active_allocated'] / mib:,.0f} MiB allocated")
-    axes.legend(handles=[Patch(color=color, label=state.replace("_", " ")) for state, color in _STATE_COLORS],
-                loc="lower right")
-    fig.tight_layout()
+    fig.suptitle(title or f"memory layout: {os.path.basename(path)}{where}: {reserved / mib:,.0f} MiB reserved "
+                          f"in {len(segments)} segments, {totals['active_allocated'] / mib:,.0f} MiB allocated")
+    _legend_above(axes, [Patch(color=color, label=state.replace("_", " ")) for state, color in _STATE_COLORS])
     fig.savefig(output, format="png", dpi=100)
     return {"segments": len(segments), "reserved": int(reserved),
             **{f"{state}_bytes": int(total) for state, total in totals.items()}}

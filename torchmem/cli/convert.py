@@ -6,18 +6,22 @@ snapshot -> trace: the snapshot's device trace becomes the shared trace format
 trace -> snapshot: the trace becomes a snapshot's device_traces, and the
 state at its end (segments still allocated, tiled by the allocations still
 live and free gaps) becomes its segments, so PyTorch's memory_viz tools can
-draw it. The direction follows IN's content (a pickle or not).
+draw it. The direction follows IN's content (a pickle or not). IN is read before
+OUT's name is judged, so a file that is neither is blamed, not the output path.
 """
 
 import os
 import pickle
+
+from torchmem.cli.options import CliError, resolve_trace
 
 HELP = "convert a PyTorch memory-snapshot pickle to a trace (.json.gz) or back"
 _ROUND = 512
 
 
 def add_arguments(parser):
-    parser.add_argument("input", metavar="IN", help="memory-snapshot pickle or trace (.json.gz / .json)")
+    parser.add_argument("input", metavar="IN",
+                        help="memory-snapshot pickle, trace (.json.gz / .json) or a bundled trace's name")
     parser.add_argument("output", metavar="OUT", help="trace (.json.gz / .json) or snapshot (.pickle / .pkl)")
     parser.add_argument("--device", type=int, default=None,
                         help="snapshot device whose trace to convert (default: the one with the most entries)")
@@ -93,19 +97,25 @@ def run(args):
     from torchmem import trace as trace_io
     from torchmem.snapshot import PICKLE_PROTOCOL
 
-    if not os.path.exists(args.input):
-        raise FileNotFoundError(f"IN: no such file: {args.input}")
-    if plot.is_snapshot_path(args.input):
+    out_dir = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(out_dir):
+        raise CliError(f"OUT {args.output}: folder {out_dir} does not exist")
+    path = resolve_trace(args.input, "IN")
+    try:
+        trace = trace_io.load(path, device=args.device)
+    except trace_io.TraceError as exc:
+        raise CliError(f"IN: {exc}") from None
+    if plot.is_snapshot_path(path):
         if not _is_trace_path(args.output):
-            raise ValueError(f"OUT: converting a snapshot writes a trace; expected a .json.gz or .json path, got {args.output!r}")
-        trace = trace_io.load(args.input, device=args.device)
+            raise CliError(f"OUT: IN is a memory snapshot, so the output is a trace; expected a .json.gz or .json "
+                           f"path, got {args.output!r}")
         trace_io.save(trace, args.output)
         extra = f", {trace.prologue} allocations live before recording began" if trace.prologue else ""
         print(f"wrote {args.output}: {len(trace)} events (device {trace.device}{extra})")
         return 0
     if not args.output.endswith((".pickle", ".pkl")):
-        raise ValueError(f"OUT: converting a trace writes a snapshot; expected a .pickle or .pkl path, got {args.output!r}")
-    trace = trace_io.load(args.input)
+        raise CliError(f"OUT: IN is a trace, so the output is a memory snapshot; expected a .pickle or .pkl path, "
+                       f"got {args.output!r}")
     snapshot = trace_to_snapshot(trace, device=args.device or 0)
     with open(args.output, "wb") as f:
         pickle.dump(snapshot, f, protocol=PICKLE_PROTOCOL)

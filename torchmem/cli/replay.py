@@ -8,6 +8,8 @@ as recorded (negative sizes, frees of addresses that are not live, ...) is refus
 with the first such entry named; --lenient skips them and says what it skipped.
 Under a budget the trace does not fit, the table says how many allocations
 failed and gives no ratio (peak figures then cover only what succeeded).
+Every option is checked before the first replay runs (--limit, --config and
+--snapshot by the rules of torchmem/cli/options.py), so a typo costs no minute.
 Without --json it prints one
 side-by-side table per trace (with the recording allocator's own figures where
 the trace has them); with --json, one JSON object per line per (trace, policy).
@@ -19,7 +21,8 @@ import os
 import pickle
 import sys
 
-from torchmem.config import Config, parse_bytes, parse_conf_string, parse_limit
+from torchmem.cli.options import (GRANULE, LIMIT_HELP, CliError, limit_bytes, parse_config, parse_limit,
+                                  parse_size, resolve_trace)
 
 HELP = "replay allocator traces under torchmem and PyTorch's native allocator (model), side by side"
 
@@ -39,8 +42,7 @@ def add_arguments(parser):
                         help="allocation policy to replay under: torchmem, a model of PyTorch's native allocator, "
                              "or of PyTorch's with expandable_segments:True (default: all three)")
     parser.add_argument("--limit", metavar="BUDGET", default=None,
-                        help="memory budget for the replay: bytes (20GiB) or a fraction of the simulated "
-                             "device (0.5 or 50%%, as install(limit=...)); default: the whole device")
+                        help=LIMIT_HELP.replace("%", "%%").replace("the device", "the simulated device"))
     parser.add_argument("--min-cap", action="store_true",
                         help="also find the smallest budget with no OOM (bisection to 2 MiB)")
     parser.add_argument("--min-device", action="store_true",
@@ -50,10 +52,11 @@ def add_arguments(parser):
     parser.add_argument("--json", action="store_true", help="one JSON object per line per (trace, policy)")
     parser.add_argument("--snapshot", metavar="OUT.pickle", default=None,
                         help="write the layout at peak reserved in PyTorch's memory-snapshot format "
-                             "(torchmem's policy, or native with --policy native); one trace only")
+                             "(torchmem's policy, or native with --policy native; the expandable model "
+                             "keeps no layout); one trace only")
     parser.add_argument("--config", metavar="KEY=VALUE,...", default="",
                         help="torchmem options for the replay (the TORCHMEM_CONF syntax), e.g. reclaim_slack=0.01; "
-                             "applied over TORCHMEM_CONF")
+                             "applied over TORCHMEM_CONF; a limit= here reads as --limit does")
     parser.add_argument("--capacity", metavar="BYTES", default=None,
                         help="simulated device memory (default: 140GiB, an H200)")
     parser.add_argument("--event-delay", type=int, default=0, metavar="POLLS",
@@ -134,10 +137,10 @@ def format_table(trace, results, requested=None, steps=None, step_ms=None):
         row(f"{kind.replace('_calls', '')} calls", [f"{r.backend_calls.get(kind, 0):,}" for r in results])
     row("stitched granules", [f"{r.reclaims:,}" if r.policy == "torchmem" else "-" for r in results])
     if steps and step_ms:
-        row("modeled backend time", [_per_step(r.modeled_backend_us, steps, step_ms) for r in results])
+        row("driver time/step (share)", [_per_step(r.modeled_backend_us, steps, step_ms) for r in results])
         row("  after warm-up (2nd half)", [_per_step(r.steady_backend_us, steps / 2, step_ms) for r in results])
     else:
-        row("modeled backend time", [f"{r.modeled_backend_us / 1000:,.1f} ms in all" for r in results])
+        row("driver time in all", [f"{r.modeled_backend_us / 1000:,.1f} ms" for r in results])
         row("  after warm-up (2nd half)", [f"{r.steady_backend_us / 1000:,.1f} ms" for r in results])
     row("driver calls after warm-up", [f"{r.steady_driver_calls:,}" for r in results])
     row("replay wall time", [f"{r.seconds:.2f} s" for r in results])
@@ -160,7 +163,7 @@ def format_table(trace, results, requested=None, steps=None, step_ms=None):
 
 def _per_step(total_us, steps, step_ms):
     per_step_ms = total_us / 1000 / steps
-    return f"{per_step_ms:,.1f} ms/step ({100 * per_step_ms / step_ms:.1f}% of a step)"
+    return f"{per_step_ms:,.2f} ms ({100 * per_step_ms / step_ms:.1f}%)"
 
 
 def _json_line(result, with_min_cap, with_min_device=False):
@@ -173,29 +176,43 @@ def _json_line(result, with_min_cap, with_min_device=False):
     return json.dumps(record, sort_keys=False)
 
 
-def _parse_config(text):
-    """TORCHMEM_CONF's options, overridden by --config's (Config applies the environment)."""
-    return Config(**parse_conf_string(text or ""))
+def _source(args, key):
+    """Where a config option the user set came from, as they typed it."""
+    given_here = any(item.partition("=")[0].strip() == key for item in (args.config or "").split(","))
+    return f"--config {key}" if given_here else f"TORCHMEM_CONF {key}"
 
 
-def _parse_limit(text, capacity):
-    """--limit in bytes: a size, or a fraction of the simulated device (as install(limit=...))."""
-    limit = parse_limit("--limit", text)
-    if limit is None:
-        return 0
-    return int(limit * capacity) if isinstance(limit, float) else limit
+def budget(args, config, capacity):
+    """The replay's budget in bytes (0: the whole device): --limit, else the limit of --config or
+    TORCHMEM_CONF, each refused below a granule or above the simulated device, naming its source.
+    A pre-reservation (reserve) larger than the budget is refused here too."""
+    if args.limit is not None:
+        limit = limit_bytes(parse_limit(args.limit), capacity)
+    elif config.limit is None:
+        limit = 0
+    else:
+        limit = limit_bytes(config.limit, capacity, _source(args, "limit"))
+    if config.reserve > (limit or capacity):
+        what = "the budget (--limit)" if args.limit is not None else (
+            f"the budget ({_source(args, 'limit')})" if limit else "the simulated device (--capacity)")
+        raise CliError(f"{_source(args, 'reserve')}: {config.reserve / (1 << 30):,.2f} GiB is more than "
+                       f"{what}, {(limit or capacity) / (1 << 30):,.2f} GiB")
+    return limit
 
 
-def resolve_trace(name):
-    """A path for TRACE: the file if it exists, else the bundled trace of that name."""
-    from torchmem import trace as trace_io
-
-    if os.path.exists(name) or os.sep in name or "." in os.path.basename(name):
-        return name  # a path: trace.load says when it is missing
-    try:
-        return trace_io.bundled_trace(name)
-    except ValueError as exc:
-        raise FileNotFoundError(f"TRACE {name!r} is neither a file nor a bundled trace ({exc})") from None
+def check_snapshot_target(out, policy, traces):
+    """Refuses --snapshot before any replay runs: a folder that does not exist, a policy that keeps
+    no layout, more than one trace."""
+    if len(traces) != 1:
+        raise CliError(f"--snapshot writes one file: give one TRACE, not {len(traces)}")
+    if policy == "expandable":
+        raise CliError("--snapshot: the expandable model keeps no block layout to write; use --policy torchmem, "
+                       "native or all (which writes torchmem's)")
+    if os.path.isdir(out):
+        raise CliError(f"--snapshot {out}: is a folder; give a file name such as {os.path.join(out, 'peak.pickle')}")
+    directory = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(directory):
+        raise CliError(f"--snapshot {out}: folder {directory} does not exist")
 
 
 def list_bundled(out=None):
@@ -238,24 +255,30 @@ def run(args):
         list_bundled()
         return 0
     if not args.traces:
-        raise ValueError("give at least one TRACE (a file, or a bundled trace's name: --list shows them)")
+        raise CliError("give at least one TRACE (a file, or a bundled trace's name: --list shows them)")
+    # Every option is checked before the first replay, which can take a minute.
     policies = replay_api.POLICIES if args.policy == "all" else (args.policy,)
-    capacity = parse_bytes("--capacity", args.capacity) if args.capacity is not None else replay_api.DEFAULT_CAPACITY
-    if capacity <= 0:
-        raise ValueError("--capacity must be > 0 bytes")
-    limit = _parse_limit(args.limit, capacity)
-    config = _parse_config(args.config)
+    capacity = parse_size(args.capacity, "--capacity") if args.capacity is not None else replay_api.DEFAULT_CAPACITY
+    if capacity < GRANULE:
+        raise CliError(f"--capacity {args.capacity}: the simulated device needs at least one 2 MiB granule")
+    config = parse_config(args.config)
+    limit = budget(args, config, capacity)
     if args.event_delay < 0:
-        raise ValueError(f"--event-delay must be >= 0 polls, got {args.event_delay}")
-    if args.snapshot and len(args.traces) != 1:
-        raise ValueError(f"--snapshot writes one file: give one TRACE, not {len(args.traces)}")
+        raise CliError(f"--event-delay must be >= 0 polls, got {args.event_delay}")
+    if args.snapshot:
+        check_snapshot_target(args.snapshot, args.policy, args.traces)
+    paths = [resolve_trace(name) for name in args.traces]
 
     anchors = load_anchors()
     progress = Progress()
     first = True
-    for name in args.traces:
-        path = resolve_trace(name)
+    for path in paths:
         trace = checked(trace_io.load(path, device=args.device), path, args.lenient)
+        if (args.min_cap or args.min_device) and config.reserve >= trace.peak_requested():
+            # The searches try budgets down to the trace's peak requested; none may sit under the reservation.
+            raise CliError(f"{_source(args, 'reserve')}: {config.reserve / (1 << 30):,.2f} GiB is at least {path}'s "
+                           f"peak requested, and --min-cap/--min-device search budgets below it; leave reserve "
+                           f"out for the search")
         show = progress if len(trace) >= PROGRESS_MIN_EVENTS else None
         results = []
         for policy in policies:
@@ -289,9 +312,6 @@ def _write_snapshot(out, trace, results, limit, config, capacity):
     core = replay_api.snapshot_at(trace, event, result.policy, limit=limit, config=config, capacity=capacity)
     settings = {"replayed_policy": result.policy, "replayed_event": event, "replayed_trace": result.trace}
     snapshot = to_torch_snapshot(core, device=0, expandable=(result.policy == "torchmem"), allocator_settings=settings)
-    directory = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"--snapshot: directory does not exist: {directory}")
     with open(out, "wb") as f:
         pickle.dump(snapshot, f, protocol=4)  # memory_viz reads protocols 2-4
     print(f"wrote {result.policy}'s layout at event {event:,} (peak reserved {_mib(result.peak_reserved)}) "

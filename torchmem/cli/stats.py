@@ -1,20 +1,31 @@
-"""`python -m torchmem stats [FILE]`: a memory table for a snapshot, a trace, or this process.
+"""`python -m torchmem stats FILE`: a memory table for a snapshot or a trace.
 
 A snapshot pickle (torchmem.dump_snapshot or torch.cuda.memory._dump_snapshot)
-gives a per-pool table of its segments and blocks; a trace (.json.gz) gives
-its peak requested and recorded reserved bytes; with no FILE, the table is
-torchmem.memory_summary() of this process, which needs torchmem installed
-(useful from `python -c`, rarely from a fresh CLI process).
+gives a per-pool table of its segments and blocks; a trace (.json.gz, or a
+bundled trace's name) gives its peak requested and recorded reserved bytes.
+
+A one-shot CLI process has no live allocator to report on (torchmem is installed
+in the training process, not in this one), so without FILE it says where live
+figures are: `python -m torchmem top` for every torchmem process on the node, or
+torchmem.memory_summary() inside the program. Run from a Python process that has
+torchmem installed (stats.run via the CLI's main), it prints that process's table.
 """
 
 import json
 
-HELP = "print a memory table for a snapshot pickle, a trace (.json.gz), or this process"
+from torchmem.cli.options import CliError, resolve_trace
+
+HELP = "print a memory table for a snapshot pickle or a trace (a file or a bundled trace's name)"
+NO_FILE = ("no FILE given, and this one-shot CLI process has no torchmem allocator of its own to report on. "
+           "Give a snapshot pickle (torchmem.dump_snapshot) or a trace (a .json.gz or a bundled name: "
+           "`replay --list`); for live processes run `python -m torchmem top`, or call "
+           "torchmem.memory_summary() in your program")
 
 
 def add_arguments(parser):
     parser.add_argument("file", nargs="?", metavar="FILE",
-                        help="memory-snapshot pickle or trace .json.gz (default: this process's installed allocator)")
+                        help="memory-snapshot pickle, trace .json.gz or a bundled trace's name (`replay --list`); "
+                             "for live processes use `python -m torchmem top`")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
 
 
@@ -73,17 +84,13 @@ def run(args):
         from torchmem._loader import is_installed
 
         if not is_installed():
-            raise ValueError("no FILE given and torchmem is not installed in this process; pass a snapshot "
-                             "pickle (torchmem.dump_snapshot) or a trace (.json.gz)")
+            raise CliError(NO_FILE)
         print(json.dumps(stats.memory_stats(), indent=1) if args.json else stats.memory_summary(), end="")
         return 0
     from torchmem import plot
 
-    try:
-        is_snapshot = plot.is_snapshot_path(args.file)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"FILE: no such file: {args.file}") from None
-    if is_snapshot:
+    args.file = resolve_trace(args.file, "FILE")
+    if plot.is_snapshot_path(args.file):
         from torchmem.trace import _DataOnlyUnpickler
 
         try:
