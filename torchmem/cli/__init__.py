@@ -17,6 +17,7 @@ COMMANDS = {
     "convert": "torchmem.cli.convert",
     "info": "torchmem.cli.info",
     "top": "torchmem.cli.top",
+    "exporter": "torchmem.cli.exporter",
 }
 
 
