@@ -216,3 +216,16 @@ def test_exporter_command_errors(tmp_path, monkeypatch, capsys):
         taken.close()
     err = capsys.readouterr().err
     assert "cannot serve on 127.0.0.1" in err and "--port" in err
+
+
+def test_an_unreadable_directory_or_record_is_counted_not_fatal(tmp_path, caplog):
+    (tmp_path / "not-a-dir").write_text("")
+    (tmp_path / "records").mkdir()
+    (tmp_path / "records" / "1.rec").write_bytes(b"junk")
+    collector = exporter.NodeCollector([str(tmp_path / "not-a-dir"), str(tmp_path / "records")])
+    with caplog.at_level("WARNING", logger="torchmem.monitor"):
+        samples = _samples(exporter.exposition(collector))
+        exporter.exposition(collector)
+    assert _series(samples, "torchmem_exporter_records", state="unreadable")[0][1] == 2
+    assert sum("cannot read" in r.message for r in caplog.records) == 1  # once, not at every scrape
+    assert sum("1.rec" in r.message for r in caplog.records) == 1

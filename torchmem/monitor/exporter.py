@@ -43,9 +43,9 @@ STATES = ("live", "dead", "invisible", "unreadable")
 
 def record_directories(directories=None, all_users=False):
     """The directories to scan: the given ones, else this user's default; with `all_users`, every
-    user's directory beside the default one (readable by root)."""
+    user's directory beside the default one, /dev/shm/torchmem/<uid> (readable by root)."""
     dirs = list(directories or [record.default_dir()])
-    if all_users:
+    if all_users and not os.environ.get("TORCHMEM_MONITOR_DIR"):
         parent = os.path.dirname(record.default_dir())
         dirs += sorted(d for d in glob.glob(os.path.join(parent, "*"))
                        if os.path.basename(d).isdigit() and os.path.isdir(d))
@@ -67,7 +67,7 @@ class NodeCollector:
         self.job = job or ""
         self.counts = dict.fromkeys(STATES, 0)
         self._dead_seen = {}  # path -> (pid, updated_ns) of a record that looked dead at the last scan
-        self._warned = False
+        self._warned = set()
 
     def scan(self):
         """The live records, sorted by pid; sets `counts`."""
@@ -76,6 +76,7 @@ class NodeCollector:
 
         def on_error(path, error):
             counts["unreadable"] += 1
+            self._warn_once(path, f"torchmem exporter: skipping {path}: {error}")
 
         def on_dead(path, rec):
             dead_now[path] = (rec.pid, rec.updated_ns)
@@ -88,23 +89,34 @@ class NodeCollector:
 
         by_pid = {}
         for directory in self.directories:
-            for rec in record.scan(directory, clean=False, on_error=on_error, on_dead=on_dead):
+            try:
+                found = record.scan(directory, clean=False, on_error=on_error, on_dead=on_dead)
+            except OSError as exc:  # a directory of another user: the uid or root decides
+                counts["unreadable"] += 1
+                self._warn_once(directory, f"torchmem exporter: cannot read {directory} ({exc.strerror}); run the "
+                                           f"exporter as the training processes' user, or as root with --all-users")
+                continue
+            for rec in found:
                 by_pid.setdefault(rec.pid, rec)
         self._dead_seen = dead_now
         counts["live"] = len(by_pid)
         self.counts = counts
         return [by_pid[pid] for pid in sorted(by_pid)]
 
-    def _warn_invisible(self, path, rec):
-        if self._warned:
+    def _warn_once(self, key, message, warn=False):
+        if key in self._warned:
             return
-        self._warned = True
-        message = (f"torchmem exporter: {path} is still being written by pid {rec.pid}, which this exporter "
-                   f"cannot see: it runs in another PID namespace. Run the exporter in the training processes' "
-                   f"PID namespace (Kubernetes: shareProcessNamespace: true in the pod; Docker: "
-                   f"--pid=container:<trainer> or --pid=host); until then their figures are not exported")
+        self._warned.add(key)
         _log.warning(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        if warn:
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+    def _warn_invisible(self, path, rec):
+        self._warn_once("invisible", f"torchmem exporter: {path} is still being written by pid {rec.pid}, which "
+                                     f"this exporter cannot see: it runs in another PID namespace. Run the exporter "
+                                     f"in the training processes' PID namespace (Kubernetes: shareProcessNamespace: "
+                                     f"true in the pod; Docker: --pid=container:<trainer> or --pid=host); until then "
+                                     f"their figures are not exported", warn=True)
 
     def describe(self):
         return []  # families vary with the processes: the registry must not describe them once
