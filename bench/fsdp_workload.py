@@ -126,18 +126,21 @@ def train(args):
     _prepare_environment(args)
     import torch
 
+    # 1.0 is the sweep's "unconstrained": no limit at all, since torchmem grows differently
+    # under any limit (docs/config.md, run_below_limit)
+    limit = args.limit_frac if args.limit_frac is not None and args.limit_frac < 1.0 else None
     if args.allocator == "torchmem":
         import torchmem
 
-        torchmem.install(limit=args.limit_frac)  # before anything touches CUDA
+        torchmem.install(limit=limit)  # before anything touches CUDA
     import torch.distributed as dist
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if args.device == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         torch.cuda.set_device(device)
-        if args.limit_frac is not None and args.allocator != "torchmem":
-            torch.cuda.set_per_process_memory_fraction(args.limit_frac, device)
+        if limit is not None and args.allocator != "torchmem":
+            torch.cuda.set_per_process_memory_fraction(limit, device)
         dist.init_process_group("nccl", device_id=device, timeout=datetime.timedelta(seconds=args.timeout_s))
     else:
         device = torch.device("cpu")
