@@ -218,7 +218,7 @@ def train(args):
 
 
 def sweep(argv):
-    parser = argparse.ArgumentParser(prog="fsdp_workload.py sweep",
+    parser = argparse.ArgumentParser(prog="fsdp_workload.py sweep", allow_abbrev=False,
                                      description="every allocator and budget in turn; one JSON line per rank and run")
     parser.add_argument("--nproc", type=int, default=1)
     parser.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=list(ALLOCATORS))
