@@ -51,11 +51,15 @@ def _scrape(port):
 
 
 def _sample(text, name, **labels):
-    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    for line in text.splitlines():
-        if line.startswith(f"{name}{{{wanted}}} "):
-            return float(line.split()[-1])
-    raise AssertionError(f"{name}{{{wanted}}} not in the scrape:\n{text}")
+    """The value of the one sample of `name` whose labels include `labels`, read with
+    prometheus_client's own parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = {k: str(v) for k, v in labels.items()}
+    found = [s.value for family in text_string_to_metric_families(text) for s in family.samples
+             if s.name == name and wanted.items() <= s.labels.items()]
+    assert len(found) == 1, f"{name}{wanted}: {len(found)} samples in the scrape:\n{text}"
+    return found[0]
 
 
 def test_http_scrape_of_every_process(publisher, monkeypatch):

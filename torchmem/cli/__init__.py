@@ -24,6 +24,7 @@ COMMANDS = {
     "convert": "torchmem.cli.convert",
     "info": "torchmem.cli.info",
     "top": "torchmem.cli.top",
+    "exporter": "torchmem.cli.exporter",
 }
 
 

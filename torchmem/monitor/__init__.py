@@ -8,7 +8,9 @@ Layers: record.py (the shared-memory record: layout, seqlock, dead-process
 cleanup), sources.py (where a process reads its own figures), publisher.py
 (the background thread), arbiter.py (the sharing rule, a pure function),
 share.py (the sharing I/O: lock, group file, limits, OOM-hook waits),
-metrics.py (Prometheus). docs/monitoring.md and docs/sharing.md are the guides.
+metrics.py (Prometheus), exporter.py (one endpoint for every process on the
+node: `python -m torchmem exporter`). docs/monitoring.md and docs/sharing.md
+are the guides.
 """
 
 import threading
@@ -28,10 +30,12 @@ def publisher():
     return _state["publisher"]
 
 
-def start(source=None, interval=0.5, group=None, guarantee=None, wait_s=30.0, directory=None):
+def start(source=None, interval=0.5, group=None, guarantee=None, wait_s=30.0, directory=None, job=None):
     """Starts publishing this process's figures (and sharing its GPU when `group` is given);
     returns the Publisher, or None when the record cannot be created (a warning says why).
-    `source` defaults to the installed allocator (monitor/sources.py)."""
+    `source` defaults to the installed allocator (monitor/sources.py). The record names the
+    process's rank and job (the exporter's labels): `job`, else the launcher's environment
+    (monitor/sources.py process_identity)."""
     from torchmem.monitor import share
     from torchmem.monitor.sources import RuntimeSource
 
@@ -43,7 +47,7 @@ def start(source=None, interval=0.5, group=None, guarantee=None, wait_s=30.0, di
         agent = None
         if group:
             agent = share.ShareAgent(source, group, guarantee, directory=directory, wait_s=wait_s)
-        pub = Publisher(source, interval=interval, directory=directory, group=group or "", agent=agent)
+        pub = Publisher(source, interval=interval, directory=directory, group=group or "", agent=agent, job=job)
         if not pub.start():
             return None
         _state["publisher"] = pub
@@ -72,7 +76,7 @@ def start_from_config(cfg):
     if cfg.monitor or cfg.share:
         try:
             pub = start(interval=cfg.monitor_interval, group=cfg.share, guarantee=cfg.guarantee,
-                        wait_s=cfg.share_wait)
+                        wait_s=cfg.share_wait, job=getattr(cfg, "job", None))
         except Exception as exc:  # the allocator is installed already: watching must not stop the job
             import warnings
 
@@ -120,14 +124,15 @@ def _own_records():
         return []
     import os
 
+    from torchmem.monitor.publisher import identity_now
     from torchmem.monitor.record import Record
-    from torchmem.monitor.sources import RuntimeSource
+    from torchmem.monitor.sources import RuntimeSource, process_identity
 
     source = RuntimeSource()
     rows = source.rows()
     for row in rows:
         row.micro_batch = current_micro_batch()
-    return [Record(pid=os.getpid(), start_ticks=0, devices=rows)]
+    return [Record(pid=os.getpid(), start_ticks=0, devices=rows, **identity_now(process_identity()))]
 
 
 def serve_metrics(port, addr="127.0.0.1", all_processes=False):

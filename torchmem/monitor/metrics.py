@@ -2,12 +2,15 @@
 
 Names follow Prometheus' conventions: the `torchmem_` prefix, base units with a
 unit suffix (`_bytes`), counters ending in `_total`, ratios in 0..1; labels are
-`device` (the CUDA ordinal as the process sees it) and `pid`. The collector
+`device` (the CUDA ordinal as the process sees it), `pid`, and the process's
+`rank` and `job` from its record ("" where unknown: Prometheus reads an empty
+label as an absent one). The collector
 reads records when scraped, so a scrape costs nothing between scrapes and the
 figures are the publisher's latest (at most one interval old).
 
 `serve_metrics(port)` serves this process's figures; `all_processes=True`
-serves every live record of this user on the node (one exporter per node).
+serves every live record of this user on the node. `python -m torchmem
+exporter` (monitor/exporter.py) is the node's endpoint for a cluster.
 """
 
 import logging
@@ -15,7 +18,7 @@ import warnings
 
 from torchmem.monitor import record as _record
 
-__all__ = ["GAUGES", "COUNTERS", "families", "serve_metrics", "flat_figures"]
+__all__ = ["GAUGES", "COUNTERS", "LABELS", "families", "process_labels", "serve_metrics", "flat_figures"]
 
 _log = logging.getLogger("torchmem.monitor")
 
@@ -41,29 +44,32 @@ COUNTERS = {
 }
 
 
-def families(records):
+LABELS = ("device", "pid", "rank", "job")
+
+
+def process_labels(rec, default_job=""):
+    """[pid, rank, job] label values of a record; `default_job` names the job of a record that
+    names none."""
+    return [str(rec.pid), str(rec.rank) if rec.rank >= 0 else "", rec.job or default_job]
+
+
+def families(records, default_job=""):
     """prometheus_client metric families for `records` (torchmem.monitor.record.Record)."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     out = []
-    labels = ["device", "pid"]
-    for name, (field, doc) in GAUGES.items():
-        family = GaugeMetricFamily(name, doc, labels=labels)
-        for rec in records:
-            for dev in rec.devices:
-                family.add_metric([str(dev.index), str(rec.pid)], float(getattr(dev, field)))
-        out.append(family)
-    for name, (field, doc) in COUNTERS.items():
-        family = CounterMetricFamily(name, doc, labels=labels)
-        for rec in records:
-            for dev in rec.devices:
-                family.add_metric([str(dev.index), str(rec.pid)], float(getattr(dev, field)))
-        out.append(family)
+    rows = [([str(dev.index)] + process_labels(rec, default_job), dev) for rec in records for dev in rec.devices]
+    for kind, table in ((GaugeMetricFamily, GAUGES), (CounterMetricFamily, COUNTERS)):
+        for name, (field, doc) in table.items():
+            family = kind(name, doc, labels=LABELS)
+            for labels, dev in rows:
+                family.add_metric(labels, float(getattr(dev, field)))
+            out.append(family)
     for name, field, doc in (("torchmem_host_reserved_bytes", "host_reserved_bytes", "Pinned host bytes cached."),
                              ("torchmem_host_active_bytes", "host_active_bytes", "Pinned host bytes in use.")):
-        family = GaugeMetricFamily(name, doc, labels=["pid"])
+        family = GaugeMetricFamily(name, doc, labels=LABELS[1:])
         for rec in records:
-            family.add_metric([str(rec.pid)], float(getattr(rec, field)))
+            family.add_metric(process_labels(rec, default_job), float(getattr(rec, field)))
         out.append(family)
     return out
 

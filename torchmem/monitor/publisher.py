@@ -22,9 +22,9 @@ import time
 import warnings
 
 from torchmem.monitor import record as _record
-from torchmem.monitor.sources import process_command
+from torchmem.monitor.sources import distributed_identity, process_command, process_identity
 
-__all__ = ["Publisher", "report_micro_batch", "current_micro_batch"]
+__all__ = ["Publisher", "report_micro_batch", "current_micro_batch", "identity_now"]
 
 _log = logging.getLogger("torchmem.monitor")
 _micro_batch = {"value": -1, "batch": None}
@@ -45,8 +45,19 @@ def current_micro_batch():
     return _micro_batch["value"]
 
 
+def identity_now(base):
+    """`base` (process_identity()) with the rank and world size of torch.distributed's default
+    group once it exists: a process started by mp.spawn learns its rank only there."""
+    identity = dict(base)
+    group = distributed_identity()
+    if group is not None:
+        identity["rank"], identity["world_size"] = group
+    return identity
+
+
 class Publisher:
-    def __init__(self, source, interval=0.5, directory=None, group="", agent=None, command=None):
+    def __init__(self, source, interval=0.5, directory=None, group="", agent=None, command=None, job=None,
+                 identity=None):
         if not interval > 0:
             raise ValueError(f"torchmem monitor: interval must be > 0 seconds, got {interval!r}")
         self.source = source
@@ -54,6 +65,7 @@ class Publisher:
         self.interval = min(interval, 0.1) if agent is not None else interval
         self.group = group or ""
         self.command = command or process_command()
+        self.identity = dict(identity) if identity is not None else process_identity(job)
         self.writer = _record.RecordWriter(directory)
         self.latest = None
         self.errors = 0
@@ -91,7 +103,7 @@ class Publisher:
         return _record.Record(pid=self.writer.pid, start_ticks=self.writer.start_ticks,
                               updated_ns=time.time_ns(), interval_ms=int(self.interval * 1000),
                               group=self.group, command=self.command, host_reserved_bytes=host_reserved,
-                              host_active_bytes=host_active, devices=rows)
+                              host_active_bytes=host_active, devices=rows, **identity_now(self.identity))
 
     def start(self):
         """Creates the record and starts the thread; False (with a warning) when the record cannot

@@ -19,7 +19,19 @@ Note [Dead records]
 A pid can be reused, so a record names its process by pid plus the kernel's
 start time (/proc/<pid>/stat field 22). A record whose pid is gone or whose
 start time differs belongs to a dead process: readers skip it and `clean_dead`
-removes it (only in our own uid's directory).
+removes it (only in our own uid's directory). Liveness is judged in the
+reader's PID namespace, so a reader in another one (a container without the
+writer's PID namespace) sees every writer as dead; the node exporter therefore
+skips such records and never removes them (monitor/exporter.py).
+
+Note [Record versions]
+Version 2 appends the writer's identity after the device slots: its rank,
+local rank and world size (-1, -1, 0 when unknown) and a job name, which the
+node exporter turns into labels. Everything before it is laid out as in
+version 1, so the seqlock's offset is the same. Readers accept both versions
+(a version-1 record has no identity); a reader from before version 2 skips a
+version-2 record as one of the wrong size, never fatally, so a node should run
+one torchmem version for its records to be seen by every reader.
 """
 
 import dataclasses
@@ -31,16 +43,22 @@ import tempfile
 import time
 
 MAGIC = b"TORCHMEM"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
 MAX_DEVICES = 16
 NAME_BYTES = 32
+JOB_BYTES = 64
 
 _HEADER = struct.Struct("<8sIIqqQQI32s48sQQ")
 _SEQ_OFFSET = 8 + 4 + 4 + 8 + 8  # magic, version, ndev, pid, start
 _SEQ = struct.Struct("<Q")
 # index, uuid, then 18 unsigned figures, the micro-batch (signed) and fragmentation
 _SLOT = struct.Struct("<i16s18Qqd")
-RECORD_BYTES = _HEADER.size + MAX_DEVICES * _SLOT.size
+# version 2's tail (Note [Record versions]): rank, local rank, world size, job
+_IDENTITY = struct.Struct(f"<iii{JOB_BYTES}s")
+RECORD_BYTES_V1 = _HEADER.size + MAX_DEVICES * _SLOT.size
+RECORD_BYTES = RECORD_BYTES_V1 + _IDENTITY.size
+_SIZES = {1: RECORD_BYTES_V1, 2: RECORD_BYTES}
 
 # The unsigned per-device figures, in slot order (bytes unless named otherwise).
 DEVICE_FIELDS = (
@@ -90,7 +108,8 @@ class DeviceFigures:
 
 @dataclasses.dataclass
 class Record:
-    """A process's record: who it is, when it last wrote, its sharing group and its devices."""
+    """A process's record: who it is (pid, and where known its rank and job), when it last
+    wrote, its sharing group and its devices."""
 
     pid: int
     start_ticks: int
@@ -102,6 +121,10 @@ class Record:
     host_reserved_bytes: int = 0
     host_active_bytes: int = 0
     devices: list = dataclasses.field(default_factory=list)
+    rank: int = -1        # the global rank under torch.distributed or a launcher (-1: none)
+    local_rank: int = -1  # the rank among the node's processes (-1: none)
+    world_size: int = 0   # 0: not known
+    job: str = ""         # the job it belongs to (Slurm job id, torchrun run id, the `job` option)
 
     def as_dict(self):
         out = dataclasses.asdict(self)
@@ -157,7 +180,12 @@ def is_alive(record):
 
 
 def _text(raw, size):
-    return raw.encode("utf-8", "replace")[:size]
+    # cut on a character boundary, so a long name never ends in a broken character
+    return raw.encode("utf-8", "replace")[:size].decode("utf-8", "ignore").encode("utf-8")
+
+
+def _int32(value):
+    return max(-1, min(int(value), (1 << 31) - 1))
 
 
 def encode(record):
@@ -175,19 +203,26 @@ def encode(record):
         for d in record.devices
     ]
     body = header + b"".join(slots)
-    return body + b"\0" * (RECORD_BYTES - len(body))
+    body += b"\0" * (RECORD_BYTES_V1 - len(body))
+    return body + _IDENTITY.pack(_int32(record.rank), _int32(record.local_rank), max(0, _int32(record.world_size)),
+                                 _text(record.job, JOB_BYTES))
 
 
 def decode(data, source="record"):
-    """A Record from bytes; RecordError for anything that is not a version-1 torchmem record."""
-    if len(data) != RECORD_BYTES:
+    """A Record from bytes; RecordError for anything that is not a torchmem record of a version
+    this torchmem reads (Note [Record versions])."""
+    if len(data) not in _SIZES.values():
         raise RecordError(f"{source}: {len(data)} bytes, a torchmem record has {RECORD_BYTES} (foreign or truncated file)")
     (magic, version, ndev, pid, start, seq, updated, interval, group, command,
      host_reserved, host_active) = _HEADER.unpack_from(data, 0)
     if magic != MAGIC:
         raise RecordError(f"{source}: not a torchmem record (bad magic {magic!r})")
-    if version != VERSION:
-        raise RecordError(f"{source}: record version {version}, this torchmem reads version {VERSION}")
+    if version not in READABLE_VERSIONS:
+        raise RecordError(f"{source}: record version {version}, this torchmem reads versions "
+                          f"{', '.join(map(str, READABLE_VERSIONS))}")
+    if len(data) != _SIZES[version]:
+        raise RecordError(f"{source}: {len(data)} bytes, a version-{version} torchmem record has "
+                          f"{_SIZES[version]} (truncated file)")
     if ndev > MAX_DEVICES or pid <= 0:
         raise RecordError(f"{source}: corrupt record (devices={ndev}, pid={pid})")
     devices = []
@@ -196,10 +231,15 @@ def decode(data, source="record"):
         figures = dict(zip(DEVICE_FIELDS, values[2:2 + len(DEVICE_FIELDS)]))
         devices.append(DeviceFigures(index=values[0], uuid=values[1], micro_batch=values[-2],
                                      fragmentation=values[-1], **figures))
+    identity = {}
+    if version >= 2:
+        rank, local_rank, world_size, job = _IDENTITY.unpack_from(data, RECORD_BYTES_V1)
+        identity = dict(rank=rank, local_rank=local_rank, world_size=world_size,
+                        job=job.rstrip(b"\0").decode("utf-8", "replace"))
     return Record(pid=pid, start_ticks=start, seq=seq, updated_ns=updated, interval_ms=interval,
                   group=group.rstrip(b"\0").decode("utf-8", "replace"),
                   command=command.rstrip(b"\0").decode("utf-8", "replace"),
-                  host_reserved_bytes=host_reserved, host_active_bytes=host_active, devices=devices)
+                  host_reserved_bytes=host_reserved, host_active_bytes=host_active, devices=devices, **identity)
 
 
 def record_path(directory, pid):
@@ -287,10 +327,11 @@ def read_record(path, attempts=50):
     raise RecordError(f"{path}: the writer never finished a write while it was read ({attempts} attempts)")
 
 
-def scan(directory=None, clean=True, on_error=None):
-    """The live records in `directory`, sorted by pid. Dead processes' records are removed when
-    `clean` (Note [Dead records]); foreign or corrupt files are skipped and passed to
-    on_error(path, error) (default: a line on stderr), never fatal."""
+def scan(directory=None, clean=True, on_error=None, on_dead=None):
+    """The live records in `directory`, sorted by pid. Dead processes' records are passed to
+    on_dead(path, record) when given and removed when `clean` (Note [Dead records]); foreign or
+    corrupt files are skipped and passed to on_error(path, error) (default: a line on stderr),
+    never fatal."""
     directory = directory or default_dir()
     try:
         names = sorted(os.listdir(directory))
@@ -309,6 +350,8 @@ def scan(directory=None, clean=True, on_error=None):
             (on_error or _report)(path, exc)
             continue
         if not is_alive(record):
+            if on_dead is not None:
+                on_dead(path, record)
             if clean:
                 _remove_quietly(path)
             continue

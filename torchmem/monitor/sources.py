@@ -5,6 +5,9 @@ A source has four methods: `rows()` (a list of DeviceFigures, one per device
 with a pool), `host()` (pinned host bytes: reserved, active), `set_limit(index,
 bytes)`, `empty_cache()` and `release_to(index, keep_bytes)`; the last three are
 the sharing agent's levers.
+`process_identity()` is who the process is among its job's processes (rank,
+local rank, world size, job), from the launcher's environment; the publisher
+writes it into the record for the node exporter's labels.
 `RuntimeSource` reads torchmem._C's runtime stats, the same counters
 torchmem.memory_stats() reports, never the allocation path: one stats call per
 device per tick takes the pool's mutex for a copy of its counters. Tests give
@@ -17,7 +20,22 @@ import uuid as _uuid
 
 from torchmem.monitor.record import DeviceFigures
 
-__all__ = ["figures_from_raw", "RuntimeSource", "PoolSource", "process_command"]
+__all__ = ["figures_from_raw", "RuntimeSource", "PoolSource", "process_command", "process_identity",
+           "distributed_identity"]
+
+# Where launchers put a process's place in its job: (rank, local rank, world size)
+# variables, the first launcher whose rank is set wins. torchrun's come before
+# Slurm's: under `srun torchrun`, SLURM_PROCID numbers the torchrun agents (one
+# per node), not the workers.
+LAUNCHER_VARS = (
+    ("RANK", "LOCAL_RANK", "WORLD_SIZE"),                                   # torchrun, accelerate, deepspeed
+    ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS"),                      # srun
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE"),  # Open MPI
+    ("PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE"),                            # MPICH, Intel MPI
+    ("PMIX_RANK", "PMIX_LOCAL_RANK", "PMIX_SIZE"),                          # PMIx launchers
+)
+# TORCHMEM_JOB names the job explicitly (a Kubernetes pod sets it from its Job's name).
+JOB_VARS = ("TORCHMEM_JOB", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "LSB_JOBID", "PBS_JOBID")
 
 
 def _driver_calls(raw):
@@ -52,6 +70,42 @@ def process_command():
     if argv[0] == "-c":
         return os.path.basename(sys.executable) + " -c"
     return os.path.basename(argv[0])
+
+
+def _int(environ, name):
+    text = environ.get(name, "").strip()
+    return int(text) if text.lstrip("-").isdigit() else None
+
+
+def process_identity(job=None, environ=None):
+    """{"rank", "local_rank", "world_size", "job"} of this process from its launcher's environment
+    (torchrun, Slurm, Open MPI, MPICH, PMIx; the job also from LSF and PBS): -1, -1, 0 and ""
+    where nothing says. An explicit `job` wins over the environment."""
+    environ = os.environ if environ is None else environ
+    rank, local_rank, world_size = None, _int(environ, "LOCAL_RANK"), None
+    for rank_var, local_var, world_var in LAUNCHER_VARS:
+        rank = _int(environ, rank_var)
+        if rank is not None:
+            local_rank, world_size = _int(environ, local_var), _int(environ, world_var)
+            break
+    if not job:
+        # torchrun's run id is "none" unless --rdzv-id names one: no job then
+        job = next((environ[n].strip() for n in JOB_VARS
+                    if environ.get(n, "").strip() and environ[n].strip() != "none"), "")
+    return {"rank": -1 if rank is None else rank, "local_rank": -1 if local_rank is None else local_rank,
+            "world_size": world_size or 0, "job": str(job)}
+
+
+def distributed_identity():
+    """(rank, world size) of torch.distributed's default group once the process initialized it,
+    else None. Never imports torch.distributed: a process that did not import it has no group."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+    except Exception:  # a group being torn down; the next tick asks again
+        return None
+    return None
 
 
 class RuntimeSource:

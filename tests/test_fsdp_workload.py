@@ -1,0 +1,52 @@
+"""bench/fsdp_workload.py on the CPU: two ranks over gloo train a tiny Llama under FSDP2 with the
+BatchSizeController on each, and report the same losses and micro-batches (the ranks agree);
+the sweep's table compares a run's losses with native's at the same budget."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from support import REPO, load_bench
+
+pytest.importorskip("transformers")
+SCRIPT = os.path.join(REPO, "bench", "fsdp_workload.py")
+TINY = ["--device", "cpu", "--allocator", "native", "--steps", "2", "--layers", "2", "--hidden", "64",
+        "--seq", "16", "--vocab", "256", "--global-batch", "8"]
+
+
+def test_two_ranks_train_under_fsdp2_with_the_controller():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+               PYTHONWARNINGS="ignore")
+    procs = [subprocess.Popen([sys.executable, SCRIPT, *TINY, "--controller", "--micro-batch", "2"], cwd=REPO,
+                              env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)), text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for rank in range(2)]
+    reports = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr[-4000:]
+        reports.append(json.loads(stdout.strip().splitlines()[-1]))
+    r0, r1 = reports
+    assert (r0["rank"], r1["rank"], r0["world"]) == (0, 1, 2)
+    assert len(r0["losses"]) == 2 and r0["losses"] == r1["losses"]  # all-reduced: one number per step
+    assert all(4.0 < loss < 7.0 for loss in r0["losses"])  # ln(256) = 5.5 at random weights
+    assert r0["micro_batches"] == r1["micro_batches"] == [2, 2] and r0["oom"] is None
+    assert r0["params"] == r1["params"] > 0 and len(r0["step_s"]) == 2
+
+
+def test_sweep_table_compares_losses_with_native():
+    bench = load_bench("fsdp_workload")
+    run = {"rank": 0, "losses": [2.0, 1.0], "micro_batches": [8, 8], "median_step_s": 0.5, "tokens_per_s": 100.0,
+           "peak_reserved": 2 << 30, "counters": {"num_device_alloc": 7}, "oom": None}
+    text = bench.table([(0.2, "native", [run]), (0.2, "torchmem", [dict(run, losses=[2.0, 1.001])]),
+                        (0.2, "expandable", [])])
+    native, mine, missing = text.splitlines()[1:]
+    assert native.split()[-1] == "-" and "2.00" in native
+    assert mine.split()[-1] == "1.00e-03" and "no report" in missing
