@@ -59,7 +59,7 @@ from churn_microbench import placement, timed_rounds  # noqa: E402  (the churn b
 from lockstep import Gate  # noqa: E402
 
 ALLOCATORS = ("native", "expandable", "async", "torchmem")
-WORKLOADS = ("gpt2", "llama_ckpt", "kv_generate", "vision")
+WORKLOADS = ("gpt2", "llama_ckpt", "kv_generate", "vision", "fsdp", "compile")
 ALLOC_CONF = {"expandable": "expandable_segments:True", "async": "backend:cudaMallocAsync"}
 TRACE_ACTIONS = {"alloc": 0, "free_requested": 1, "free_completed": 2, "segment_alloc": 3, "segment_free": 4,
                  "segment_map": 5, "segment_unmap": 6, "oom": 7}
@@ -147,6 +147,18 @@ def memory_figures(torch, allocator):
         "num_device_free": stats.get("num_device_free"),
         "num_alloc_retries": stats.get("num_alloc_retries"),
     }
+
+
+def cost_counters(torch):
+    """(driver calls, device barriers) so far: torchmem's granule creates, releases and moves
+    and its waits for the whole device; for PyTorch's allocators cudaMalloc/cudaFree (segments;
+    expandable_segments' pages) and the cache releases that synchronize the device."""
+    stats = torch.cuda.memory_stats()
+    if "torchmem.num_device_barriers" in stats:
+        return (stats.get("num_device_alloc", 0) + stats.get("num_device_free", 0)
+                + 2 * stats.get("torchmem.num_reclaims", 0), stats["torchmem.num_device_barriers"])
+    return (stats.get("num_device_alloc", 0) + stats.get("num_device_free", 0),
+            stats.get("num_sync_all_streams", 0) + stats.get("num_alloc_retries", 0))
 
 
 def allocation_count(torch):
@@ -301,8 +313,87 @@ def vision_workload(torch):
     return draw, step
 
 
+def fsdp_workload(torch):
+    """FSDP2 on one rank: a Llama-style model (12 layers, 1024 wide) with fully_shard per
+    decoder layer and bf16 mixed precision, AdamW, batch 2..8 x seq 512..2048. One rank
+    still gathers each layer's parameters on a stream of its own, as on many."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if not dist.is_initialized():
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    config = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
+                         num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=4096)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config)
+    model.config.use_cache = False
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def draw(rng):
+        return rng.randint(2, 8), rng.randint(512, 2048)
+
+    def step(shape):
+        batch, seq = shape
+        ids = torch.randint(0, config.vocab_size, (batch, seq), device="cuda")
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        enqueued = time.perf_counter()
+        return {"batch": batch, "seq": seq, "loss": float(loss), "enqueued_at": enqueued}
+
+    return draw, step
+
+
+def compile_workload(torch):
+    """GPT-2 small under torch.compile(mode="reduce-overhead") (CUDA graph trees record into
+    the allocator's private pools), training steps in bf16 autocast, batch 4..16 x seq 256..1024:
+    each shape is compiled and recorded in the warm-up, then replayed."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    with torch.device("cuda"):
+        model = GPT2LMHeadModel(GPT2Config())
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    vocab = model.config.vocab_size
+
+    def forward_backward(ids):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss.detach()
+
+    compiled = torch.compile(forward_backward, mode="reduce-overhead")
+
+    def draw(rng):
+        return rng.choice((4, 8, 16)), rng.choice((256, 512, 1024))
+
+    def step(shape):
+        batch, seq = shape
+        ids = torch.randint(0, vocab, (batch, seq), device="cuda")
+        torch.compiler.cudagraph_mark_step_begin()
+        loss = compiled(ids)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        enqueued = time.perf_counter()
+        return {"batch": batch, "seq": seq, "loss": float(loss), "enqueued_at": enqueued}
+
+    return draw, step
+
+
 BUILDERS = {"gpt2": gpt2_workload, "llama_ckpt": llama_workload, "kv_generate": kv_generate_workload,
-            "vision": vision_workload}
+            "vision": vision_workload, "fsdp": fsdp_workload, "compile": compile_workload}
 
 
 def host_speed(torch):
@@ -437,28 +528,39 @@ def main(argv=None):
     shapes = [draw(rng) for _ in range(args.shapes)]
     reset_peaks(torch, args.allocator)
     times, enqueue_times, allocs, device_used_peak, info = [], [], [], 0, {}
+    driver_calls, barriers, oom_at = [], [], None
     allocated = allocation_count(torch)  # nothing allocates between one step's end and the next's start
+    costs = cost_counters(torch)
     wall_start = time.perf_counter()
     for i in range(args.steps):
         gate.wait()
         torch.cuda.synchronize()
         start = time.perf_counter()
-        info = step(shapes[i % len(shapes)] if shapes else draw(rng))
+        try:
+            info = step(shapes[i % len(shapes)] if shapes else draw(rng))
+        except torch.OutOfMemoryError:
+            # under a budget this allocator cannot fit: say so (the steps before it stand)
+            oom_at = i
+            break
         torch.cuda.synchronize()
         end = time.perf_counter()
         enqueued = info.pop("enqueued_at", None)
         allocated, before = allocation_count(torch), allocated
+        costs, costs_before = cost_counters(torch), costs
         if i >= args.warmup:
             times.append(end - start)
             if enqueued is not None:
                 enqueue_times.append(enqueued - start)
             allocs.append(allocated - before)
+            driver_calls.append(costs[0] - costs_before[0])
+            barriers.append(costs[1] - costs_before[1])
         free, _ = torch.cuda.mem_get_info()
         device_used_peak = max(device_used_peak, total - free - baseline_used)
     wall = time.perf_counter() - wall_start
     gate.wait()  # the profiled steps and the result, alone too
     figures = memory_figures(torch, args.allocator)  # before the profiled steps: the timed run's figures
-    kernel_ms, host_ops = kernel_times(torch, step, shapes) if args.kernel_time and shapes else (None, None)
+    kernel_ms, host_ops = (kernel_times(torch, step, shapes) if args.kernel_time and shapes and oom_at is None
+                           else (None, None))
     result = {
         "workload": args.workload, "allocator": allocator_label(args), "seed": args.seed, "steps": args.steps,
         "warmup": args.warmup, "shapes": args.shapes,
@@ -469,9 +571,11 @@ def main(argv=None):
         "ratio": figures["peak_reserved"] / figures["peak_allocated"] if figures["peak_allocated"] else None,
         "device_ratio": (device_used_peak / figures["peak_allocated"]
                          if figures["peak_allocated"] and not args.lockstep else None),
-        "median_step_s": statistics.median(times),
-        "mean_step_s": statistics.fmean(times),
+        "median_step_s": statistics.median(times) if times else None,
+        "mean_step_s": statistics.fmean(times) if times else None,
         "total_s": sum(times), "wall_s": None if args.lockstep else wall,  # lockstep: mostly waiting
+        "oom_at_step": oom_at, "device_total": total,
+        "driver_calls_per_step": driver_calls, "barriers_per_step": barriers,
         "step_s": times, "host_speed": speed,
         "enqueue_s": enqueue_times, "allocs_per_step": allocs, "kernel_ms": kernel_ms,
         "host_ops": host_ops,

@@ -3,6 +3,7 @@
     python bench/lockstep.py --workload llama_ckpt --allocators native expandable torchmem \\
         --per-allocator 2 --steps 12 --shapes 4 --seeds 1 2 --out lockstep.jsonl
     python bench/lockstep.py table lockstep.jsonl [more.jsonl ...]   (the tables again, of one or more calls)
+    ... --budgets 1.05 1.10   (also under budgets: each a multiple of the workload's peak request)
 
 Why: a host-bound step's time moves with its process's pace, and that pace moved
 0.5-1.6x from one process to the next and from minute to minute (BENCHMARKS.md
@@ -14,6 +15,12 @@ so no two processes ever run together, and step i of every process runs within
 the same second or two. A slow minute then slows every allocator's step i alike,
 and `--per-allocator N` puts N processes behind each allocator so that one slow
 process shows as one among N.
+
+Budgets (--budgets B ...): after each seed's unconstrained group, the same group again per B,
+every process under torch.cuda.set_per_process_memory_fraction(B x peak requested / device
+memory), the peak taken from the unconstrained group (the same steps): PyTorch's allocators
+and torchmem (which answers the same call) under one budget. A process that runs out of
+memory there reports its OOM step and no time; the tables say which allocators fit.
 
 Protocol (bench/gpu_workloads.py --lockstep R,W): the worker writes "ready" on W
 when it reaches a gate and blocks reading "go" from R. Segments between gates run
@@ -116,6 +123,11 @@ def geomean(values):
     return math.exp(statistics.fmean(math.log(v) for v in values)) if values else float("nan")
 
 
+def group_key(row):
+    """(workload, budget): a budget's rows are compared only with the same budget's."""
+    return row["workload"], row.get("budget")
+
+
 def paired_steps(rows, baseline="native"):
     """Each allocator against `baseline`, step by step within a group: per group (workload, seed)
     and timed step i, the median over an allocator's processes of step i's time, divided by the
@@ -123,7 +135,9 @@ def paired_steps(rows, baseline="native"):
     "processes": k}} (the ratio's geometric mean over every group's steps, and its range)."""
     steps = {}
     for row in rows:
-        key = (row["workload"], row["lockstep"]["group"], row["allocator"])
+        if row.get("oom_at_step") is not None:
+            continue  # did not fit: no time to compare
+        key = (group_key(row), row["lockstep"]["group"], row["allocator"])
         steps.setdefault(key, []).append(row["step_s"])
     out = {}
     for (workload, group, allocator), runs in steps.items():
@@ -132,6 +146,8 @@ def paired_steps(rows, baseline="native"):
             continue
         mine = [statistics.median(column) for column in zip(*runs)]
         theirs = [statistics.median(column) for column in zip(*base)]
+        if not mine or not theirs:
+            continue
         entry = out.setdefault((workload, allocator), {"ratios": [], "processes": 0})
         entry["ratios"] += [a / b for a, b in zip(mine, theirs)]
         entry["processes"] += len(runs)
@@ -139,32 +155,82 @@ def paired_steps(rows, baseline="native"):
                   "high": max(e["ratios"]), "processes": e["processes"]} for key, e in out.items()}
 
 
+def budget_label(budget):
+    return "none" if budget is None else f"{budget:g}x"
+
+
 def process_table(rows):
-    """Per allocator: its processes' totals (min, median, max), to show how far processes differ."""
-    totals = {}
+    """Per allocator: its processes' totals (min, median, max), to show how far processes differ;
+    how many ran out of memory; per timed step, driver calls and device barriers (median)."""
+    cells = {}
     for row in rows:
-        totals.setdefault((row["workload"], row["allocator"]), []).append(row["total_s"] * 1e3)
-    lines = ["| workload | allocator | processes | total ms: min / median / max |", "|---|---|---|---|"]
-    for (workload, allocator), values in sorted(totals.items()):
-        lines.append(f"| {workload} | {allocator} | {len(values)} | "
-                     f"{min(values):,.0f} / {statistics.median(values):,.0f} / {max(values):,.0f} |")
+        cells.setdefault((*group_key(row), row["allocator"]), []).append(row)
+    lines = ["| workload | budget | allocator | processes | OOM | total ms: min / median / max "
+             "| driver calls / step | barriers / step |", "|---|---|---|---|---|---|---|---|"]
+    for (workload, budget, allocator), group in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0, kv[0][2])):
+        fit = [r for r in group if r.get("oom_at_step") is None]
+        totals = [r["total_s"] * 1e3 for r in fit]
+        calls = [c for r in fit for c in r.get("driver_calls_per_step") or []]
+        waits = [c for r in fit for c in r.get("barriers_per_step") or []]
+        span = f"{min(totals):,.0f} / {statistics.median(totals):,.0f} / {max(totals):,.0f}" if totals else "-"
+        lines.append(f"| {workload} | {budget_label(budget)} | {allocator} | {len(group)} | {len(group) - len(fit)} | "
+                     f"{span} | {statistics.median(calls) if calls else '-'} | {statistics.median(waits) if waits else '-'} |")
     return "\n".join(lines)
 
 
 def paired_table(rows, baseline="native"):
     lines = [f"| workload | allocator | processes | steps | step / {baseline}: geomean (range) |",
              "|---|---|---|---|---|"]
-    for (workload, allocator), e in sorted(paired_steps(rows, baseline).items()):
-        lines.append(f"| {workload} | {allocator} | {e['processes']} | {e['steps']} | "
+    for ((workload, budget), allocator), e in sorted(paired_steps(rows, baseline).items(),
+                                                      key=lambda kv: (kv[0][0][0], kv[0][0][1] or 0, kv[0][1])):
+        lines.append(f"| {workload} {budget_label(budget)} | {allocator} | {e['processes']} | {e['steps']} | "
                      f"{e['geomean']:.3f} ({e['low']:.2f}-{e['high']:.2f}) |")
     return "\n".join(lines)
 
 
-def worker_argv(workload, allocator, seed, args, out):
+def worker_argv(workload, allocator, seed, args, out, fraction=None):
     name, _, conf = allocator.partition(":")  # "torchmem:OPTIONS" is torchmem with those options
     argv = [sys.executable, os.path.join(HERE, "gpu_workloads.py"), "--workload", workload, "--allocator", name,
             "--steps", str(args.steps), "--shapes", str(args.shapes), "--seed", str(seed), "--out", out]
-    return argv + (["--torchmem-conf", conf] if conf else []) + (["--kernel-time"] if args.kernel_time else [])
+    return (argv + (["--torchmem-conf", conf] if conf else []) + (["--kernel-time"] if args.kernel_time else [])
+            + (["--memory-fraction", f"{fraction:.6f}"] if fraction else []))
+
+
+def budget_fraction(rows, budget):
+    """The memory fraction that gives `budget` x the group's peak request (None: no peak known)."""
+    peaks = [r["peak_requested"] for r in rows if r.get("peak_requested") and r.get("oom_at_step") is None]
+    totals = [r["device_total"] for r in rows if r.get("device_total")]
+    if not peaks or not totals:
+        return None
+    return min(1.0, budget * max(peaks) / totals[0])
+
+
+def run_group(args, seed, budget=None, fraction=None):
+    """One lockstep group (every allocator x per-allocator processes); its tagged rows."""
+    rows, failed = [], 0
+    with tempfile.TemporaryDirectory() as tmp:
+        commands = []
+        for k in range(args.per_allocator):  # interleaved: native, expandable, torchmem, native, ...
+            for allocator in args.allocators:
+                name = f"{allocator}#{k}"
+                commands.append((name, worker_argv(args.workload, allocator, seed, args, f"{tmp}/{len(commands)}",
+                                                   fraction)))
+        codes = run_lockstep(commands, args.timeout)
+        for index, (name, _) in enumerate(commands):
+            if codes[name] != 0:
+                print(f"lockstep: {name} (seed {seed}, budget {budget_label(budget)}) exited {codes[name]}",
+                      file=sys.stderr)
+                failed += 1
+                continue
+            with open(f"{tmp}/{index}") as f:
+                row = json.loads(f.readline())
+            row["budget"] = budget
+            row["lockstep"] = {"group": f"{args.workload}/{seed}/{budget_label(budget)}", "process": name,
+                               "start_rank": index}
+            rows.append(row)
+    with open(args.out, "a") as f:  # after each group: a call cut at its limit keeps what finished
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    return rows, failed
 
 
 def print_tables(rows):
@@ -191,30 +257,29 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="one group of processes per seed")
     parser.add_argument("--kernel-time", action="store_true")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds one segment may take")
+    parser.add_argument("--budgets", type=float, nargs="*", default=[],
+                        help="also run each seed under these budgets: multiples of its peak request (e.g. 1.05)")
+    parser.add_argument("--no-unconstrained", action="store_true",
+                        help="with --budgets: report only the budget groups (the unconstrained one still runs "
+                             "first, to measure the peak request)")
     parser.add_argument("--out", required=True, help="JSON-lines file the tagged results are appended to")
     args = parser.parse_args(argv)
+    if any(b < 1.0 for b in args.budgets):
+        parser.error("--budgets are multiples of the peak request: each must be >= 1")
     rows, failed = [], 0
     for seed in args.seeds:
-        with tempfile.TemporaryDirectory() as tmp:
-            commands = []
-            for k in range(args.per_allocator):  # interleaved: native, expandable, torchmem, native, ...
-                for allocator in args.allocators:
-                    name = f"{allocator}#{k}"
-                    commands.append((name, worker_argv(args.workload, allocator, seed, args, f"{tmp}/{len(commands)}")))
-            codes = run_lockstep(commands, args.timeout)
-            group = []
-            for index, (name, _) in enumerate(commands):
-                if codes[name] != 0:
-                    print(f"lockstep: {name} (seed {seed}) exited {codes[name]}", file=sys.stderr)
-                    failed += 1
-                    continue
-                with open(f"{tmp}/{index}") as f:
-                    row = json.loads(f.readline())
-                row["lockstep"] = {"group": f"{args.workload}/{seed}", "process": name, "start_rank": index}
-                group.append(row)
-        with open(args.out, "a") as f:  # after each group: a call cut at its limit keeps what finished
-            f.writelines(json.dumps(row) + "\n" for row in group)
-        rows += group
+        group, bad = run_group(args, seed)
+        failed += bad
+        if not args.no_unconstrained or not args.budgets:
+            rows += group
+        for budget in args.budgets:
+            fraction = budget_fraction(group, budget)
+            if fraction is None:
+                print(f"lockstep: no peak request measured for seed {seed}; budget {budget} skipped", file=sys.stderr)
+                continue
+            budget_rows, bad = run_group(args, seed, budget, fraction)
+            failed += bad
+            rows += budget_rows
     print_tables(rows)
     return 1 if failed else 0
 

@@ -85,14 +85,14 @@ def test_paired_steps_divides_medians_of_the_same_step_within_a_group():
             result("expandable", 3, [1.0], "expandable#0")]  # no native in its group: not paired
     paired = lockstep.paired_steps(rows)
     # group 1: medians native [2, 2], torchmem [2, 2] -> 1, 1; group 2: 0.5
-    entry = paired[("llama_ckpt", "torchmem")]
+    entry = paired[(("llama_ckpt", None), "torchmem")]
     assert entry["steps"] == 3 and entry["processes"] == 3
     assert entry["geomean"] == pytest.approx(0.5 ** (1 / 3))
     assert (entry["low"], entry["high"]) == (0.5, 1.0)
-    assert set(paired) == {("llama_ckpt", "torchmem")}
+    assert set(paired) == {(("llama_ckpt", None), "torchmem")}
     table = lockstep.paired_table(rows)
-    assert "| llama_ckpt | torchmem | 3 | 3 | 0.794 (0.50-1.00) |" in table
-    assert "| llama_ckpt | native | 3 |" in lockstep.process_table(rows)
+    assert "| llama_ckpt none | torchmem | 3 | 3 | 0.794 (0.50-1.00) |" in table
+    assert "| llama_ckpt | none | native | 3 | 0 |" in lockstep.process_table(rows)
 
 
 def test_main_tags_each_result_with_its_group(tmp_path, monkeypatch):
@@ -109,20 +109,42 @@ steps = []
 for i in range(int(value("--steps"))):
     gate.wait()
     steps.append(0.1 if value("--allocator") == "native" else 0.09)
+fraction = float(value("--memory-fraction")) if "--memory-fraction" in argv else None
+# under a budget of 1.02x its peak request (1 GiB of 100), "native" runs out of memory
+oom = 0 if fraction and fraction < 0.0103 and value("--allocator") == "native" else None
 with open(value("--out"), "w") as f:
     f.write(json.dumps({{"workload": value("--workload"), "allocator": value("--allocator"),
-                        "seed": int(value("--seed")), "step_s": steps, "total_s": sum(steps)}}) + "\\n")
+                        "seed": int(value("--seed")), "step_s": [] if oom is not None else steps,
+                        "total_s": 0 if oom is not None else sum(steps), "oom_at_step": oom,
+                        "peak_requested": 1 << 30, "device_total": 100 << 30, "memory_fraction": fraction,
+                        "driver_calls_per_step": [0] * len(steps), "barriers_per_step": [0] * len(steps)}}) + "\\n")
 """)
-    monkeypatch.setattr(lockstep, "worker_argv", lambda workload, allocator, seed, args, out: [
+    monkeypatch.setattr(lockstep, "worker_argv", lambda workload, allocator, seed, args, out, fraction=None: [
         sys.executable, str(stand_in), "--workload", workload, "--allocator", allocator, "--seed", str(seed),
-        "--steps", str(args.steps), "--out", out])
+        "--steps", str(args.steps), "--out", out] + (["--memory-fraction", str(fraction)] if fraction else []))
     out = tmp_path / "out.jsonl"
     assert lockstep.main(["--workload", "gpt2", "--allocators", "native", "torchmem", "--per-allocator", "2",
                           "--steps", "3", "--seeds", "1", "2", "--out", str(out)]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 8
-    assert {r["lockstep"]["group"] for r in rows} == {"gpt2/1", "gpt2/2"}
+    assert {r["lockstep"]["group"] for r in rows} == {"gpt2/1/none", "gpt2/2/none"}
     assert sorted(r["lockstep"]["process"] for r in rows if r["seed"] == 1) == [
         "native#0", "native#1", "torchmem#0", "torchmem#1"]
-    assert lockstep.paired_steps(rows)[("gpt2", "torchmem")]["geomean"] == pytest.approx(0.9)
+    assert lockstep.paired_steps(rows)[(("gpt2", None), "torchmem")]["geomean"] == pytest.approx(0.9)
     assert lockstep.main(["table", str(out), str(out)]) == 0
+
+    # budgets: each seed's group again under budget x its peak request, as a memory fraction
+    out = tmp_path / "budget.jsonl"
+    assert lockstep.main(["--workload", "gpt2", "--allocators", "native", "torchmem", "--per-allocator", "1",
+                          "--steps", "3", "--seeds", "1", "--budgets", "1.02", "1.5", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    by_budget = {}
+    for r in rows:
+        by_budget.setdefault(r["budget"], []).append(r)
+    assert set(by_budget) == {None, 1.02, 1.5}
+    assert [r["memory_fraction"] for r in by_budget[1.02]] == [pytest.approx(0.0102)] * 2
+    assert [r["oom_at_step"] for r in by_budget[1.02] if r["allocator"] == "native"] == [0]
+    paired = lockstep.paired_steps(rows)
+    assert (("gpt2", 1.02), "torchmem") not in paired  # native did not fit: nothing to pair with
+    assert paired[(("gpt2", 1.5), "torchmem")]["geomean"] == pytest.approx(0.9)
+    assert "| gpt2 | 1.02x | native | 1 | 1 | - |" in lockstep.process_table(rows)

@@ -35,7 +35,8 @@
 #                  step per shape (--kernel-time: the GPU's own time, which the host's speed does not move)
 #   lockstep       bench/lockstep.py per workload (ROUND_WORKLOADS, ROUND_ALLOCATORS, ROUND_STEPS, ROUND_SHAPES,
 #                  ROUND_KERNEL_TIME): LOCKSTEP_PER processes per allocator (default 2), alive together, taking
-#                  turns step by step, one group per seed in LOCKSTEP_SEEDS (default "1 2"); lockstep.jsonl
+#                  turns step by step, one group per seed in LOCKSTEP_SEEDS (default "1 2"); lockstep.jsonl;
+#                  LOCKSTEP_BUDGETS="1.05 1.10": each seed again under those multiples of its peak request
 #   peer           PyTorch's test_cuda.py, native vs torchmem (.peer/, carried)
 #   host           bench/host_bench.py and bench/offload_bench.py (pinned pool, offload;
 #                  OFFLOAD_MODELS, OFFLOAD_KEEP: the --keep fractions, OFFLOAD_ROUNDS: --rounds)
@@ -242,6 +243,7 @@ job_lockstep() {  # the steps of every allocator side by side in time (bench/loc
       --allocators ${ROUND_ALLOCATORS:-native expandable torchmem} --per-allocator "${LOCKSTEP_PER:-2}" \
       --steps "${ROUND_STEPS:-14}" --shapes "${ROUND_SHAPES:-4}" --seeds ${LOCKSTEP_SEEDS:-1 2} \
       $( [ "${ROUND_KERNEL_TIME:-0}" = 1 ] && echo --kernel-time ) \
+      ${LOCKSTEP_BUDGETS:+--budgets $LOCKSTEP_BUDGETS} \
       --out "$OUT/lockstep.jsonl" >> "$OUT/lockstep.log" 2>&1 || echo "lockstep $w rc=$?"
     pack
   done
@@ -342,6 +344,12 @@ job_peer_order() {
   "${tm[@]}" env PYTHONPATH=/tmp/site:$PWD/.peer/tm_site timeout "$(bounded 120)" python3 -m pytest "${ids[@]}" \
     -c .peer/pytest.ini --rootdir .peer -rfE -q -p no:cacheprovider > "$OUT/peer_order.log" 2>&1
   echo "peer_order ${PEER_ORDER_MODE:-native} rc=$? :: $(grep -E '^(FAILED|ERROR)|passed|failed' "$OUT/peer_order.log" | tr '\n' ' ' | cut -c1-400)"
+}
+
+job_fsdp() {  # bench/fsdp_workload.py sweep, one rank (FSDP_ARGS: its options)
+  timeout "$(bounded ${T_FSDP:-240})" python3 bench/fsdp_workload.py sweep --nproc 1 ${FSDP_ARGS:-} \
+    --out "$OUT/fsdp.jsonl" > "$OUT/fsdp.log" 2>&1
+  echo "fsdp rc=$?"; tail -12 "$OUT/fsdp.log"
 }
 
 job_compile() {

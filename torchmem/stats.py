@@ -39,7 +39,8 @@ STAT_FIELDS = ("current", "peak", "allocated", "freed")
 # Scalar counters with torch's names and meaning.
 TORCH_COUNTERS = ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc", "num_device_free")
 # Counters only torchmem has (csrc/core/stats.h TORCHMEM_COUNTERS minus torch's).
-TORCHMEM_COUNTERS = ("num_reclaims", "num_deferred_frees", "num_cache_releases", "num_allocs", "num_frees")
+TORCHMEM_COUNTERS = ("num_reclaims", "num_deferred_frees", "num_cache_releases", "num_allocs", "num_frees",
+                     "num_device_barriers", "num_plans", "num_plan_hits", "num_plan_misses", "num_plan_drops")
 
 
 class NotInstalledError(RuntimeError):

@@ -29,6 +29,10 @@
 //   is kept: one that is not mapped again at once is released. With no limit
 //   set and far from the device's capacity, a hole of 8+ missing granules is
 //   filled by one handle for the whole run (Note [Run handles]).
+// - A repeating step that made the pool stitch or wait for the device gets a
+//   layout of its own, learnt from its requests and kept in an arena heap:
+//   once warm it makes no driver call and takes no barrier (Note [Step plan]
+//   in detail/step_plan.h, Note [Step plan arena] in detail/plan_pool.cpp).
 // - cuda_malloc backend: blocks are carved out of segments (2 MiB for the small
 //   heap, at least 20 MiB for the large one); no stitching.
 //
@@ -89,7 +93,9 @@
 //      elastic budgets of monitor/share.py) each such OOM released the whole
 //      cache and mapped it again: 190,000 granules created and released in
 //      30 s by one process on the H200 (bench/share_scenario.py, 2026-12-01);
-//   6. give up: num_ooms += 1, record an "oom" trace entry, return 0.
+//   6. a step plan in force gives its arena's cache back (Note [Step plan
+//      arena]) and 3 is tried once more;
+//   7. give up: num_ooms += 1, record an "oom" trace entry, return 0.
 // A request that cannot fit whatever steps 4 and 5 do (the live blocks plus
 // the request exceed the budget by more than the two granules it could share
 // with neighbours) gives up after step 3: a batch-size controller probing

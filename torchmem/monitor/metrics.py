@@ -39,6 +39,7 @@ GAUGES = {
 COUNTERS = {
     "torchmem_ooms": ("ooms", "Allocations that failed with out-of-memory."),
     "torchmem_reclaims": ("reclaims", "Granules moved (stitched) to serve a request."),
+    "torchmem_device_barriers": ("barriers", "Waits for the whole device (every stream) the allocator took."),
     "torchmem_driver_calls": ("driver_calls", "Backend (driver) calls made by the pool."),
     "torchmem_alloc_retries": ("alloc_retries", "Allocations retried after releasing the cache."),
 }

@@ -54,10 +54,12 @@ _SEQ_OFFSET = 8 + 4 + 4 + 8 + 8  # magic, version, ndev, pid, start
 _SEQ = struct.Struct("<Q")
 # index, uuid, then 18 unsigned figures, the micro-batch (signed) and fragmentation
 _SLOT = struct.Struct("<i16s18Qqd")
-# version 2's tail (Note [Record versions]): rank, local rank, world size, job
+# version 2's tail (Note [Record versions]): rank, local rank, world size, job, then per
+# device slot the device barriers so far (Note [Device barrier] in csrc/core/pool.h)
 _IDENTITY = struct.Struct(f"<iii{JOB_BYTES}s")
+_BARRIERS = struct.Struct(f"<{MAX_DEVICES}Q")
 RECORD_BYTES_V1 = _HEADER.size + MAX_DEVICES * _SLOT.size
-RECORD_BYTES = RECORD_BYTES_V1 + _IDENTITY.size
+RECORD_BYTES = RECORD_BYTES_V1 + _IDENTITY.size + _BARRIERS.size
 _SIZES = {1: RECORD_BYTES_V1, 2: RECORD_BYTES}
 
 # The unsigned per-device figures, in slot order (bytes unless named otherwise).
@@ -99,6 +101,7 @@ class DeviceFigures:
     constrained: int = 0       # 1 while its controller splits batches it could run whole with more memory
     micro_batch: int = -1
     fragmentation: float = 0.0  # 1 - largest free block / cached bytes (0..1)
+    barriers: int = 0           # waits for the whole device so far (version 2 records; 0 in version 1)
 
     def as_dict(self):
         out = dataclasses.asdict(self)
@@ -204,8 +207,9 @@ def encode(record):
     ]
     body = header + b"".join(slots)
     body += b"\0" * (RECORD_BYTES_V1 - len(body))
-    return body + _IDENTITY.pack(_int32(record.rank), _int32(record.local_rank), max(0, _int32(record.world_size)),
-                                 _text(record.job, JOB_BYTES))
+    barriers = [max(0, int(d.barriers)) for d in record.devices] + [0] * (MAX_DEVICES - len(record.devices))
+    return (body + _IDENTITY.pack(_int32(record.rank), _int32(record.local_rank), max(0, _int32(record.world_size)),
+                                  _text(record.job, JOB_BYTES)) + _BARRIERS.pack(*barriers))
 
 
 def decode(data, source="record"):
@@ -236,6 +240,9 @@ def decode(data, source="record"):
         rank, local_rank, world_size, job = _IDENTITY.unpack_from(data, RECORD_BYTES_V1)
         identity = dict(rank=rank, local_rank=local_rank, world_size=world_size,
                         job=job.rstrip(b"\0").decode("utf-8", "replace"))
+        barriers = _BARRIERS.unpack_from(data, RECORD_BYTES_V1 + _IDENTITY.size)
+        for device, count in zip(devices, barriers):
+            device.barriers = count
     return Record(pid=pid, start_ticks=start, seq=seq, updated_ns=updated, interval_ms=interval,
                   group=group.rstrip(b"\0").decode("utf-8", "replace"),
                   command=command.rstrip(b"\0").decode("utf-8", "replace"),

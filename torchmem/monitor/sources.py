@@ -56,6 +56,7 @@ def figures_from_raw(raw, index, uuid=b""):
         peak_live_bytes=int(raw["allocated_bytes"]["all"]["peak"]),
         peak_reserved_bytes=int(raw["reserved_bytes"]["all"]["peak"]),
         ooms=int(raw.get("num_ooms", 0)), reclaims=int(raw.get("num_reclaims", 0)),
+        barriers=int(raw.get("num_device_barriers", 0)),
         driver_calls=_driver_calls(raw), alloc_retries=int(raw.get("num_alloc_retries", 0)),
         device_total_bytes=int(raw.get("device_total", 0)), device_free_bytes=int(raw.get("device_free", 0)),
         fragmentation=(1.0 - largest / cached) if cached else 0.0,
