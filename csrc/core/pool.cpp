@@ -282,7 +282,7 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
 
   // Note [Step plan]: named (and placed, while a plan is in force) first.
   std::uint32_t item = detail::StepPlan::kNoItem;
-  if (pool == 0 && !cached_only && plan.naming()) b = plan_allocate(rounded, stream, &item);
+  if (__builtin_expect(plan.naming(), 0) && pool == 0 && !cached_only) b = plan_allocate(rounded, stream, &item);
   if (!b) b = attempt();
   if (!b && cached_only) return 0;  // a cached fit or nothing: no ladder, no OOM counted
   if (!b && !could_fit(rounded)) {  // Note [OOM ladder]: no step can help

@@ -183,13 +183,15 @@ class TorchmemAllocator final : public CUDAPluggableAllocator {
   // Note [Trace trackers] torch's NCCL process group attaches one to register
   // every segment with NCCL (TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1,
   // ProcessGroupNCCL.register_mem_pool). torchmem's segments are VMM ranges
-  // whose granules move, which NCCL cannot keep registered: refuse at once,
-  // naming the option, rather than run with registrations that go stale.
+  // whose granules move, which NCCL cannot keep registered, so none is
+  // reported: collectives run on unregistered memory, as without the option.
+  // Raising instead is no way out: the process group attaches it where an
+  // exception ends the process (std::terminate, seen on an H200).
   void attachAllocatorTraceTracker(c10::cuda::CUDACachingAllocator::AllocatorTraceTracker) override {
-    TORCH_CHECK(false,
-                "torchmem: the allocator takes no trace trackers, which torch's NCCL process group attaches to "
-                "register memory with NCCL: unset TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK (collectives "
-                "work without it) and do not call register_mem_pool under torchmem (docs/compatibility.md, NCCL)");
+    TORCH_WARN_ONCE(
+        "torchmem: TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK / register_mem_pool have no effect under "
+        "torchmem: its memory is not registered with NCCL (collectives work, unregistered). Unset the option to "
+        "silence this (docs/compatibility.md, NCCL)");
   }
 
   // Private-pool reference counts (torch.cuda.MemPool, graph pools). No

@@ -73,7 +73,7 @@ Block* Pool::Impl::release_block(Block* b, StreamId free_stream) {
   const int kind = heap.small ? 0 : 1;
   const std::uint32_t slot = slot_for(free_stream);
   slots[slot].last_free_seq = seq;
-  if (b->plan_item != detail::StepPlan::kNoItem) {  // Note [Step plan]: its name is free again
+  if (__builtin_expect(b->plan_item != detail::StepPlan::kNoItem, 0)) {  // Note [Step plan]: its name is free again
     plan.on_free(b->plan_item);
     b->plan_item = detail::StepPlan::kNoItem;
   }
@@ -103,9 +103,7 @@ Block* Pool::Impl::release_block(Block* b, StreamId free_stream) {
     b = p;
     --free_blocks[kind];
   }
-  Addr absorbed_next = 0;
   if (Block* n = b->next; n && n->is_free()) {
-    absorbed_next = n->addr;
     if (indexed) {
       heap.free.erase(n);
     } else {
@@ -126,7 +124,7 @@ Block* Pool::Impl::release_block(Block* b, StreamId free_stream) {
     heap.free.insert(b);
   }
   ++free_blocks[kind];
-  if (heap.arena) arena_note_free(heap, b, absorbed_next);
+  if (__builtin_expect(heap.arena, 0)) arena_note_free(heap, b);
   return b;
 }
 

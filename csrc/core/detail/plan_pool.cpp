@@ -199,8 +199,11 @@ Block* Pool::Impl::split_free_at(Block* f, Addr at) {
   return upper;
 }
 
-void Pool::Impl::arena_note_free(Heap& heap, Block* b, Addr absorbed_next) {
-  if (absorbed_next) heap.free_by_addr.erase(absorbed_next);
+void Pool::Impl::arena_note_free(Heap& heap, Block* b) {
+  // A free block above that b absorbed is the one entry inside b now.
+  if (auto it = heap.free_by_addr.upper_bound(b->addr); it != heap.free_by_addr.end() && it->first < b->end()) {
+    heap.free_by_addr.erase(it);
+  }
   heap.free_by_addr[b->addr] = b;
 }
 

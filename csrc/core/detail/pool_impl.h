@@ -236,10 +236,9 @@ struct Pool::Impl {
   void plan_reset();
   // Splits free block `f` at `at` (inside it); returns the upper part, or f if at == f->addr.
   detail::Block* split_free_at(detail::Block* f, Addr at);
-  // release_block() merged `b` (its address may be a merged neighbour's): an
-  // arena's address index follows (`absorbed_next`: a free neighbour above
-  // merged into it, 0 if none).
-  void arena_note_free(detail::Heap& heap, detail::Block* b, Addr absorbed_next);
+  // release_block() made `b` free, merged with its free neighbours: an
+  // arena's address index follows.
+  void arena_note_free(detail::Heap& heap, detail::Block* b);
   void plan_adopt();
   void plan_check_window();
   void drop_retired_arenas();
