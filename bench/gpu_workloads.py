@@ -149,6 +149,16 @@ def memory_figures(torch, allocator):
     }
 
 
+PLAN_KEYS = ("torchmem.num_plans", "torchmem.num_plan_hits", "torchmem.num_plan_misses", "torchmem.num_plan_drops",
+             "torchmem.num_reclaims", "num_ooms", "num_alloc_retries")
+
+
+def plan_counters(torch):
+    """torchmem's step-plan counters and OOMs so far (Note [Step plan]), {} for other allocators."""
+    stats = torch.cuda.memory_stats()
+    return {k.split(".")[-1]: stats.get(k, 0) for k in PLAN_KEYS} if "torchmem.num_plans" in stats else {}
+
+
 def cost_counters(torch):
     """(driver calls, device barriers) so far: torchmem's granule creates, releases and moves
     and its waits for the whole device; for PyTorch's allocators cudaMalloc/cudaFree (segments;
@@ -528,7 +538,8 @@ def main(argv=None):
     shapes = [draw(rng) for _ in range(args.shapes)]
     reset_peaks(torch, args.allocator)
     times, enqueue_times, allocs, device_used_peak, info = [], [], [], 0, {}
-    driver_calls, barriers, oom_at = [], [], None
+    driver_calls, barriers, oom_at, plan_steps = [], [], None, []
+    plan_before = plan_counters(torch)
     allocated = allocation_count(torch)  # nothing allocates between one step's end and the next's start
     costs = cost_counters(torch)
     wall_start = time.perf_counter()
@@ -554,6 +565,10 @@ def main(argv=None):
             allocs.append(allocated - before)
             driver_calls.append(costs[0] - costs_before[0])
             barriers.append(costs[1] - costs_before[1])
+        plan_now = plan_counters(torch)
+        if plan_now:
+            plan_steps.append({k: plan_now[k] - plan_before.get(k, 0) for k in plan_now})
+            plan_before = plan_now
         free, _ = torch.cuda.mem_get_info()
         device_used_peak = max(device_used_peak, total - free - baseline_used)
     wall = time.perf_counter() - wall_start
@@ -576,6 +591,7 @@ def main(argv=None):
         "total_s": sum(times), "wall_s": None if args.lockstep else wall,  # lockstep: mostly waiting
         "oom_at_step": oom_at, "device_total": total,
         "driver_calls_per_step": driver_calls, "barriers_per_step": barriers,
+        "plan_per_step": plan_steps,  # every step, warm-up included: torchmem's plan counters' deltas
         "step_s": times, "host_speed": speed,
         "enqueue_s": enqueue_times, "allocs_per_step": allocs, "kernel_ms": kernel_ms,
         "host_ops": host_ops,

@@ -21,9 +21,10 @@
 //     the memory it does not cover; otherwise off again, for a while;
 //   - in force: planned requests go to their ranges; anything else (a new
 //     shape, a range still taken) is served online, as before;
-//   - dropped when more than 1 in 50 requests of a window missed (the step
-//     changed: a new window is recorded at once; after three such drops in a
-//     row the plan stays off for a while), before an OOM is declared (its
+//   - dropped when more than 1 in 50 requests of a window missed and the
+//     pool stitched or waited in that window (the step changed: a new window
+//     is recorded at once; after three such drops in a row the plan stays off
+//     for a while), before an OOM is declared (its
 //     cache may back the request), and at empty_cache or a lower budget.
 // A dropped arena thaws: its cached granules become reclaimable, its live
 // blocks are freed as usual, and the heap goes once it holds nothing.
@@ -119,13 +120,18 @@ void Pool::Impl::plan_adopt() {
   plan.activate();
   plan_window = std::max<std::uint64_t>(window, StepPlan::kMinQuiet);
   plan_window_allocs = plan_window_misses = 0;
+  plan_window_pressure = pressure;
   ++stats_.num_plans;
 }
 
 void Pool::Impl::plan_check_window() {
   if (plan_window_allocs < plan_window) return;
-  const bool held = plan_window_misses * kMissDivisor <= plan_window_allocs;
+  // Misses served from cached memory cost nothing: a plan is learnt again only
+  // when they also made the pool stitch or wait (a timing-dependent free, a
+  // rare shape, does not make every window pay for a new plan).
+  const bool held = plan_window_misses * kMissDivisor <= plan_window_allocs || pressure == plan_window_pressure;
   plan_window_allocs = plan_window_misses = 0;
+  plan_window_pressure = pressure;
   if (held) {
     plan_failures = 0;
     return;

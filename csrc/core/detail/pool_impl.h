@@ -342,6 +342,7 @@ struct Pool::Impl {
   std::uint64_t plan_window = 0;              // allocations the plan in force was learnt from
   std::uint64_t plan_window_allocs = 0;       // allocations of the plan in force's current window
   std::uint64_t plan_window_misses = 0;
+  std::uint64_t plan_window_pressure = 0;     // `pressure` when the window began
   std::uint32_t plan_failures = 0;            // plans dropped since the last one that held
   std::uint64_t plan_quiet_until = 0;         // num_allocs before which the plan stays off
 
