@@ -153,9 +153,18 @@ PLAN_KEYS = ("torchmem.num_plans", "torchmem.num_plan_hits", "torchmem.num_plan_
              "torchmem.num_reclaims", "num_ooms", "num_alloc_retries")
 
 
+def allocator_stats(torch):
+    """The installed allocator's counters: torchmem.memory_stats() under torchmem (torch's
+    memory_stats() there holds torch's keys only: installed with patch_torch=False, as here),
+    else torch.cuda.memory_stats()."""
+    if "torchmem" in sys.modules and sys.modules["torchmem"].is_installed():
+        return sys.modules["torchmem"].memory_stats()
+    return torch.cuda.memory_stats()
+
+
 def plan_counters(torch):
     """torchmem's step-plan counters and OOMs so far (Note [Step plan]), {} for other allocators."""
-    stats = torch.cuda.memory_stats()
+    stats = allocator_stats(torch)
     return {k.split(".")[-1]: stats.get(k, 0) for k in PLAN_KEYS} if "torchmem.num_plans" in stats else {}
 
 
@@ -163,7 +172,7 @@ def cost_counters(torch):
     """(driver calls, device barriers) so far: torchmem's granule creates, releases and moves
     and its waits for the whole device; for PyTorch's allocators cudaMalloc/cudaFree (segments;
     expandable_segments' pages) and the cache releases that synchronize the device."""
-    stats = torch.cuda.memory_stats()
+    stats = allocator_stats(torch)
     if "torchmem.num_device_barriers" in stats:
         return (stats.get("num_device_alloc", 0) + stats.get("num_device_free", 0)
                 + 2 * stats.get("torchmem.num_reclaims", 0), stats["torchmem.num_device_barriers"])

@@ -100,13 +100,14 @@ void Pool::Impl::plan_adopt() {
   }
   const std::uint64_t window = plan.allocs_recorded();
   const std::size_t footprint = plan.plan(gran);
-  // What the plan does not cover stays where it is: persistent blocks, live
-  // from before the window.
-  std::size_t uncovered = 0;  // granules live blocks outside the window hold now
+  // What the plan does not cover stays where it is: the granules live blocks
+  // hold now, less the named ones, which move into the arena as they recur.
+  std::size_t pinned = 0;
   for (const auto& hp : heaps) {
-    if (!hp || !vmm) continue;
-    for (const detail::Granule& g : hp->granules) uncovered += g.live ? gran : 0;
+    if (!hp) continue;
+    for (const detail::Granule& g : hp->granules) pinned += g.live ? gran : 0;
   }
+  const std::size_t uncovered = pinned - std::min(pinned, plan.named_live_bytes());
   if (footprint == 0 || footprint + uncovered > budget()) {
     plan_reset();
     plan_quiet_until = stats_.num_allocs + 4 * window;

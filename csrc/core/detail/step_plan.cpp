@@ -102,6 +102,43 @@ bool StepPlan::window_closed() const {
   return named_live_bytes_ <= low_live_ + (high_live_ - low_live_) / 10;
 }
 
+std::uint64_t StepPlan::place(const std::vector<std::uint32_t>& order, std::vector<std::uint64_t>* offsets) const {
+  struct Placed {
+    std::uint64_t offset;
+    std::size_t size;
+    std::uint32_t item;
+  };
+  std::vector<Placed> placed;  // by offset
+  offsets->assign(items_.size(), kNoOffset);
+  std::uint64_t top = 0;
+  for (std::uint32_t m : order) {
+    const Item& x = items_[m];
+    const std::uint64_t first = x.intervals.front().start, last = x.intervals.back().end;
+    // The smallest gap between the placed items it overlaps in time that holds
+    // it (ties: the lowest), else above them all.
+    std::uint64_t cursor = 0, at = 0, best_gap = ~std::uint64_t{0};
+    for (const Placed& p : placed) {
+      const Item& y = items_[p.item];
+      if (y.intervals.back().end < first || last < y.intervals.front().start || !overlap(x, y)) continue;
+      if (p.offset > cursor) {
+        const std::uint64_t gap = p.offset - cursor;
+        if (gap >= x.size && gap < best_gap) {
+          best_gap = gap;
+          at = cursor;
+        }
+      }
+      cursor = std::max<std::uint64_t>(cursor, p.offset + p.size);
+    }
+    if (best_gap == ~std::uint64_t{0}) at = cursor;
+    placed.insert(std::upper_bound(placed.begin(), placed.end(), at,
+                                   [](std::uint64_t o, const Placed& p) { return o < p.offset; }),
+                  Placed{at, x.size, m});
+    (*offsets)[m] = at;
+    top = std::max<std::uint64_t>(top, at + x.size);
+  }
+  return top;
+}
+
 bool StepPlan::overlap(const Item& a, const Item& b) {
   // Both lists are in time order and each item's intervals are disjoint.
   std::size_t i = 0, j = 0;
@@ -127,45 +164,23 @@ std::size_t StepPlan::plan(std::size_t align) {
     x.offset = kNoOffset;
     if (x.intervals.empty()) continue;
     if (x.intervals.back().end == kOpen) {
-      // Live through the whole last cycle and never freed in the window: not the step's.
-      if (x.intervals.size() == 1 && x.intervals.back().start <= last_new_clock_) continue;
+      // Live through the whole last cycle: not the step's (parameters, optimizer
+      // state); it holds this name from now on.
+      if (x.intervals.back().start <= last_new_clock_) continue;
       x.intervals.back().end = clock_;
     }
     by_stream[x.stream].push_back(i);
   }
-  struct Placed {
-    std::uint64_t offset;
-    std::size_t size;
-    std::uint32_t item;
-  };
   std::size_t base = 0;
   for (auto& [stream, members] : by_stream) {
+    // Largest first: what is left for the smaller ones is gaps (tried:
+    // size x lifetime first, and first use first, left larger regions).
     std::sort(members.begin(), members.end(), [&](std::uint32_t a, std::uint32_t b) {
-      const Item& x = items_[a];
-      const Item& y = items_[b];
-      if (x.size != y.size) return x.size > y.size;
-      return x.intervals.front().start < y.intervals.front().start;
+      return items_[a].size != items_[b].size ? items_[a].size > items_[b].size : a < b;
     });
-    std::vector<Placed> placed;  // by offset
-    std::uint64_t top = 0;
-    for (std::uint32_t m : members) {
-      Item& x = items_[m];
-      const std::uint64_t first = x.intervals.front().start, last = x.intervals.back().end;
-      std::uint64_t at = 0;
-      std::size_t pos = 0;
-      for (; pos < placed.size(); ++pos) {
-        const Placed& p = placed[pos];
-        const Item& y = items_[p.item];
-        if (y.intervals.back().end < first || last < y.intervals.front().start || !overlap(x, y)) continue;
-        if (p.offset >= at + x.size) break;  // the gap below p holds x
-        at = std::max<std::uint64_t>(at, p.offset + p.size);
-      }
-      x.offset = base + at;
-      placed.insert(std::upper_bound(placed.begin(), placed.end(), at,
-                                     [](std::uint64_t o, const Placed& p) { return o < p.offset; }),
-                    Placed{at, x.size, m});
-      top = std::max<std::uint64_t>(top, at + x.size);
-    }
+    std::vector<std::uint64_t> offsets;
+    const std::uint64_t top = place(members, &offsets);
+    for (std::uint32_t m : members) items_[m].offset = base + offsets[m];
     base += (top + align - 1) / align * align;
   }
   return base;

@@ -31,8 +31,8 @@
 // recording gives up at kMaxRecordAllocs and backs off.
 //
 // Planning: greedy by size. Items sorted by size, largest first, each placed
-// at the lowest offset where it overlaps in address no placed item that it
-// overlaps in time. Items of different streams never share addresses (a
+// in the smallest gap that holds it between the placed items it overlaps in
+// time (else above them all). Items of different streams never share addresses (a
 // stream reusing another's bytes would need a device barrier; PyTorch's
 // allocator keeps streams apart too): each stream gets its own region. An
 // item live when the window closed counts as live until then, except one
@@ -138,6 +138,10 @@ class StepPlan {
     return item & 0xFFFFFF;
   }
   static bool overlap(const Item& a, const Item& b);
+  // Greedy placement of `order`'s items (each at the smallest gap it fits
+  // between the placed items it overlaps in time, else above them); fills
+  // (*offsets)[item] and returns the region's top.
+  std::uint64_t place(const std::vector<std::uint32_t>& order, std::vector<std::uint64_t>* offsets) const;
 
   State state_ = State::kOff;
   std::uint32_t generation_ = 0;
