@@ -73,7 +73,7 @@ def test_hf_mixin_training_step_splits_and_matches_full_batch_gradients():
     memory = SyntheticMemory(0, 1, 10)
     trainer_class = make_trainer_class(FakeTrainer)
     trainer = trainer_class(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                            torchmem_controller_kwargs={"probe": memory, "margin": 0.0})
+                            torchmem_controller_kwargs={"probe": memory, "margin": 0.0, "objective": "largest"})
     original = trainer.compute_loss
 
     def compute_loss(model, batch):
@@ -125,7 +125,7 @@ def test_lightning_manual_optimization_with_the_controller_and_callback():
 
         def training_step(self, batch, batch_idx):
             if not hasattr(self, "ctl"):
-                self.ctl = controller_for(self, global_batch=32, probe=memory, margin=0.0)
+                self.ctl = controller_for(self, global_batch=32, probe=memory, margin=0.0, objective="largest")
 
             def loss_fn(mb):
                 memory.use(mb[0].shape[0])
@@ -168,7 +168,7 @@ def test_hf_trainer_with_the_mixin_and_callback_logs_figures():
                                           use_cpu=True, disable_tqdm=True)
     trainer = make_trainer_class(transformers.Trainer)(
         model=model, args=args, train_dataset=Data(), callbacks=[TorchmemTrainerCallback()],
-        torchmem_controller_kwargs={"probe": memory, "margin": 0.0})
+        torchmem_controller_kwargs={"probe": memory, "margin": 0.0, "objective": "largest"})
     trainer.train()
     assert trainer.torchmem_controller.micro_batch == 8 and trainer.torchmem_controller.ooms == 2
     logged = [entry for entry in trainer.state.log_history if "loss" in entry]
