@@ -197,6 +197,7 @@ class BatchSizeController:
         self.last_peak = None
         self.last_micro_steps = 0
         self.events = collections.deque(maxlen=1000)
+        self.decisions = 0
         self._step_budget = None  # the budget at the last look inside a step (Note [Shrinking inside a step])
         self._seconds_per_sample = None  # Note [Borrowed memory comes back fast]
         self._last_clean_end = None
@@ -569,7 +570,9 @@ class BatchSizeController:
 
     # ---------------------------------------------------------- reporting
     def _record(self, kind, before, after, reason):
-        event = {"step": self.steps, "event": kind, "from": before, "to": after, "reason": reason}
+        self.decisions += 1  # events are numbered: callbacks show those they have not shown
+        event = {"step": self.steps, "event": kind, "from": before, "to": after, "reason": reason,
+                 "seq": self.decisions}
         self.events.append(event)
         text = f"torchmem batch: step {self.steps}: {kind} {before} -> {after} ({reason})"
         log.info(text)
