@@ -135,16 +135,23 @@ class GradSync:
     def reset_after_oom(self):
         """FSDP2's state after an attempt cut short (Note [Gradient sync per wrapper])."""
         for root in self.fsdp:
-            reset = getattr(root, "reset_iter_state", None)
             try:
-                if reset is not None:
-                    reset()
-                else:
-                    self._reset_by_hand(root)
+                if getattr(root._get_fsdp_state(), "_is_root", None) is not None:  # it ran a forward
+                    self._reset(root)
                 self._drop_accumulated(root)
             except (AttributeError, RuntimeError) as exc:
                 self._warn(exc)
             root.set_requires_gradient_sync(True)
+
+    def _reset(self, root):
+        reset = getattr(root, "reset_iter_state", None)
+        if reset is not None:
+            try:
+                reset()
+                return
+            except (AttributeError, RuntimeError):
+                pass  # torch's own reset met a state it does not expect: the attributes by hand
+        self._reset_by_hand(root)
 
     def _reset_by_hand(self, root):
         from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
