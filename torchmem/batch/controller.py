@@ -21,8 +21,8 @@ FSDP2 GradSync (batch/parallel.py); this file runs the micro-steps, recovers
 from OOMs and agrees across ranks.
 
 The notes on how sizes move (Note [Moving the micro-batch], Note [Probing
-without figures], Note [Calibration step]) are in batch/policy.py, with the
-arithmetic.
+without figures], Note [Calibration step], Note [Shrinking inside a step])
+are in batch/policy.py, with the arithmetic.
 
 Note [Where the agreement happens] is in batch/parallel.py: one agreement
 collective per attempt, after every backward (grad_sync="controller", and
@@ -38,7 +38,6 @@ import collections
 import logging
 import math
 import time
-import warnings
 
 import torch
 
@@ -48,11 +47,12 @@ from torchmem.batch.offload_rung import OffloadRung
 from torchmem.batch.parallel import GradSync, is_compiled, resolve_grad_sync
 from torchmem.batch.policy import SizingPolicy
 from torchmem.batch.probe import MemoryProbe, default_probe
+from torchmem.batch.recovery import (MicroBatchOOMError, OptimizerStepOOMError, discard_attempt, loss_of,
+                                     optimizer_oom_message, optimizer_step)
+from torchmem.batch.sampler import LR_RULES
 from torchmem.batch.split import balanced_sizes, batch_size_of, split_batch, split_sizes
 from torchmem.batch.throughput import ThroughputChooser, micro_steps
 from torchmem.batch.timing import StepTimer
-from torchmem.batch.recovery import (MicroBatchOOMError, OptimizerStepOOMError, discard_attempt, loss_of,
-                                     optimizer_oom_message, optimizer_step)
 from torchmem.retry import is_oom_error
 
 __all__ = ["BatchSizeController", "OptimizerStepOOMError", "MicroBatchOOMError"]
@@ -65,11 +65,6 @@ log = logging.getLogger("torchmem.batch")
 _BORROWED_MICRO_STEP_S = 0.5
 # Weight of the newest step in the seconds-per-sample average.
 _PACE_WEIGHT = 0.5
-
-_LR_RULES = {
-    "linear": lambda ratio: ratio,
-    "sqrt": math.sqrt,
-}
 
 
 class BatchSizeController:
@@ -119,18 +114,13 @@ class BatchSizeController:
       offload        "auto": when even min_micro runs out of memory, offload
                      saved activations to pinned host memory instead of raising,
                      and stop when memory allows (batch/offload_rung.py).
-      throughput_margin  under "throughput", leave the current choice only for
-                     one measured faster by more than this (0.02).
-      max_sizes      under "throughput", the most micro-step counts measured
-                     after a start or a change of memory (4); torch.compile
-                     builds a graph per size.
-      warmup         runs of each size not timed as they come (first cuBLAS
-                     calls, pool growth, compilation): default 2 for a
-                     torch.compile'd model (CUDA graphs record on the second
-                     run), else 1.
-      payback_steps  under "throughput", try a size new to this process only
-                     if its measured one-time cost is repaid within this many
-                     steps by a gain of throughput_margin (200).
+      throughput_margin, max_sizes, payback_steps  under "throughput": leave
+                     the current choice only for one faster by more than 0.02;
+                     measure at most 4 counts of micro-steps after a start or
+                     a change of memory; try new sizes only if their one-time
+                     cost is repaid within 200 steps (batch/throughput.py).
+      warmup         runs of each size not timed as they come (batch/timing.py):
+                     2 for a torch.compile'd model, else 1.
     """
 
     def __init__(self, global_batch, *, model=None, optimizer=None, scaler=None, micro_batch=None,
@@ -147,7 +137,7 @@ class BatchSizeController:
             raise ValueError(f"BatchSizeController: margin must be None or a number in [0, 1), got {margin!r}")
         if reduction not in ("mean", "sum"):
             raise ValueError(f"BatchSizeController: reduction must be 'mean' or 'sum', got {reduction!r}")
-        if lr_rule is not None and not callable(lr_rule) and lr_rule not in _LR_RULES:
+        if lr_rule is not None and not callable(lr_rule) and lr_rule not in LR_RULES:
             raise ValueError(f"BatchSizeController: lr_rule must be 'linear', 'sqrt', a function or None, got {lr_rule!r}")
         if objective not in ("throughput", "largest"):
             raise ValueError(f"BatchSizeController: objective must be 'throughput' or 'largest', got {objective!r}")
@@ -394,17 +384,9 @@ class BatchSizeController:
 
     # ----------------------------------------------------------- decisions
     def _resplit_if_budget_fell(self, sizes, index, total):
-        """Note [Shrinking inside a step]
-        A budget can fall in the middle of a step: a sharing owner claims its
-        memory back (monitor/share.py), or the user lowers the limit. Without
-        a look between micro-steps the next one runs out of memory, and the
-        whole batch runs again, its finished micro-steps thrown away; a borrower
-        also holds the owner's memory until then. So before each micro-step
-        after the first (one process only: ranks must keep their micro-step
-        counts in step) the controller reads the budget, and when it fell
-        below what the model predicts the current size needs, the samples not
-        yet run are split again at the size that fits. Each micro-batch keeps
-        the weight of its share of the batch, so the gradient is the same.
+        """Before each micro-step after the first (Note [Shrinking inside a step],
+        batch/policy.py): when the budget fell below what the current size needs, the
+        samples not yet run are split again at the size that fits, weights kept.
         Returns the new sizes, or None (nothing to change)."""
         budget = self._budget()
         before, self._step_budget = self._step_budget, budget
@@ -522,7 +504,7 @@ class BatchSizeController:
         self._record("global", self.global_batch, new_global, "adapt_global: global batch follows memory")
         self.global_batch = new_global
         if self.lr_rule is not None:
-            rule = self.lr_rule if callable(self.lr_rule) else _LR_RULES[self.lr_rule]
+            rule = self.lr_rule if callable(self.lr_rule) else LR_RULES[self.lr_rule]
             self.set_lr_factor(rule(new_global / self.base_global_batch))
 
     def set_lr_factor(self, factor):

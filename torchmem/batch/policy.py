@@ -40,6 +40,19 @@ Note [Moving the micro-batch]
   size (batch/throughput.py): any smaller size measures the line, and that
   one is worth timing anyway.
 
+Note [Shrinking inside a step]
+A budget can fall in the middle of a step: a sharing owner claims its
+memory back (monitor/share.py), or the user lowers the limit. Without
+a look between micro-steps the next one runs out of memory, and the
+whole batch runs again, its finished micro-steps thrown away; a borrower
+also holds the owner's memory until then. So before each micro-step
+after the first (one process only: ranks must keep their micro-step
+counts in step) the controller reads the budget, and when it fell
+below what the model predicts the current size needs, the samples not
+yet run are split again at the size that fits. Each micro-batch keeps
+the weight of its share of the batch, so the gradient is the same.
+The size comes from fitting_below; the re-split is the controller's.
+
 Note [Borrowed memory comes back fast]
 A process that shares its GPU (docs/sharing.md) gives borrowed live memory
 back between micro-steps, so an owner that claims its share waits for the
