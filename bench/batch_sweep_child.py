@@ -325,7 +325,7 @@ def main(argv=None):
         if not args.smoke:
             if allocator == "torchmem":
                 import torchmem
-                torchmem.install(limit=parse_bytes(budget))
+                torchmem.install(limit=budget)
             else:
                 total = torch.cuda.get_device_properties(0).total_memory
                 torch.cuda.set_per_process_memory_fraction(min(1.0, parse_bytes(budget) / total))

@@ -166,3 +166,68 @@ def test_fsdp_syncs_gradients_on_the_final_micro_step_only(ranks):
         syncs = rank["fsdp"]["last_syncs"]
         assert syncs == [False] * (len(syncs) - 1) + [True], syncs
         assert rank["fsdp"]["ooms"] >= 2  # the whole batch of 32, and the forced one
+
+
+ONE_RANK = """
+import json, torch, torch.distributed as dist, warnings
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torchmem.batch import BatchSizeController, NullProbe
+warnings.simplefilter("error", RuntimeWarning)  # a failed FSDP reset warns: fail instead
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+def build():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()) for _ in range(4)],
+                               torch.nn.Linear(4, 1)).double()
+
+class BackwardOOM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.samples = x.shape[0]
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.samples > 8:
+            raise torch.OutOfMemoryError("CUDA out of memory. (in backward)")
+        return grad
+
+def forward_oom(module, args):
+    if args[0].shape[0] > 8:
+        raise torch.OutOfMemoryError("CUDA out of memory. (in forward)")
+
+errors = {}
+for how in ("reset_iter_state", "by hand"):
+    if how == "by hand":
+        del FSDPModule.reset_iter_state
+    for where in ("forward", "backward"):
+        net, reference = build(), build()
+        for layer in net:
+            fully_shard(layer)
+        fully_shard(net)
+        if where == "forward":
+            net[2].register_forward_pre_hook(forward_oom)
+        else:
+            net[2].register_forward_hook(lambda module, args, out: BackwardOOM.apply(out))
+        ctl = BatchSizeController(32, model=net, probe=NullProbe())
+        x, y = torch.randn(32, 4, dtype=torch.double), torch.randn(32, 1, dtype=torch.double)
+        worst = 0.0
+        for step in range(2):
+            ctl.run(lambda mb: torch.nn.functional.mse_loss(net(mb[0]), mb[1]), (x, y))
+            torch.nn.functional.mse_loss(reference(x), y).backward()
+            worst = max([worst] + [(p.grad.full_tensor() - r.grad).abs().max().item()
+                                   for p, r in zip(net.parameters(), reference.parameters())])
+            net.zero_grad(set_to_none=True)
+            reference.zero_grad(set_to_none=True)
+        errors[f"{how}, OOM in {where}"] = (worst, ctl.ooms)
+dist.destroy_process_group()
+print(json.dumps(errors))
+"""
+
+
+def test_one_rank_fsdp_recovers_from_an_oom_inside_forward_or_backward_with_and_without_reset_iter_state():
+    from support import last_json, run_python
+    errors = last_json(run_python(ONE_RANK, timeout=120))
+    assert len(errors) == 4
+    for case, (worst, ooms) in errors.items():
+        assert ooms == 2 and worst < 1e-12, (case, worst, ooms)

@@ -1,7 +1,8 @@
 """bench/batch_sweep.py's plumbing on the CPU (--smoke: tiny HF GPT-2 and
 Llama-under-FSDP2 models, a size limit for a budget): the child runs every
-method, the parent collects RESULT lines into JSON lines and Markdown tables.
-The figures mean nothing here; the GPU run makes them."""
+method (Lightning's tuner aside: the slowest to start, and the same plumbing),
+the parent collects RESULT lines into JSON lines and Markdown tables. The
+figures mean nothing here; the GPU run makes them."""
 
 import json
 import os
@@ -16,12 +17,12 @@ def test_smoke_sweep_runs_every_method_and_writes_the_tables(tmp_path):
     env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run(
         [sys.executable, os.path.join(REPO, "bench", "batch_sweep.py"), "--smoke", "--allocators", "native",
-         "--methods", "sweep,throughput,accelerate,lightning", "--out", str(out), "--table", str(table)],
+         "--methods", "sweep,throughput,accelerate", "--out", str(out), "--table", str(table)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = {(r["model"], r["method"]): r for r in map(json.loads, out.read_text().splitlines())}
     assert set(results) == {("gpt2", "sweep"), ("gpt2", "throughput"), ("gpt2", "accelerate"),
-                            ("gpt2", "lightning"), ("llama", "sweep"), ("llama", "throughput")}
+                            ("llama", "sweep"), ("llama", "throughput")}
     for model in ("gpt2", "llama"):
         sweep = results[model, "sweep"]
         assert [m for m, rate in sweep["by_micro"].items() if rate] == ["1", "2", "3"]  # 3 of 8 samples fit
@@ -30,8 +31,7 @@ def test_smoke_sweep_runs_every_method_and_writes_the_tables(tmp_path):
         assert controller["micro"] <= 3 and controller["ooms"] >= 1 and controller["samples_per_s"] > 0
         assert controller["steps_to_settle"] <= len(controller["history"])
         assert any(d[1] == "settle" for d in controller["decisions"])
-    for method in ("accelerate", "lightning"):
-        assert "skipped" in results["gpt2", method] or results["gpt2", method]["micro"] <= 3
+    assert "skipped" in results["gpt2", "accelerate"] or results["gpt2", "accelerate"]["micro"] <= 3
     text = table.read_text()
     assert "| gpt2 | native | throughput |" in text and "| llama | native | best fixed | " in text
     assert "vs best fixed" in text and "| llama | native | " in text.split("\n\n")[1]
