@@ -99,6 +99,13 @@ def test_chooser_restarts_when_memory_moves():
     assert chooser.plan(64, 13) == 13 and not chooser.work   # memory fell: the times are stale
 
 
+def test_chooser_settles_on_the_fewest_micro_steps_when_no_times_come():
+    events = []
+    chooser = ThroughputChooser(record=lambda *e: events.append(e))
+    sizes = [chooser.plan(64, 16) for _ in range(8)]
+    assert sizes == [16] * 8 and chooser.settled and "stopped coming" in events[-1][3]
+
+
 def test_chooser_state_round_trips():
     chooser = ThroughputChooser()
     chooser_run(chooser, 64, 16, {k: 1.0 + 0.01 * k for k in range(1, 65)}, 3)

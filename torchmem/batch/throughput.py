@@ -94,7 +94,7 @@ class ThroughputChooser:
     """Which count of micro-steps to run (Note [How the choice is made]).
 
     plan(batch, bound, calibrate) -> the micro-batch (largest chunk) to run next;
-    observe(count, work_s, gap_s) records a measured step; note_new_sizes(sizes,
+    observe(batch, count, work_s, gap_s) records a measured step; note_new_sizes(sizes,
     cost_s) what new sizes cost. `record(kind, before, after, reason)` logs choices."""
 
     def __init__(self, *, margin=0.02, min_steps=2, max_sizes=4, payback_steps=200, record=None):
@@ -192,7 +192,7 @@ class ThroughputChooser:
             return self._go(self.choice)
         self.unmeasured_plans += 1
         if self.unmeasured_plans > self.min_steps + 3:  # no measurements come (no timer, odd batches)
-            return self._settle("no step times measured; fewest micro-steps")
+            return self._settle(stalled=True)
         if calibrate:
             count = next_count(batch, k_min)
             if count is not None and not self.work.get(count) and self._room_for(count):
@@ -262,11 +262,12 @@ class ThroughputChooser:
                 return None
         return why
 
-    def _settle(self, why=None):
-        measured = [k for k in self._chain_measured()]
+    def _settle(self, stalled=False):
+        measured = self._chain_measured()
+        why = "step times stopped coming (no timer, odd-sized batches); " if stalled else ""
         if not measured:
             choice = self.k_min
-            why = why or "nothing measured; fewest micro-steps"
+            why += "nothing measured: the fewest micro-steps"
         else:
             best = min(measured, key=self.step_time)
             incumbent = self.choice if self.choice in measured else (self.k_min if self.k_min in measured else best)
@@ -274,8 +275,8 @@ class ThroughputChooser:
             if self.step_time(incumbent) > self.step_time(best) * (1 + self.margin):
                 choice = best
             others = ", ".join(self._label_rate(k) for k in sorted(measured) if k != choice)
-            why = why or (f"fastest within {self.margin:.0%}: {self._label_rate(choice)}"
-                          + (f" (also measured: {others})" if others else ""))
+            why += (f"fastest within {self.margin:.0%}: {self._label_rate(choice)}"
+                    + (f" (also measured: {others})" if others else ""))
         before = largest_chunk(self.batch, self.running) if self.running else None
         self.choice = choice
         self.settled = True
