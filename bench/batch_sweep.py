@@ -12,7 +12,7 @@ has the details) and each allocator (torchmem: torchmem.install(limit=budget);
 native: torch.cuda.set_per_process_memory_fraction(budget / total)), one
 process per method, at a global batch of 64:
 
-  sweep       every fixed micro-batch of --grid (8, 10, ..., 64; larger ones
+  sweep       every fixed micro-batch of --grid (6, 8, ..., 64; larger ones
               stop after two sizes in a row run out of memory), split
               [m, m, ..., rest] as a fixed micro-batch runs; --warmup untimed
               and --steps timed steps each, the cache emptied between sizes
@@ -32,12 +32,13 @@ OOMs on the way, steady samples/s (global batch / median synchronized step)
 and the ratio to the best fixed micro-batch of either allocator's sweep of the
 same model; then samples/s of every fixed size under both allocators.
 
-Time with the defaults on an H200 (estimates, to be replaced by measurements):
-gpt2 ~3.5 min (two sweeps ~45 s each, four controller runs ~20 s each,
-Accelerate and Lightning ~30 s each), llama ~3.5 min (two sweeps ~50 s each,
-four controller runs ~30 s each): ~7 min in all, mostly process start-up
-(import, model build, CUDA context: ~15 s a process). --grid 8:64:4 or
---steps 4 cut it; --methods and --models pick parts.
+Time with the defaults on an H200 (estimates from the step times seen so far,
+to be replaced by measurements): gpt2 ~3.6 min (two sweeps ~40 s each, four
+controller runs ~20 s each, Accelerate ~25 s, Lightning ~30 s), llama ~3.5 min
+(two sweeps ~50 s each, four controller runs ~28 s each): ~7 min in all, a
+third of it process start-up (imports, model build, CUDA context: ~15 s a
+process). Run the models as two calls to stay clear of a 10-minute limit;
+--grid 8:64:4, --steps 4 or --methods cut it further.
 """
 
 import argparse
@@ -61,7 +62,7 @@ def parse_args(argv=None):
     parser.add_argument("--llama-budget", default="24GiB")
     parser.add_argument("--global-batch", type=int, default=64)
     parser.add_argument("--seq", type=int, default=512)
-    parser.add_argument("--grid", default="8:64:2")
+    parser.add_argument("--grid", default="6:64:2")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--settle-steps", type=int, default=10)
@@ -72,7 +73,7 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.smoke:  # 3 of 8 samples fit (batch_sweep_child.py --smoke-fit)
         args.global_batch, args.seq = min(args.global_batch, 8), min(args.seq, 16)
-        args.grid = "1:8:1" if args.grid == "8:64:2" else args.grid
+        args.grid = "1:8:1" if args.grid == "6:64:2" else args.grid
         args.steps, args.warmup, args.settle_steps = min(args.steps, 2), min(args.warmup, 1), min(args.settle_steps, 6)
     return args
 

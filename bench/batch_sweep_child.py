@@ -41,7 +41,7 @@ def parse_args(argv=None):
                              "largest, accelerate, lightning; budget e.g. 16GiB")
     parser.add_argument("--global-batch", type=int, default=64)
     parser.add_argument("--seq", type=int, default=512)
-    parser.add_argument("--grid", default="8:64:2", help="fixed micro-batches: START:STOP:STEP or a list 8,16,24")
+    parser.add_argument("--grid", default="6:64:2", help="fixed micro-batches: START:STOP:STEP or a list 8,16,24")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per fixed size")
     parser.add_argument("--steps", type=int, default=6, help="timed steps per fixed size and per method")
     parser.add_argument("--settle-steps", type=int, default=10, help="controller steps before the timed ones")
@@ -97,7 +97,8 @@ class Workload:
                   if self.args.smoke else GPT2Config(n_positions=max(1024, self.args.seq)))
         config.use_cache = False
         self.vocab = config.vocab_size
-        self.model = GPT2LMHeadModel(config).to(self.device)
+        with torch.device(self.device):  # built where it trains: no copy, no slow CPU init
+            self.model = GPT2LMHeadModel(config)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=3e-4, fused=not self.args.smoke)
         self.autocast = not self.args.smoke
 
@@ -118,7 +119,8 @@ class Workload:
         if not dist.is_initialized():
             dist.init_process_group("gloo" if self.args.smoke else "nccl", store=dist.HashStore(), rank=0,
                                     world_size=1)
-        model = LlamaForCausalLM(config).to(self.device)
+        with torch.device(self.device):
+            model = LlamaForCausalLM(config)
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if not self.args.smoke else None,
                                       reduce_dtype=torch.float32)
         for layer in model.model.layers:
