@@ -22,25 +22,27 @@ same memory, one more micro-step.
 
 Note [Step-time model]
 A micro-step of m samples takes about a + b x m: a is its fixed cost (kernel
-launches, the optimizer-free part of a step that does not grow with m, under
-DDP or FSDP the hooks), b the cost per sample. A step over the whole batch in
-k balanced micro-steps then does forward and backward in W(k) = a x k + b x B,
-a line in k through the mean W of the two measured counts farthest from the
-edge (reduced over ranks, so the same line on every rank). The step time adds the time between steps (optimizer, data),
-which does not depend on k. In the model one micro-step fewer is always
-faster, by a. What it cannot see is the budget's edge: in the last few sizes
-below the ceiling the allocator works harder (torchmem's pool remaps, torch's
-frees its cache and retries); the H200 ran FSDP2 at 19 in 1.13-1.40 s a step
-where 17 took 0.47 s. So k_min is measured, then its neighbour, and the line
-says whether counts beyond are worth trying.
+launches, the part of a micro-step that does not grow with m, under DDP or
+FSDP the hooks), b the cost per sample. A step over the whole batch in k
+balanced micro-steps then does forward and backward in W(k) = a x k + b x B:
+a line in k whose slope, the cost of a micro-step, is not negative; the time
+between steps (optimizer, data) adds the same for every k. So in the model
+one micro-step fewer is never slower, and no count beyond the ones measured
+is predicted faster than the best of them: the search stops there. What the
+model cannot see is the budget's edge: in the last few sizes below the
+ceiling the allocator works harder (torchmem's pool remaps, torch's frees its
+cache and retries); the H200 ran FSDP2 at 19 in 1.13-1.40 s a step where 17
+took 0.47 s. So k_min is measured and so is its neighbour, which lies off the
+edge (64 in 3 is 22+21+21, in 4 is 16x4). The line through the two measured
+counts farthest from the edge (reduced over ranks: the same everywhere)
+predicts the next count for the log.
 
 Note [How the choice is made]
-- Order: k_min first, then each next count. A count is tried when fewer than
-  two are measured (the neighbour probes the budget's edge, and gives the
-  line a slope), when the line predicts it faster than the best measured by
-  more than `margin` (a smaller gain would not move the choice), or once when
-  the memory line is unmeasured (calibration: any smaller size measures it;
-  the next count is the one worth timing anyway).
+- Order: k_min first, then its neighbour (the next count), tried while fewer
+  than two counts are measured: it probes the budget's edge. Once more, when
+  the memory line is unmeasured (calibration: any smaller size measures it,
+  and the neighbour is the one worth timing anyway). After a restart whose
+  memory rose, counts measured before still count.
 - Not tried: past `max_sizes` counts since the last restart (torch.compile
   builds a graph per size), or when the one-time cost of its new sizes (their
   first micro-steps, less their warm time: compilation, CUDA-graph recording,
@@ -143,14 +145,14 @@ class ThroughputChooser:
     def predict(self, count):
         """The step-time line's seconds at `count` (Note [Step-time model]), or None
         with fewer than two measured counts. The line runs through the two measured
-        counts farthest from the budget's edge (the most micro-steps): the edge bends
-        the times of the fewest, and beyond the farthest the line is what holds."""
+        counts farthest from the budget's edge (the most micro-steps), its slope, a
+        micro-step's cost, no less than 0."""
         points = sorted((k, statistics.fmean(w[-2 * self.min_steps:])) for k, w in self.work.items()
                         if k >= (self.k_min or 1) and len(w) >= self.min_steps)[-2:]
         if len(points) < 2:
             return None
         (k0, w0), (k1, w1) = points
-        return w1 + (w1 - w0) / (k1 - k0) * (count - k1) + self._gap()
+        return w1 + max(0.0, (w1 - w0) / (k1 - k0)) * (count - k1) + self._gap()
 
     def _label_rate(self, count):
         rate = self.rate(count)
@@ -202,13 +204,11 @@ class ThroughputChooser:
             have = len(self.work.get(count, ()))
             if have >= self.min_steps:
                 continue
-            if have > 0 or count == k_min:
-                return self._go(count, "try", f"measuring {split_label(batch, count)} "
-                                              f"({have} of {self.min_steps} steps)")
-            why = self._admit(count)
-            if why is None:
+            why = "the fewest micro-steps memory allows" if count == k_min else self._admit(count)
+            if why is None:  # a count measured once on the way (calibration) is finished only if worth it
                 break
-            return self._go(count, "try", why)
+            return self._go(count, "try", why if have == 0 else f"measuring {split_label(batch, count)} "
+                                                                  f"({have} of {self.min_steps} steps)")
         return self._settle()
 
     def _new_batch(self, batch):
@@ -246,15 +246,10 @@ class ThroughputChooser:
         if not self._room_for(count):
             return None
         measured = [k for k in self.work if k >= self.k_min and self.measured(k)]
+        if len(measured) >= 2:  # beyond, the line predicts nothing faster (Note [Step-time model])
+            return None
         best = min((self.step_time(k) for k in measured), default=None)
-        if len(measured) < 2:
-            why = "the neighbour of the best so far (the step-time line needs two counts; the budget's edge)"
-        else:
-            predicted = self.predict(count)
-            if predicted is None or best is None or predicted * (1 + self.margin) >= best:
-                return None
-            why = (f"the step-time line predicts {self.batch / predicted:.1f} samples/s, more than "
-                   f"{self.margin:.0%} above the best measured")
+        why = "the neighbour: off the budget's edge, and the step-time line's second point"
         new = chunk_sizes(self.batch, count) - self.seen_sizes
         if new and self.new_size_costs and best is not None and self.payback_steps is not None:
             cost = len(new) * statistics.median(self.new_size_costs)
@@ -275,8 +270,12 @@ class ThroughputChooser:
             if self.step_time(incumbent) > self.step_time(best) * (1 + self.margin):
                 choice = best
             others = ", ".join(self._label_rate(k) for k in sorted(measured) if k != choice)
+            after = next_count(self.batch, max(measured))
+            predicted = None if after is None else self.predict(after)
             why += (f"fastest within {self.margin:.0%}: {self._label_rate(choice)}"
-                    + (f" (also measured: {others})" if others else ""))
+                    + (f" (also measured: {others})" if others else "")
+                    + ("" if predicted is None else f"; the line predicts {split_label(self.batch, after)} at "
+                                                    f"{self.batch / predicted:.1f} samples/s"))
         before = largest_chunk(self.batch, self.running) if self.running else None
         self.choice = choice
         self.settled = True
