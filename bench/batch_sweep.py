@@ -4,6 +4,7 @@ steady throughput at least 0.98x the best fixed micro-batch?
     python bench/batch_sweep.py --out sweep.jsonl --table sweep.md      # both models, ~7 min on an H200
     python bench/batch_sweep.py --models gpt2 --allocators torchmem --methods sweep,throughput
     python bench/batch_sweep.py --smoke --out smoke.jsonl               # tiny models on the CPU: plumbing only
+    python bench/batch_sweep.py --from sweep.jsonl --table sweep.md     # the tables of runs made before
 
 For each model (gpt2: HF GPT-2 124M, seq 512, bf16 autocast, budget
 --gpt2-budget 16GiB; llama: a ~0.5B LlamaConfig under FSDP2 on one rank, bf16
@@ -70,6 +71,8 @@ def parse_args(argv=None):
     parser.add_argument("--out", default=None, help="append JSON lines here")
     parser.add_argument("--table", default=None, help="write the Markdown tables here")
     parser.add_argument("--smoke", action="store_true", help="tiny models on the CPU, a size limit as budget")
+    parser.add_argument("--from", dest="from_file", default=None,
+                        help="run nothing: the tables of the JSON lines in this file (e.g. two calls' --out)")
     args = parser.parse_args(argv)
     if args.smoke:  # 3 of 8 samples fit (batch_sweep_child.py --smoke-fit)
         args.global_batch, args.seq = min(args.global_batch, 8), min(args.seq, 16)
@@ -153,6 +156,14 @@ def tables(results):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.from_file:
+        with open(args.from_file) as f:
+            text = tables([json.loads(line) for line in f if line.strip()])
+        print(text)
+        if args.table:
+            with open(args.table, "w") as f:
+                f.write(text)
+        return 0
     if not args.smoke:
         import torch
         if not torch.cuda.is_available():

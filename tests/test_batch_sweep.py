@@ -35,3 +35,6 @@ def test_smoke_sweep_runs_every_method_and_writes_the_tables(tmp_path):
     text = table.read_text()
     assert "| gpt2 | native | throughput |" in text and "| llama | native | best fixed | " in text
     assert "vs best fixed" in text and "| llama | native | " in text.split("\n\n")[1]
+    again = subprocess.run([sys.executable, os.path.join(REPO, "bench", "batch_sweep.py"), "--from", str(out)],
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and again.stdout.strip() == text.split("\n\n5 runs")[0].strip()
