@@ -192,6 +192,20 @@ def test_cold_start_settles_within_five_steps_on_a_count_within_the_margin_of_th
     assert figures["settled"] and figures["samples_per_s"] == pytest.approx(64 / chosen, rel=0.01)
 
 
+def test_the_first_micro_step_after_a_change_of_split_is_not_timed():
+    # Back at 16 after 13, the allocator reshapes its cached blocks: the first micro-step is slow
+    last = {"size": None}
+
+    def micro_time(size, run):
+        switched, last["size"] = last["size"] not in (None, size) and size == 16, size
+        return 0.02 + 0.001 * size + (0.3 if switched else 0.0) + (0.5 if run == 0 else 0.0)
+
+    ctl, _, one_step = controller_loop(20, micro_time)
+    for _ in range(8):
+        one_step()
+    assert ctl.micro_batch == 16 and ctl.chooser.settled, list(ctl.events)
+
+
 def test_splits_are_balanced_and_the_gradient_is_the_full_batch_gradient():
     torch.manual_seed(0)
     ctl, memory, one_step = controller_loop(22, lambda m, run: 0.01 + 0.001 * m)

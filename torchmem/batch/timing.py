@@ -18,6 +18,9 @@ Note [Timing a step honestly]
   they come: the first run of a shape picks cuBLAS algorithms, grows the
   allocator's pool, and under torch.compile compiles a graph (under
   mode="reduce-overhead" the second run records the CUDA graph: warmup=2).
+  Nor is the first micro-step of a step split unlike the step before (or
+  retried after an OOM): the allocator's cached blocks were cut for the
+  other sizes, and the first micro-step pays for reshaping them.
   A cold micro-step's time is replaced by the warm micro-steps of the same
   step, per sample (same size first, else all), so a step at a new size is
   measured from its first run when it has more than `warmup` micro-steps of
@@ -99,6 +102,8 @@ class StepTimer:
         self.clock = clock
         self.runs = collections.Counter()   # size -> micro-steps run at it
         self.first_size = None
+        self._split = []                    # the sizes of the attempt running
+        self._last_split = None             # those of the last clean attempt (None: unknown, or an OOM since)
         self._cuda = False
         self._marks = None
         self._previous_end = None           # the last mark of the previous timed clean step
@@ -113,6 +118,7 @@ class StepTimer:
     def start(self, timing, cuda):
         """Before an attempt's first micro-step; `timing` False records nothing."""
         self._cuda = bool(cuda)
+        self._split = []
         if not timing:
             self._marks = None
             self._previous_end = None
@@ -123,6 +129,7 @@ class StepTimer:
     def lap(self, size):
         """After a micro-step of `size` samples ran (forward and backward)."""
         runs = self.runs[size]
+        self._split.append(size)
         if self._marks is not None:
             self._marks.append(self._mark())
             self._sizes.append(size)
@@ -136,11 +143,15 @@ class StepTimer:
         """The attempt failed (OOM): its marks mean nothing, and the next gap is unknown."""
         self._marks = None
         self._previous_end = None
+        self._last_split = None
 
     def finish(self):
         """After a clean attempt: its StepTiming, or None when not timing."""
+        changed, self._last_split = self._split != self._last_split, self._split
         if self._marks is None:
             return None
+        if changed and self._cold:
+            self._cold[0] = True
         timing = StepTiming(self._cuda, self._marks, self._sizes, self._cold, self._new, self._previous_end)
         self._previous_end = self._marks[-1]
         self._marks = None
