@@ -16,7 +16,8 @@ accumulate up to it), and prints one JSON line:
   final_micro        the micro-batch it trains at
   tokens_per_s       steady-state throughput at that size (median of timed steps)
 Methods:
-  torchmem    BatchSizeController from a cold start (first try: all 64)
+  torchmem    BatchSizeController from a cold start (first try: all 64), with
+              --objective (throughput, the default, or largest)
   accelerate  accelerate.utils.find_executable_batch_size(starting_batch_size=64):
               restarts the training function (fresh model) on each OOM
   lightning   Tuner.scale_batch_size(mode="power", init_val=2, steps_per_trial=3)
@@ -49,6 +50,7 @@ def parse_args(argv=None):
     parser.add_argument("--global-batch", type=int, default=64)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=30, help="timed steps per method")
+    parser.add_argument("--objective", default="throughput", choices=("throughput", "largest"))
     parser.add_argument("--out", default=None, help="append JSON lines here")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # child mode
     return parser.parse_args(argv)
@@ -102,7 +104,8 @@ class Setup:
 
 def run_torchmem(args, setup):
     import torchmem
-    ctl = torchmem.BatchSizeController(args.global_batch, model=setup.model, optimizer=setup.optimizer)
+    ctl = torchmem.BatchSizeController(args.global_batch, model=setup.model, optimizer=setup.optimizer,
+                                       objective=args.objective)
     sizes = []
     for step in range(12):
         ctl.run(setup.loss, setup.batch(step))
@@ -263,6 +266,7 @@ def child(args):
     start = time.perf_counter()
     result = RUNNERS[args.one](args, setup)
     result.update(method=args.one, limit=args.limit, global_batch=args.global_batch, seq=args.seq,
+                  objective=args.objective,
                   wall_s=round(time.perf_counter() - start, 1), gpu=torch.cuda.get_device_name(0))
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -278,7 +282,8 @@ def main(argv=None):
     results = {}
     for method in args.methods.split(","):
         command = [sys.executable, os.path.abspath(__file__), "--one", method, "--limit", args.limit,
-                   "--global-batch", str(args.global_batch), "--seq", str(args.seq), "--steps", str(args.steps)]
+                   "--global-batch", str(args.global_batch), "--seq", str(args.seq), "--steps", str(args.steps),
+                   "--objective", args.objective]
         proc = subprocess.run(command, capture_output=True, text=True)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         if proc.returncode != 0 or not lines:

@@ -5,6 +5,7 @@ and never hang.
     torchrun --standalone --nproc_per_node=2 bench/ddp_batch.py
     torchrun --standalone --nproc_per_node=2 bench/ddp_batch.py --limits 24GiB,12GiB --steps 30
     torchrun --standalone --nproc_per_node=2 bench/ddp_batch.py --grad-sync ddp --micro-batch 16
+    torchrun --standalone --nproc_per_node=2 bench/ddp_batch.py --objective largest
 
 Each rank sees only its own GPU (CUDA_VISIBLE_DEVICES is set from LOCAL_RANK
 before torch is imported), installs torchmem with its own limit, wraps
@@ -12,7 +13,9 @@ GPT-2 small (examples/tiny_gpt.py) in DDP(broadcast_buffers=False) and trains
 with BatchSizeController at a global batch of 64 per step over both ranks.
 After each step the ranks gather their micro-batch (a check only, outside the
 controller) and rank 0 prints a summary: micro-batches per step, OOMs per
-rank, loss, tokens/s, and AGREED/DISAGREED. A collective timeout of
+rank, loss, tokens/s, and AGREED/DISAGREED; under --objective throughput (the
+default) also the count of micro-steps the ranks settled on and why (their
+step times are reduced with MAX in the agreement, so both choose alike). A collective timeout of
 --timeout-s seconds turns a hang into an error. Exit status 0 only when the
 ranks agreed on every step and the loss fell.
 """
@@ -36,6 +39,7 @@ def parse_args(argv=None):
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--grad-sync", default="auto", choices=("auto", "controller", "ddp"))
     parser.add_argument("--micro-batch", type=int, default=None, help="first micro-batch (default: whole local batch)")
+    parser.add_argument("--objective", default="throughput", choices=("throughput", "largest"))
     parser.add_argument("--timeout-s", type=int, default=300)
     return parser.parse_args(argv)
 
@@ -67,7 +71,8 @@ def main(argv=None):
     model = torch.nn.parallel.DistributedDataParallel(net, broadcast_buffers=False)
     optimizer = torch.optim.AdamW(net.parameters(), lr=3e-4)
     ctl = torchmem.BatchSizeController(args.global_batch, model=model, optimizer=optimizer,
-                                       grad_sync=args.grad_sync, micro_batch=args.micro_batch, verbose=rank == 0)
+                                       grad_sync=args.grad_sync, micro_batch=args.micro_batch, verbose=rank == 0,
+                                       objective=args.objective)
     generator = torch.Generator().manual_seed(100 + rank)
     local = args.global_batch // world
 
@@ -102,6 +107,9 @@ def main(argv=None):
         print(f"  OOMs per rank:       {ooms}")
         print(f"  loss:                {losses[0]:.3f} -> {losses[-1]:.3f}")
         print(f"  tokens/s (median):   {args.global_batch * cfg.seq / steady:.0f}")
+        settles = [e for e in ctl.events if e["event"] == "settle"]
+        if settles:
+            print(f"  settled (step {settles[-1]['step']}): {settles[-1]['reason']}")
         print(f"  ranks: {'AGREED' if agreed_every_step else 'DISAGREED'} on every step; no hang")
     dist.destroy_process_group()
     return 0 if agreed_every_step and losses[-1] < losses[0] else 1

@@ -1,4 +1,8 @@
-"""BatchSizeController against a synthetic memory model (CPU, no allocator)."""
+"""BatchSizeController against a synthetic memory model (CPU, no allocator).
+
+Most tests here pin objective="largest": they hold the memory logic (how fast
+the largest size that fits is found, ceilings, probing, re-splits), which the
+throughput objective builds on (tests/test_batch_throughput.py)."""
 
 import math
 
@@ -21,6 +25,7 @@ def quantized_max(memory, quantum, cap, target=None):
 
 
 def make_loop(memory, global_batch, **kwargs):
+    kwargs.setdefault("objective", "largest")
     model = torch.nn.Linear(3, 1)
     ctl = BatchSizeController(global_batch, model=model, probe=memory, **kwargs)
 
@@ -100,7 +105,7 @@ def test_grows_back_when_the_budget_rises_and_shrinks_when_it_falls():
 def test_without_figures_it_learns_from_ooms_and_probes_up_below_the_ceiling():
     memory = SyntheticMemory(1000, 100, 1000 + 100 * 20)
     model = torch.nn.Linear(3, 1)
-    ctl = BatchSizeController(64, model=model, probe=NullProbe(), grow_after=5)
+    ctl = BatchSizeController(64, model=model, probe=NullProbe(), grow_after=5, objective="largest")
 
     def step_fn(mb):
         memory.use(mb.shape[0])
@@ -295,7 +300,7 @@ def test_without_figures_it_grows_back_when_memory_frees_and_backs_off_while_it_
     memory = SyntheticMemory(1000, 100, 1000 + 100 * 12)
     model = torch.nn.Linear(3, 1)
     grow_after = 10
-    ctl = BatchSizeController(64, model=model, probe=NullProbe(), grow_after=grow_after)
+    ctl = BatchSizeController(64, model=model, probe=NullProbe(), grow_after=grow_after, objective="largest")
 
     def step_fn(mb):
         memory.use(mb.shape[0])
@@ -330,7 +335,7 @@ def test_a_budget_that_falls_inside_a_step_resplits_the_rest_without_an_oom():
     torch.manual_seed(0)
     memory = SyntheticMemory(1000, 100, 1000 + 100 * 32 + 50)
     model = torch.nn.Linear(3, 1)
-    ctl = BatchSizeController(64, model=model, probe=memory, quantum=8, margin=0.0)
+    ctl = BatchSizeController(64, model=model, probe=memory, quantum=8, margin=0.0, objective="largest")
     fall_after = {"calls": None}
 
     def step_fn(micro_batch):
@@ -369,7 +374,7 @@ def test_a_borrower_runs_micro_steps_short_enough_to_give_memory_back_fast(monke
     owned = 1000 + 100 * 16 + 50  # the guarantee fits micro 16
     memory = SyntheticMemory(1000, 100, 1000 + 100 * 256 + 50, owned=owned)
     model = torch.nn.Linear(3, 1)
-    ctl = BatchSizeController(256, model=model, probe=memory, quantum=8, margin=0.0)
+    ctl = BatchSizeController(256, model=model, probe=memory, quantum=8, margin=0.0, objective="largest")
 
     def step_fn(micro_batch):
         memory.use(micro_batch.shape[0])

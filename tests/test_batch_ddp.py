@@ -43,7 +43,7 @@ def _train(rank, mode):
     # grad_sync="ddp" cannot recover an OOM in the final micro-step: start where only earlier ones fail
     first = 16 if grad_sync == "ddp" else None
     ctl = BatchSizeController(GLOBAL_BATCH, model=model, probe=memory, margin=0.0, grad_sync=grad_sync,
-                              micro_batch=first)
+                              micro_batch=first, objective="largest")
     local = GLOBAL_BATCH // WORLD
     micro_history, grad_errors = [], []
     for step in range(STEPS):

@@ -73,7 +73,7 @@ def test_hf_mixin_training_step_splits_and_matches_full_batch_gradients():
     memory = SyntheticMemory(0, 1, 10)
     trainer_class = make_trainer_class(FakeTrainer)
     trainer = trainer_class(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                            torchmem_controller_kwargs={"probe": memory, "margin": 0.0})
+                            torchmem_controller_kwargs={"probe": memory, "margin": 0.0, "objective": "largest"})
     original = trainer.compute_loss
 
     def compute_loss(model, batch):
@@ -89,6 +89,36 @@ def test_hf_mixin_training_step_splits_and_matches_full_batch_gradients():
     trainer.log({"loss": 1.0})
     logged = trainer.logged[-1]
     assert logged["torchmem/micro_batch"] == trainer.torchmem_controller.micro_batch and logged["loss"] == 1.0
+
+
+def test_hf_mixin_logs_the_throughput_choice_and_its_reasons():
+    from torchmem.integrations.hf import make_trainer_class
+    model = torch.nn.Linear(4, 1).double()
+    memory = SyntheticMemory(0, 1, 20)
+    trainer = make_trainer_class(FakeTrainer)(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                              torchmem_controller_kwargs={"probe": memory, "margin": 0.0})
+    clock = {"now": 0.0}
+    original = trainer.compute_loss
+
+    def compute_loss(model, batch):
+        memory.use(batch["x"].shape[0])
+        clock["now"] += 0.01 + 0.001 * batch["x"].shape[0]
+        return original(model, batch)
+
+    trainer.compute_loss = compute_loss
+    inputs = {"x": torch.randn(64, 4, dtype=torch.double), "labels": torch.randn(64, 1, dtype=torch.double)}
+    trainer._torchmem_build_controller(model, 64).timer.clock = lambda: clock["now"]
+    for _ in range(8):
+        trainer.training_step(model, inputs)
+        model.zero_grad(set_to_none=True)
+        clock["now"] += 0.02
+        trainer.log({"loss": 1.0})
+    ctl = trainer.torchmem_controller
+    assert ctl.chooser.settled and ctl.micro_batch == 16
+    decisions = " ".join(entry.get("torchmem/decisions", "") for entry in trainer.logged)
+    assert "settle" in decisions and "fastest within 2%" in decisions
+    assert "torchmem/decisions" not in trainer.logged[-1]  # nothing new since the previous log
+    assert trainer.logged[-1]["torchmem/batch_settled"] == 1.0 and trainer.logged[-1]["torchmem/samples_per_s"] > 0
 
 
 def test_hf_mixin_refuses_trainer_side_accumulation():
@@ -125,7 +155,7 @@ def test_lightning_manual_optimization_with_the_controller_and_callback():
 
         def training_step(self, batch, batch_idx):
             if not hasattr(self, "ctl"):
-                self.ctl = controller_for(self, global_batch=32, probe=memory, margin=0.0)
+                self.ctl = controller_for(self, global_batch=32, probe=memory, margin=0.0, objective="largest")
 
             def loss_fn(mb):
                 memory.use(mb[0].shape[0])
@@ -137,11 +167,13 @@ def test_lightning_manual_optimization_with_the_controller_and_callback():
 
     data = torch.utils.data.TensorDataset(torch.randn(192, 4), torch.randn(192, 1))
     module = Module()
+    callback = TorchmemCallback()
     trainer = L.Trainer(max_steps=4, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[TorchmemCallback()])
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[callback])
     trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=32))
     assert module.ctl.micro_batch == 8 and module.ctl.ooms == 2
     assert float(trainer.callback_metrics["torchmem/micro_batch"]) == 8.0
+    assert [line.split(":")[1].split()[0] for line in callback.decisions] == ["shrink", "shrink"]
 
 
 def test_hf_trainer_with_the_mixin_and_callback_logs_figures():
@@ -168,7 +200,7 @@ def test_hf_trainer_with_the_mixin_and_callback_logs_figures():
                                           use_cpu=True, disable_tqdm=True)
     trainer = make_trainer_class(transformers.Trainer)(
         model=model, args=args, train_dataset=Data(), callbacks=[TorchmemTrainerCallback()],
-        torchmem_controller_kwargs={"probe": memory, "margin": 0.0})
+        torchmem_controller_kwargs={"probe": memory, "margin": 0.0, "objective": "largest"})
     trainer.train()
     assert trainer.torchmem_controller.micro_batch == 8 and trainer.torchmem_controller.ooms == 2
     logged = [entry for entry in trainer.state.log_history if "loss" in entry]

@@ -1,4 +1,4 @@
-"""BatchSizeController: keep the global batch, pick the largest micro-batch that fits.
+"""BatchSizeController: keep the global batch, run it at the fastest micro-batch that fits.
 
     ctl = torchmem.BatchSizeController(global_batch=64, model=model, optimizer=opt)
     for batch in loader:
@@ -9,89 +9,51 @@
 its share of the batch (so the accumulated gradient is the full-batch
 gradient), calls backward, and on OOM cleans up and runs the SAME batch again
 split smaller. Between steps it fits peak memory against the micro-batch
-(batch/model.py) and jumps to the largest quantized size under the budget.
+(batch/model.py) and knows the largest size under the budget. With
+objective="throughput" (the default) the batch runs as balanced micro-steps
+(22+21+21, not 19+19+19+7) and the count of micro-steps is the one measured
+fastest among those that fit (batch/throughput.py, timed by batch/timing.py);
+with objective="largest" the largest quantized size that fits runs.
 docs/batch_size.md is the user's guide; this banner records the design. The
-sizing arithmetic is SizingPolicy (batch/policy.py: pure, no torch); this file
-runs the micro-steps, recovers from OOMs and agrees across ranks.
+sizing arithmetic is SizingPolicy (batch/policy.py: pure, no torch), the
+throughput choice ThroughputChooser (pure), the gradient sync under DDP and
+FSDP2 GradSync (batch/parallel.py); this file runs the micro-steps, recovers
+from OOMs and agrees across ranks.
 
-Note [Moving the micro-batch]
-- Down: on OOM at size m the controller records m as a ceiling and retries at
-  the model's prediction (below m), or at m/2 while it has no model (cold
-  start), or at 3m/4 when the model said m fits (it was wrong: fragmentation,
-  memory outside the probe's view). It also shrinks without an OOM when a
-  clean step peaked above budget x (1 - margin): the budget fell.
-- Up: to the model's prediction at once, but never to or past the ceiling.
-  The ceiling lifts when the budget rises (then the jump is immediate) or
-  after `grow_after` clean steps if the model says the ceiling size now fits
-  (hysteresis: an OOM is not risked again until memory looks different).
-  Without figures (CPU, no probe): Note [Probing without figures].
-- Note [Probing without figures] With no memory figures only OOMs say what
-  fits, and memory may have freed since the last one. After `grow_after`
-  clean steps the controller tries a larger size: half way to the ceiling,
-  or the ceiling itself when no grid size lies between (8 -> 16 with
-  quantum 8); with no ceiling, half way to twice the size, or the whole
-  batch. A probe that OOMs puts the ceiling back, the same batch is retried
-  at the size that held before, and the wait before the next probe grows 4x
-  (hysteresis: at most one OOM per wait, fewer and fewer while memory stays
-  tight); a probe that holds resets the wait to `grow_after`.
-- Note [Calibration step] From a cold start the slope is an upper bound
-  (batch/model.py Note [Cold start]); when a step's fixed bytes are large it
-  predicts that nothing above the size in use fits, and a model that only ever
-  sees one size never learns better (seen on the H200: GPT-2 settled at 16
-  where 24 fit). So once, while the line is unmeasured and the next size up is
-  below the ceiling, the next step runs at half the size: a size that surely
-  fits, and the second point that turns the bound into the line.
-- Sizes are multiples of `quantum` (8 by default), powers of two below it, or
-  the whole local batch, so torch.compile sees few distinct shapes.
+The notes on how sizes move (Note [Moving the micro-batch], Note [Probing
+without figures], Note [Calibration step], Note [Shrinking inside a step])
+are in batch/policy.py, with the arithmetic.
 
-Note [Where the agreement happens]
-Each attempt has exactly one agreement collective (batch/distributed.py) when
-more than one rank runs. By default (grad_sync="controller", also for a
-DDP-wrapped model) every micro-step runs under no_sync() when the model has it,
-the agreement comes after every backward, and the controller averages the
-gradients itself: an OOM anywhere in forward or backward on any subset of
-ranks is recoverable. DDP's own reducer cannot be used across an aborted
-attempt: once a synchronized forward has run, DDP expects its backward, and a
-later no_sync() backward would launch a gradient all-reduce on that rank alone
-(seen with gloo as a collective mismatch). grad_sync="ddp" keeps DDP's
-reducer (overlap of communication with backward) and agrees just before the
-final micro-step: OOMs in earlier micro-steps are recovered, an OOM in the
-final one raises MicroBatchOOMError (the other ranks fail in the all-reduce).
+Note [Where the agreement happens] is in batch/parallel.py: one agreement
+collective per attempt, after every backward (grad_sync="controller", and
+"fsdp" under FSDP2), or before the final micro-step (grad_sync="ddp"). Under
+objective="throughput" the same collective carries each rank's step times,
+reduced with MAX, so every rank chooses from the slowest rank's times.
 
-Note [Borrowed memory comes back fast]
-A process that shares its GPU (docs/sharing.md) gives borrowed live memory
-back between micro-steps, so an owner that claims its share waits for the
-borrower's current micro-step to end. On the H200 a borrower that grew to
-micro-batch 224 ran ~2 s micro-steps and an owner waited 3.1 s (BENCHMARKS.md
-section 9), against the 1 s the sharing promise allows. So a size that needs
-borrowed memory (more than the model says fits the guarantee, probe.owned_bytes)
-is allowed only while one micro-step of it lasts at most
-_BORROWED_MICRO_STEP_S, judged by the seconds per sample of recent steps
-(the time between the ends of consecutive clean steps, which in steady state
-is the GPU's pace), and not at all before a pace is measured: on the H200 a
-borrower that grew before its second step ended reached micro-batch 224.
-Sizes that fit the guarantee are never capped. A step of
-a big batch then runs as more, shorter micro-steps: on a busy GPU a larger
-micro-batch buys little speed, and the owner's wait is bounded.
+Note [Borrowed memory comes back fast] is in batch/policy.py (returnable); the
+pace it needs is measured here (_note_pace).
 """
 
 import collections
-import contextlib
 import logging
 import math
 import time
-import warnings
-from collections.abc import Mapping
 
 import torch
 
 from torchmem import monitor
 from torchmem.batch import distributed
 from torchmem.batch.offload_rung import OffloadRung
+from torchmem.batch.parallel import GradSync, is_compiled, resolve_grad_sync
 from torchmem.batch.policy import SizingPolicy
 from torchmem.batch.probe import MemoryProbe, default_probe
-from torchmem.batch.split import batch_size_of, split_batch, split_sizes
-from torchmem.retry import cleanup_after_oom, is_oom_error
+from torchmem.batch.recovery import (MicroBatchOOMError, OptimizerStepOOMError, discard_attempt, loss_of,
+                                     optimizer_oom_message, optimizer_step)
+from torchmem.batch.sampler import LR_RULES
+from torchmem.batch.split import balanced_sizes, batch_size_of, split_batch, split_sizes
+from torchmem.batch.throughput import ThroughputChooser, micro_steps
+from torchmem.batch.timing import StepTimer
+from torchmem.retry import is_oom_error
 
 __all__ = ["BatchSizeController", "OptimizerStepOOMError", "MicroBatchOOMError"]
 
@@ -103,45 +65,6 @@ log = logging.getLogger("torchmem.batch")
 _BORROWED_MICRO_STEP_S = 0.5
 # Weight of the newest step in the seconds-per-sample average.
 _PACE_WEIGHT = 0.5
-
-_LR_RULES = {
-    "linear": lambda ratio: ratio,
-    "sqrt": math.sqrt,
-}
-
-
-class OptimizerStepOOMError(RuntimeError):
-    """OOM inside optimizer.step(): never retried, the update may be half applied."""
-
-
-class MicroBatchOOMError(RuntimeError):
-    """Still out of memory at the smallest micro-batch, or after max_retries."""
-
-
-def _loss_of(output):
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, Mapping) and "loss" in output:
-        return output["loss"]
-    if hasattr(output, "loss"):
-        return output.loss
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    raise TypeError(
-        f"BatchSizeController.run: the step function returned a {type(output).__name__}; return the "
-        f"micro-batch's loss (a scalar tensor, or an object/dict with a 'loss')"
-    )
-
-
-def _reset_scaler(scaler):
-    """Forgets the GradScaler's per-optimizer state (found-inf flags, unscale
-    status) of the failed attempt, as a fresh step would have it."""
-    try:
-        from torch.amp.grad_scaler import _refresh_per_optimizer_state
-    except ImportError:
-        return
-    if hasattr(scaler, "_per_optimizer_states"):
-        scaler._per_optimizer_states = collections.defaultdict(_refresh_per_optimizer_state)
 
 
 class BatchSizeController:
@@ -158,7 +81,12 @@ class BatchSizeController:
       scaler         a torch.amp.GradScaler: losses are scaled for backward and
                      its per-optimizer state is reset after an OOM.
       micro_batch    the first size tried (default: the whole local batch).
-      quantum        sizes are multiples of this (8); 1 disables quantization.
+      objective      "throughput" (default): run the batch in balanced micro-steps,
+                     as many as measured fastest among the counts that fit
+                     (batch/throughput.py); "largest": the largest size that
+                     fits, on the quantum grid.
+      quantum        under "largest", sizes are multiples of this (8); 1
+                     disables quantization.
       margin         keep predicted peak under budget x (1 - margin); default:
                      the probe's (0.01 with torchmem's allocator, whose budget
                      is exact; 0.05 under torch's own, whose fragmentation
@@ -186,13 +114,21 @@ class BatchSizeController:
       offload        "auto": when even min_micro runs out of memory, offload
                      saved activations to pinned host memory instead of raising,
                      and stop when memory allows (batch/offload_rung.py).
+      throughput_margin, max_sizes, payback_steps  under "throughput": leave
+                     the current choice only for one faster by more than 0.02;
+                     measure at most 4 counts of micro-steps after a start or
+                     a change of memory; try new sizes only if their one-time
+                     cost is repaid within 200 steps (batch/throughput.py).
+      warmup         runs of each size not timed as they come (batch/timing.py):
+                     2 for a torch.compile'd model, else 1.
     """
 
     def __init__(self, global_batch, *, model=None, optimizer=None, scaler=None, micro_batch=None,
                  quantum=8, margin=None, grow_after=50, min_micro=1, max_retries=12, probe=None,
                  device=None, process_group=None, grad_sync="auto", reduction="mean",
                  adapt_global=False, lr_rule=None, min_global=None, max_global=None,
-                 split_lists=False, window=8, verbose=False, offload=None):
+                 split_lists=False, window=8, verbose=False, offload=None, objective="throughput",
+                 throughput_margin=0.02, max_sizes=4, warmup=None, payback_steps=200):
         if not isinstance(global_batch, int) or global_batch < 1:
             raise ValueError(f"BatchSizeController: global_batch must be a positive int, got {global_batch!r}")
         if not isinstance(quantum, int) or quantum < 1:
@@ -201,10 +137,10 @@ class BatchSizeController:
             raise ValueError(f"BatchSizeController: margin must be None or a number in [0, 1), got {margin!r}")
         if reduction not in ("mean", "sum"):
             raise ValueError(f"BatchSizeController: reduction must be 'mean' or 'sum', got {reduction!r}")
-        if grad_sync not in ("auto", "ddp", "controller", "none"):
-            raise ValueError(f"BatchSizeController: grad_sync must be auto, ddp, controller or none, got {grad_sync!r}")
-        if lr_rule is not None and not callable(lr_rule) and lr_rule not in _LR_RULES:
+        if lr_rule is not None and not callable(lr_rule) and lr_rule not in LR_RULES:
             raise ValueError(f"BatchSizeController: lr_rule must be 'linear', 'sqrt', a function or None, got {lr_rule!r}")
+        if objective not in ("throughput", "largest"):
+            raise ValueError(f"BatchSizeController: objective must be 'throughput' or 'largest', got {objective!r}")
         if probe is not None and not isinstance(probe, MemoryProbe):
             raise TypeError("BatchSizeController: probe must be a torchmem.batch.MemoryProbe")
         self.process_group = process_group
@@ -223,12 +159,20 @@ class BatchSizeController:
         self.split_lists = split_lists
         self.verbose = verbose
         self.probe = probe if probe is not None else default_probe(device)
+        # A global batch that follows the micro-batch has no accumulation to balance: largest it is.
+        self.objective = "largest" if adapt_global else objective
         # The sizing arithmetic (batch/policy.py); this class runs the micro-steps.
         self.policy = SizingPolicy(quantum=quantum, min_micro=min_micro, grow_after=grow_after, window=window,
                                    margin=float(margin if margin is not None else self.probe.default_margin),
-                                   record=self._record)
-        self.grad_sync = self._resolve_grad_sync(grad_sync)
+                                   record=self._record,
+                                   grid="balanced" if self.objective == "throughput" else "quantum")
+        self.grad_sync = resolve_grad_sync(grad_sync, model, self.world)
+        self.sync = GradSync(model, self.grad_sync)
         self.offload_rung = OffloadRung(offload, grow_after=grow_after)
+        self.chooser = ThroughputChooser(margin=throughput_margin, max_sizes=max_sizes,
+                                         payback_steps=payback_steps, record=self._record)
+        self.timer = StepTimer(warmup if warmup is not None else (2 if is_compiled(model) else 1))
+        self._on_cuda = None
 
         self.base_global_batch = global_batch
         self.global_batch = global_batch
@@ -243,11 +187,15 @@ class BatchSizeController:
         self.last_peak = None
         self.last_micro_steps = 0
         self.events = collections.deque(maxlen=1000)
+        self.decisions = 0
         self._step_budget = None  # the budget at the last look inside a step (Note [Shrinking inside a step])
         self._seconds_per_sample = None  # Note [Borrowed memory comes back fast]
         self._last_clean_end = None
         self._micro = self.policy.quantize(micro_batch or self.local_batch, cap=self._cap())
         self._proposal = self._micro
+        self._bound = self._micro      # under "throughput": the largest size memory allows (agreed over ranks)
+        self._calibrate = False        # under "throughput": the memory line wants a smaller size measured
+        self._pending = None           # (count, StepTiming) of the last timed step, not yet reduced
         self._in_optimizer_step = False
         if optimizer is not None and hasattr(optimizer, "register_step_pre_hook"):
             optimizer.register_step_pre_hook(self._enter_optimizer_step)
@@ -286,23 +234,24 @@ class BatchSizeController:
     def _cap(self):
         return max(1, self.max_global // self.world) if self.adapt_global else self.local_batch
 
-    def _resolve_grad_sync(self, grad_sync):
-        if self.world == 1:
-            return "none"
-        if grad_sync == "auto":
-            grad_sync = "controller" if self.model is not None else "none"
-        if grad_sync == "controller" and self.model is None:
-            raise ValueError("BatchSizeController: grad_sync='controller' averages the model's gradients: pass model=...")
-        from torch.nn.parallel import DistributedDataParallel
-        if (isinstance(self.model, DistributedDataParallel) and getattr(self.model, "broadcast_buffers", False)
-                and any(True for _ in self.model.buffers())):
-            warnings.warn(
-                "torchmem.BatchSizeController: DDP(broadcast_buffers=True) broadcasts buffers in every "
-                "forward, a collective that a rank skipping micro-steps after an OOM would miss; "
-                "wrap with broadcast_buffers=False",
-                RuntimeWarning, stacklevel=3,
-            )
-        return grad_sync
+    def _throughput(self):
+        return self.objective == "throughput"
+
+    def _split(self, total, micro):
+        return balanced_sizes(total, micro) if self._throughput() else split_sizes(total, micro)
+
+    def _timing_now(self, total):
+        """Time this step (Note [Timing a step honestly], batch/timing.py): only while
+        choosing by throughput, never once settled."""
+        return (self._throughput() and not self.chooser.settled and total == self.local_batch
+                and not self.offload_rung.active)
+
+    def _cuda(self):
+        if self._on_cuda is None:
+            device = next((p.device for p in self._parameters()), None)
+            self._on_cuda = (device.type == "cuda" if device is not None
+                             else self.probe.name in ("torch", "torchmem") and torch.cuda.is_initialized())
+        return self._on_cuda
 
     # ------------------------------------------------------------ the step
     def run(self, step_fn, batch, *, batch_size=None, backward=True):
@@ -334,7 +283,7 @@ class BatchSizeController:
             self._after_oom(micro, outcome, total, retries)
 
     def _attempt(self, step_fn, batch, total, micro, backward):
-        sizes = split_sizes(total, micro)
+        sizes = self._split(total, micro)
         parts = split_batch(batch, sizes, batch_size=total, split_lists=self.split_lists)
         self.probe.reset()
         baseline = self.probe.current_bytes()
@@ -345,34 +294,38 @@ class BatchSizeController:
         failed_in_optimizer = False
         agreed = None
         agree_before_final = self.grad_sync == "ddp" and self.world > 1
+        sent = None  # the step timing this attempt's agreement carries
         self._step_budget = self._budget()
+        self.timer.start(self._timing_now(total), self._cuda())
+        resized = False
         index = 0
         while index < len(parts):
             if index > 0 and self.world == 1:
-                resized = self._resplit_if_budget_fell(sizes, index, total)
-                if resized is not None:
-                    sizes = resized
+                smaller = self._resplit_if_budget_fell(sizes, index, total)
+                if smaller is not None:
+                    sizes, resized = smaller, True
                     parts = split_batch(batch, sizes, batch_size=total, split_lists=self.split_lists)
             part = parts[index]
             final = index == len(parts) - 1
             weight = sizes[index] / total if self.reduction == "mean" else 1.0
-            if final and agree_before_final:
-                agreed = distributed.agree(self._proposal, False, self.process_group)
+            if final and agree_before_final:  # carries the previous step's times: this one is not done
+                sent, self._pending = self._pending, None
+                agreed = distributed.agree(self._proposal, False, self.process_group, self._extra(sent))
                 if agreed[1]:
                     break  # another rank hit OOM: skip the communicating micro-step
             loss = None
             try:
-                with self._sync_context(final):
+                with self.sync.context(final):
                     if backward:
                         with self.offload_rung.forward():
-                            loss = _loss_of(step_fn(part))
+                            loss = loss_of(step_fn(part))
                         scaled = loss * weight
                         (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
                         del scaled
                     else:
                         with self.offload_rung.forward():
                             loss = step_fn(part, weight)
-                        loss = _loss_of(loss) if loss is not None else None
+                        loss = loss_of(loss) if loss is not None else None
                 if loss is not None:
                     contribution = loss.detach().to(torch.promote_types(loss.dtype, torch.float32)) * weight
                     loss_sum = contribution if loss_sum is None else loss_sum + contribution
@@ -384,11 +337,12 @@ class BatchSizeController:
             loss = None
             if failure is not None:
                 break
+            self.timer.lap(sizes[index])
             index += 1
         del parts
         if failed_in_optimizer:
             self._in_optimizer_step = False
-            raise OptimizerStepOOMError(self._optimizer_oom_message(failure))
+            raise OptimizerStepOOMError(optimizer_oom_message(failure))
         if failure is not None and agreed is not None and self.world > 1:
             raise MicroBatchOOMError(
                 "torchmem.BatchSizeController: out of memory in the final micro-step of a DDP step "
@@ -397,12 +351,20 @@ class BatchSizeController:
                 f"any OOM. Error: {failure}"
             )
         oom_here = failure is not None
+        timing = None
+        if oom_here or resized:
+            self.timer.abandon()  # an attempt cut short, or re-split mid-way: its times say nothing
+        else:
+            timing = self.timer.finish()
+        timing = None if timing is None else (len(sizes), timing)
         proposal = self.policy.shrink_target(micro, self._budget(), self._cap()) if oom_here else self._proposal
         if agreed is None:
-            agreed = distributed.agree(proposal, oom_here, self.process_group)
+            sent = timing
+            agreed = distributed.agree(proposal, oom_here, self.process_group, self._extra(sent))
         else:
-            agreed = (min(agreed[0], proposal), agreed[1])
-        next_micro, anyone_oom = agreed
+            self._pending = timing
+            agreed = (min(agreed[0], proposal), agreed[1], agreed[2])
+        next_micro, anyone_oom, extra = agreed
         if anyone_oom or oom_here:
             return {"ok": False, "oom_here": oom_here, "message": failure, "next": next_micro}
         if self.grad_sync == "controller":
@@ -410,29 +372,21 @@ class BatchSizeController:
         if loss_sum is None:
             loss_sum = torch.zeros(())
         return {"ok": True, "loss": loss_sum, "peak": self.probe.peak_bytes(), "baseline": baseline,
-                "next": next_micro, "micro_steps": len(sizes)}
+                "next": next_micro, "micro_steps": len(sizes), "calibrate": extra[0] > 0,
+                "timing": self._decode(sent, extra)}
 
-    def _sync_context(self, final):
-        """no_sync() for micro-steps whose gradients DDP must not all-reduce:
-        all of them under grad_sync="controller", the non-final ones under "ddp"."""
-        no_sync = getattr(self.model, "no_sync", None)
-        if no_sync is None or self.grad_sync == "none" or (final and self.grad_sync == "ddp"):
-            return contextlib.nullcontext()
-        return no_sync()
+    def _extra(self, sent):
+        return distributed.timing_to_ints(self._calibrate, None if sent is None else sent[1].resolve())
+
+    @staticmethod
+    def _decode(sent, extra):
+        return None if sent is None else {"count": sent[0], **distributed.timing_from_ints(extra)}
 
     # ----------------------------------------------------------- decisions
     def _resplit_if_budget_fell(self, sizes, index, total):
-        """Note [Shrinking inside a step]
-        A budget can fall in the middle of a step: a sharing owner claims its
-        memory back (monitor/share.py), or the user lowers the limit. Without
-        a look between micro-steps the next one runs out of memory, and the
-        whole batch runs again, its finished micro-steps thrown away; a borrower
-        also holds the owner's memory until then. So before each micro-step
-        after the first (one process only: ranks must keep their micro-step
-        counts in step) the controller reads the budget, and when it fell
-        below what the model predicts the current size needs, the samples not
-        yet run are split again at the size that fits. Each micro-batch keeps
-        the weight of its share of the batch, so the gradient is the same.
+        """Before each micro-step after the first (Note [Shrinking inside a step],
+        batch/policy.py): when the budget fell below what the current size needs, the
+        samples not yet run are split again at the size that fits, weights kept.
         Returns the new sizes, or None (nothing to change)."""
         budget = self._budget()
         before, self._step_budget = self._step_budget, budget
@@ -445,9 +399,9 @@ class BatchSizeController:
         rest = total - sum(sizes[:index])
         self._record("shrink", micro, smaller, f"the budget fell to {budget} bytes inside a step; "
                                                f"the {rest} samples left run at {smaller}")
-        self._micro = self._proposal = smaller
+        self._micro = self._proposal = self._bound = smaller
         monitor.report_micro_batch(smaller, total)  # a sharing borrower gives back what it holds over its grant now
-        return list(sizes[:index]) + split_sizes(rest, smaller)
+        return list(sizes[:index]) + self._split(rest, smaller)
 
     def _budget(self):
         try:
@@ -466,7 +420,7 @@ class BatchSizeController:
             why = self.offload_rung.engage()  # the last rung (batch/offload_rung.py)
             if why is not None:
                 self._record("offload", micro, micro, why)
-                self._micro = self._proposal = micro
+                self._micro = self._proposal = self._bound = micro
                 return
         if next_micro < max(1, self.min_micro) or retries > self.max_retries:
             raise MicroBatchOOMError(
@@ -477,8 +431,7 @@ class BatchSizeController:
             )
         reason = "OOM here" if outcome["oom_here"] else "OOM on another rank"
         self._record("shrink", micro, next_micro, f"{reason}; retrying the same batch of {total}")
-        self._micro = next_micro
-        self._proposal = next_micro
+        self._micro = self._proposal = self._bound = next_micro
 
     def _after_success(self, micro, outcome, total):
         if self.offload_rung.active:  # micro stays; the model learns nothing (offload hides the peak)
@@ -495,9 +448,16 @@ class BatchSizeController:
         self.last_micro_steps = outcome["micro_steps"]
         peak = outcome["peak"]
         self.policy.note_success(micro, None if peak is None else peak - (outcome["baseline"] or 0))
-        proposal = self.policy.grow_or_keep(self._micro, peak, self._budget(), self._cap())
+        bound = self._bound if self._throughput() else self._micro
+        proposal = self.policy.grow_or_keep(bound, peak, self._budget(), self._cap())
+        calibrate = self._throughput() and self.policy.last_kind == "calibrate"
+        if calibrate:  # the chooser measures the next smaller count instead (batch/throughput.py)
+            proposal = bound
         proposal = self.policy.returnable(proposal, self.probe.owned_bytes(), self._seconds_per_sample,
                                           _BORROWED_MICRO_STEP_S, self._cap())  # Note [Borrowed memory comes back fast]
+        if self._throughput():
+            self._choose(proposal, calibrate, outcome)
+            return
         if self.world == 1:
             chosen = proposal
         else:
@@ -509,6 +469,23 @@ class BatchSizeController:
         self._proposal = proposal
         if self.adapt_global:
             self._follow_global(chosen)
+
+    def _choose(self, proposal, calibrate, outcome):
+        """objective="throughput": the memory bound (agreed over ranks), then the count of
+        micro-steps measured fastest under it (batch/throughput.py)."""
+        if self.world == 1:
+            bound, calibrate_any = proposal, calibrate
+        else:  # the MIN of every rank's bound after the previous step; any rank's wish to calibrate
+            bound, calibrate_any = outcome["next"], outcome["calibrate"]
+        if bound != self._bound:
+            self._record("bound", self._bound, bound,
+                         "agreed over ranks" if self.world > 1 else self.policy.last_reason)
+        timing = outcome["timing"]
+        self.chooser.note_new_sizes(self.timer.runs, None if timing is None else timing["cost"])
+        if timing is not None:
+            self.chooser.observe(self.local_batch, timing["count"], timing["work"], timing["gap"])
+        self._bound, self._proposal, self._calibrate = bound, proposal, calibrate
+        self._micro = self.chooser.plan(self.local_batch, bound, calibrate_any)
 
     def _note_pace(self, total, clean):
         """Seconds per sample from the time between the ends of consecutive clean steps."""
@@ -527,7 +504,7 @@ class BatchSizeController:
         self._record("global", self.global_batch, new_global, "adapt_global: global batch follows memory")
         self.global_batch = new_global
         if self.lr_rule is not None:
-            rule = self.lr_rule if callable(self.lr_rule) else _LR_RULES[self.lr_rule]
+            rule = self.lr_rule if callable(self.lr_rule) else LR_RULES[self.lr_rule]
             self.set_lr_factor(rule(new_global / self.base_global_batch))
 
     def set_lr_factor(self, factor):
@@ -555,25 +532,7 @@ class BatchSizeController:
     def _discard_attempt(self, had_grads):
         """Cleanup after an OOM, outside the except block (retry.py's Note
         [Cleaning up outside except])."""
-        if self.model is None and self.optimizer is None:
-            raise MicroBatchOOMError(
-                "torchmem.BatchSizeController: out of memory, and no model= or optimizer= was given, so the "
-                "gradients of the failed attempt cannot be discarded before retrying; pass model=... or optimizer=..."
-            )
-        if had_grads:
-            raise MicroBatchOOMError(
-                "torchmem.BatchSizeController: out of memory, but gradients existed before run() (accumulated "
-                "over several run() calls?), and retrying would lose them; call run() once per optimizer step "
-                "with the whole batch and zero_grad(set_to_none=True) after each step"
-            )
-        if self.model is not None:
-            self.model.zero_grad(set_to_none=True)
-        if self.optimizer is not None:
-            self.optimizer.zero_grad(set_to_none=True)
-        if self.scaler is not None:
-            _reset_scaler(self.scaler)
-        # No OOM hooks here: torchmem's allocator runs them before it raises.
-        cleanup_after_oom(run_hooks=False)
+        discard_attempt(self.model, self.optimizer, self.scaler, self.sync, had_grads)
 
     def _enter_optimizer_step(self, *args, **kwargs):
         self._in_optimizer_step = True
@@ -581,38 +540,21 @@ class BatchSizeController:
     def _leave_optimizer_step(self, *args, **kwargs):
         self._in_optimizer_step = False
 
-    @staticmethod
-    def _optimizer_oom_message(failure):
-        return (
-            "torchmem.BatchSizeController: out of memory inside optimizer.step(); not retried, because the "
-            "update may be partly applied. Make room for the optimizer state: a lower memory budget margin "
-            "(margin=...), a smaller micro_batch, or a lighter optimizer. Error: " + str(failure)
-        )
-
     def step(self):
         """optimizer.step() (through the scaler when given), then zero_grad(set_to_none=True).
         An OOM here raises OptimizerStepOOMError with advice instead of a bare OOM."""
         if self.optimizer is None:
             raise ValueError("BatchSizeController.step: no optimizer= was given")
-        failure = None
         try:
-            if self.scaler is not None:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            else:
-                self.optimizer.step()
-        except Exception as exc:  # noqa: BLE001
-            if not is_oom_error(exc):
-                raise
-            failure = str(exc)
-        self._in_optimizer_step = False
-        if failure is not None:
-            raise OptimizerStepOOMError(self._optimizer_oom_message(failure))
-        self.optimizer.zero_grad(set_to_none=True)
+            optimizer_step(self.optimizer, self.scaler)
+        finally:
+            self._in_optimizer_step = False
 
     # ---------------------------------------------------------- reporting
     def _record(self, kind, before, after, reason):
-        event = {"step": self.steps, "event": kind, "from": before, "to": after, "reason": reason}
+        self.decisions += 1  # events are numbered: callbacks show those they have not shown
+        event = {"step": self.steps, "event": kind, "from": before, "to": after, "reason": reason,
+                 "seq": self.decisions}
         self.events.append(event)
         text = f"torchmem batch: step {self.steps}: {kind} {before} -> {after} ({reason})"
         log.info(text)
@@ -620,17 +562,24 @@ class BatchSizeController:
             print(text, flush=True)
 
     def figures(self):
-        """The controller's state for logging: micro-batch, accumulation, OOMs, last peak, budget."""
-        return {"micro_batch": self._micro, "accumulation_steps": self.accumulation_steps,
-                "global_batch": self.global_batch, "ooms": self.ooms, "peak_bytes": self.last_peak,
-                "budget_bytes": self._budget(), "lr_factor": self.lr_factor}
+        """The controller's state for logging: micro-batch, accumulation, OOMs, last peak, budget;
+        under objective="throughput" also the measured samples/s of the current choice over all
+        ranks (None until measured) and whether the choice has settled."""
+        figures = {"micro_batch": self._micro, "accumulation_steps": self.accumulation_steps,
+                   "global_batch": self.global_batch, "ooms": self.ooms, "peak_bytes": self.last_peak,
+                   "budget_bytes": self._budget(), "lr_factor": self.lr_factor, "objective": self.objective}
+        if self._throughput():
+            rate = self.chooser.rate(micro_steps(self.local_batch, self._micro))
+            figures["samples_per_s"] = None if rate is None else rate * self.world
+            figures["settled"] = self.chooser.settled
+        return figures
 
     def state_dict(self):
-        """Everything needed to resume with the same sizes and memory model."""
+        """Everything needed to resume with the same sizes, memory model and throughput choice."""
         return {"version": 1, "micro": self._micro, "proposal": self._proposal, **self.policy.state_dict(),
                 "steps": self.steps, "ooms": self.ooms,
                 "global_batch": self.global_batch, "base_global_batch": self.base_global_batch,
-                "lr_factor": self.lr_factor}
+                "lr_factor": self.lr_factor, "bound": self._bound, "chooser": self.chooser.state_dict()}
 
     def load_state_dict(self, state):
         """Restores state_dict() (the optimizer's lrs are already in its own state dict)."""
@@ -644,6 +593,9 @@ class BatchSizeController:
         self.global_batch = int(state["global_batch"])
         self.base_global_batch = int(state["base_global_batch"])
         self.lr_factor = float(state["lr_factor"])
+        self._bound = int(state.get("bound", self._micro))
+        if "chooser" in state:
+            self.chooser.load_state_dict(state["chooser"])
 
     def __repr__(self):
         return (f"BatchSizeController(global_batch={self.global_batch}, micro_batch={self._micro}, "

@@ -24,7 +24,10 @@ communication with backward.
 import torch
 import torch.distributed as dist
 
-__all__ = ["world_size", "agree", "average_gradients"]
+__all__ = ["world_size", "agree", "average_gradients", "timing_to_ints", "timing_from_ints"]
+
+# A missing step time: above any real one, so that the MAX over ranks says "missing" when any rank lacks it.
+_NO_TIME = 1 << 62
 
 
 def world_size(group=None):
@@ -41,16 +44,40 @@ def _collective_device(group):
     return torch.device("cpu")
 
 
-def agree(proposal, oom, group=None):
-    """(MIN of proposals, any rank OOM) over the group in one all_reduce
-    (Note [One collective, two answers]). Without torch.distributed it returns
-    its inputs."""
+def agree(proposal, oom, group=None, extra=()):
+    """(MIN of proposals, any rank OOM, MAX of each of `extra`) over the group in
+    one all_reduce (Note [One collective, two answers]). `extra` are ints (the
+    throughput choice's step times in microseconds and flags), reduced with MAX
+    so every rank decides from the slowest rank's figures. Without
+    torch.distributed it returns its inputs."""
+    extra = tuple(int(x) for x in extra)
     if world_size(group) == 1:
-        return int(proposal), bool(oom)
-    flags = torch.tensor([-int(proposal), 1 if oom else 0], dtype=torch.int64, device=_collective_device(group))
+        return int(proposal), bool(oom), extra
+    flags = torch.tensor([-int(proposal), 1 if oom else 0, *extra], dtype=torch.int64,
+                         device=_collective_device(group))
     dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
     values = flags.tolist()
-    return -int(values[0]), values[1] > 0
+    return -int(values[0]), values[1] > 0, tuple(int(v) for v in values[2:])
+
+
+def timing_to_ints(calibrate, seconds):
+    """The throughput choice's part of the agreement (agree's `extra`): a flag (the memory
+    line wants a smaller size measured) and (work, gap, new-size cost) seconds, or None,
+    in microseconds. Under MAX, a time missing on any rank stays missing; a new-size cost
+    measured on any rank counts."""
+    work = gap = _NO_TIME
+    cost = -1
+    if seconds is not None:
+        work, gap = (_NO_TIME if x is None else int(x * 1e6) for x in seconds[:2])
+        cost = -1 if seconds[2] is None else int(seconds[2] * 1e6)
+    return 1 if calibrate else 0, work, gap, cost
+
+
+def timing_from_ints(extra):
+    """timing_to_ints' fields back from agree's reduced `extra`, in seconds (None: missing)."""
+    work, gap, cost = extra[1:4]
+    return {"work": None if work >= _NO_TIME else work / 1e6, "gap": None if gap >= _NO_TIME else gap / 1e6,
+            "cost": None if cost < 0 else cost / 1e6}
 
 
 def average_gradients(parameters, group=None, bucket_bytes=32 << 20):

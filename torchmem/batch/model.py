@@ -22,7 +22,7 @@ The fixed part of the increment is >= 0, so increment / micro is an upper
 bound on the per-sample bytes: a safe slope for the first jump. The second
 size then yields the real line. When that safe slope allows no jump (a step's
 fixed bytes, gradients and workspaces, are large), the controller measures a
-smaller size once to learn the line (Note [Calibration step], controller.py).
+smaller size once to learn the line (Note [Calibration step], policy.py).
 """
 
 import collections

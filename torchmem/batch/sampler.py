@@ -1,4 +1,5 @@
-"""AdaptiveBatchSampler: batches whose size follows the controller's global batch.
+"""AdaptiveBatchSampler: batches whose size follows the controller's global batch,
+and the learning-rate rules that go with a changing global batch (LR_RULES).
 
 Only for the opt-in throughput mode (BatchSizeController(adapt_global=True)):
 there the global batch follows memory, so the data loader must hand out
@@ -7,9 +8,17 @@ it as a DataLoader's batch_sampler; with num_workers > 0 the workers prefetch
 a few batches at the old size, which run() handles like any other size.
 """
 
+import math
+
 from torch.utils.data import Sampler
 
-__all__ = ["AdaptiveBatchSampler"]
+__all__ = ["AdaptiveBatchSampler", "LR_RULES"]
+
+# lr x rule(new global batch / base): linear for SGD (Goyal et al.), sqrt for Adam-type optimizers
+LR_RULES = {
+    "linear": lambda ratio: ratio,
+    "sqrt": math.sqrt,
+}
 
 
 class AdaptiveBatchSampler(Sampler):

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 
 import torch
 
-__all__ = ["batch_size_of", "split_batch", "split_sizes", "concat_results"]
+__all__ = ["batch_size_of", "split_batch", "split_sizes", "balanced_sizes", "concat_results"]
 
 
 def _is_namedtuple(obj):
@@ -83,6 +83,20 @@ def split_sizes(total, micro):
     if total % micro:
         sizes.append(total % micro)
     return sizes
+
+
+def balanced_sizes(total, micro):
+    """The fewest chunks of at most `micro` samples covering `total`, as even as
+    they come: [22, 21, 21] for 64 at 22, [16, 16, 16, 16] for 64 at 19. The
+    same count of micro-steps as split_sizes, with no short tail and the
+    smallest largest chunk (the least memory) that count allows."""
+    if total < 0 or micro < 1:
+        raise ValueError(f"balanced_sizes: need total >= 0 and micro >= 1, got total={total}, micro={micro}")
+    if total == 0:
+        return []
+    count = -(-total // micro)
+    small, extra = divmod(total, count)
+    return [small + 1] * extra + [small] * (count - extra)
 
 
 def _rebuild(template, values):

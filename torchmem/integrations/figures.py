@@ -2,9 +2,12 @@
 
 One function both callbacks use, so they log the same names: peak requested
 and reserved bytes since the last reset, their ratio (fragmentation), the
-controller's micro-batch when one is attached, and under torchmem's allocator
+controller's micro-batch when one is attached (with its measured samples/s and
+whether its throughput choice has settled), and under torchmem's allocator
 the figures `top` and the Prometheus metrics show (torchmem.monitor.figures:
 live, cached, largest free block, limit, OOMs, reclaims, driver calls...).
+`new_decisions` gives the controller's choices (with their reasons) that a
+callback has not shown yet.
 Figures come from torchmem's stats when its allocator is installed, else from torch.cuda.memory_stats
 (the native allocator has the same keys), else nothing (CPU).
 """
@@ -13,7 +16,7 @@ import torch
 
 from torchmem._loader import is_installed as _installed
 
-__all__ = ["memory_figures", "reset_peaks"]
+__all__ = ["memory_figures", "reset_peaks", "new_decisions"]
 
 
 def _stats(device):
@@ -60,4 +63,20 @@ def memory_figures(device=None, controller=None, prefix="torchmem/"):
         figures["micro_batch"] = controller.micro_batch
         figures["accumulation_steps"] = controller.accumulation_steps
         figures["ooms"] = controller.ooms
+        if getattr(controller, "objective", None) == "throughput":
+            state = controller.figures()
+            if state.get("samples_per_s") is not None:
+                figures["samples_per_s"] = state["samples_per_s"]
+            figures["batch_settled"] = bool(state.get("settled"))
     return {prefix + name: float(value) for name, value in figures.items()}
+
+
+def new_decisions(controller, after=0):
+    """(lines, last): the controller's decisions numbered above `after`, one line each
+    ("step 3: settle 13 -> 16 (fastest within 2%: ...)"), and the number of the last
+    one, to pass as `after` next time."""
+    if controller is None:
+        return [], after
+    events = [e for e in controller.events if e.get("seq", 0) > after]
+    lines = [f"step {e['step']}: {e['event']} {e['from']} -> {e['to']} ({e['reason']})" for e in events]
+    return lines, max([after] + [e["seq"] for e in events])

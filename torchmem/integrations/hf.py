@@ -33,7 +33,10 @@ Trainer.log appends to state.log_history before it calls on_log, and the
 reporting callbacks (wandb, tensorboard) run in list order, before ours. So
 the callback writes its figures into both `logs` and the last log_history
 entry, and the mixin adds them in `log()` itself, before anyone sees the
-dict: use the mixin for the figures to reach every reporter.
+dict: use the mixin for the figures to reach every reporter. The controller's
+decisions since the last log travel as one text entry, torchmem/decisions
+(TensorBoard writes text entries with add_text; MLflow drops them with a
+warning), only in the logs where there are new ones: a few per run.
 """
 
 __all__ = ["TorchmemTrainerCallback", "TorchmemTrainerMixin", "make_trainer_class"]
@@ -55,6 +58,7 @@ class TorchmemTrainerMixin:
     def __init__(self, *args, torchmem_controller_kwargs=None, **kwargs):
         self.torchmem_controller_kwargs = dict(torchmem_controller_kwargs or {})
         self.torchmem_controller = None
+        self._torchmem_shown = 0
         super().__init__(*args, **kwargs)
 
     def _torchmem_build_controller(self, model, batch_size):
@@ -92,9 +96,12 @@ class TorchmemTrainerMixin:
         return controller.run(micro_step, inputs, backward=False)
 
     def log(self, logs, *args, **kwargs):
-        from torchmem.integrations.figures import memory_figures
+        from torchmem.integrations.figures import memory_figures, new_decisions
         logs = dict(logs)
         logs.update(memory_figures(None, self.torchmem_controller))
+        lines, self._torchmem_shown = new_decisions(self.torchmem_controller, self._torchmem_shown)
+        if lines:
+            logs["torchmem/decisions"] = "; ".join(lines)
         return super().log(logs, *args, **kwargs)
 
 
@@ -105,17 +112,21 @@ def make_trainer_class(base=None):
 
 
 def _build_callback_class():
-    from torchmem.integrations.figures import memory_figures, reset_peaks
+    from torchmem.integrations.figures import memory_figures, new_decisions, reset_peaks
 
     class TorchmemTrainerCallback(_transformers().TrainerCallback):
         """Resets peak figures at each step's start and adds torchmem's figures
-        (peak requested/reserved, ratio; micro-batch when the Trainer has a
-        controller) to every log (Note [Where the figures go])."""
+        (peak requested/reserved, ratio; with a controller given here,
+        micro-batch, samples/s and whether its choice settled, and its decisions
+        since the last log as one text entry, torchmem/decisions) to every log
+        (Note [Where the figures go]; the mixin adds the same for its own
+        controller)."""
 
         def __init__(self, controller=None, prefix="torchmem/"):
             self.controller = controller
             self.prefix = prefix
             self._trainer_controller = None
+            self._shown = 0
 
         def on_step_begin(self, args, state, control, **kwargs):
             reset_peaks()
@@ -124,6 +135,9 @@ def _build_callback_class():
             if logs is None:
                 return
             figures = memory_figures(None, self.controller, self.prefix)
+            lines, self._shown = new_decisions(self.controller, self._shown)
+            if lines:
+                figures[self.prefix + "decisions"] = "; ".join(lines)
             missing = {k: v for k, v in figures.items() if k not in logs}
             logs.update(missing)
             if state.log_history and state.log_history[-1].get("step") == state.global_step:

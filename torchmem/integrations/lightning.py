@@ -46,20 +46,25 @@ def _callback_base():
 
 
 def _build_callback_class():
-    from torchmem.integrations.figures import memory_figures, reset_peaks
+    from torchmem.integrations.figures import memory_figures, new_decisions, reset_peaks
 
     class TorchmemCallback(_callback_base()):
         """Logs torchmem's memory figures every `every_n_steps` training steps:
         torchmem/peak_requested_gib, peak_reserved_gib, reserved_over_requested,
         and with a controller (given here or found as `pl_module.ctl`)
-        micro_batch, accumulation_steps, ooms. Saves the controller's state in
-        checkpoints."""
+        micro_batch, accumulation_steps, ooms, samples_per_s (measured, once
+        known) and batch_settled. Each of the controller's decisions (a
+        micro-batch tried, the count of micro-steps it settled on, and why) is
+        printed on rank 0 and kept in `decisions`. Saves the controller's state
+        in checkpoints."""
 
         def __init__(self, controller=None, every_n_steps=1, prefix="torchmem/"):
             super().__init__()
             self.controller = controller
             self.every_n_steps = max(1, int(every_n_steps))
             self.prefix = prefix
+            self.decisions = []
+            self._shown = 0
             self._pending_state = None
 
         def _controller(self, pl_module):
@@ -73,10 +78,15 @@ def _build_callback_class():
                 self._pending_state = None
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            controller = self._controller(pl_module)
+            lines, self._shown = new_decisions(controller, self._shown)
+            self.decisions.extend(lines)
+            if lines and trainer.is_global_zero:
+                print("\n".join("torchmem batch: " + line for line in lines), flush=True)
             if trainer.global_step % self.every_n_steps:
                 return
             device = pl_module.device if pl_module.device.type == "cuda" else None
-            figures = memory_figures(device, self._controller(pl_module), self.prefix)
+            figures = memory_figures(device, controller, self.prefix)
             if figures:
                 pl_module.log_dict(figures, on_step=True, on_epoch=False, logger=True, prog_bar=False)
 
