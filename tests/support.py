@@ -64,3 +64,29 @@ def load_bench(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def run_ranks(worker, out_dir, world, timeout_s):
+    """Spawns `world` processes running worker(rank, out_dir, store_port) over a TCP store on
+    localhost, fails the test if they have not finished in `timeout_s` (a hang), and returns
+    each rank's rank{r}.json from out_dir."""
+    import datetime
+    import json
+    import time
+
+    import pytest
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=60))
+    context = mp.start_processes(worker, args=(str(out_dir), store.port), nprocs=world, join=False,
+                                 start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"ranks did not finish within {timeout_s} s (hang)")
+    del store
+    return [json.load(open(f"{out_dir}/rank{r}.json")) for r in range(world)]

@@ -5,13 +5,14 @@ full-batch gradient of the global batch."""
 import datetime
 import json
 import os
-import time
 import warnings
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from support import run_ranks
 
 WORLD = 2
 GLOBAL_BATCH = 64
@@ -87,19 +88,8 @@ def _worker(rank, out_dir, port):
 
 
 def _run_ranks(out_dir):
-    """Runs both ranks; their results, or raises what killed one."""
-    store = dist.TCPStore("127.0.0.1", 0, WORLD, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=60))
-    context = mp.start_processes(_worker, args=(str(out_dir), store.port), nprocs=WORLD, join=False,
-                                 start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"ranks did not finish within {TIMEOUT_S} s (hang)")
-    del store  # the ranks are done with it
-    return [json.load(open(out_dir / f"rank{r}.json")) for r in range(WORLD)]
+    """Runs both ranks; their results, or fails the test on a hang."""
+    return run_ranks(_worker, out_dir, WORLD, TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")

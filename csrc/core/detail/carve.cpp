@@ -36,17 +36,7 @@ Block* Pool::Impl::carve(Block* b, std::size_t size) {
   Heap& heap = *b->heap;
   if (b->size > size) {
     // Split: the rest stays free, with the same fence tag.
-    Block* rest = arena.make();
-    rest->addr = b->addr + size;
-    rest->size = b->size - size;
-    rest->heap = b->heap;
-    rest->segment = b->segment;
-    rest->free_stream = b->free_stream;
-    rest->free_seq = b->free_seq;
-    rest->prev = b;
-    rest->next = b->next;
-    if (b->next) b->next->prev = rest;
-    b->next = rest;
+    Block* rest = split_off(b, b->addr + size);
     heap.free.carve(b, rest);  // Note [Deferred carve] (free_index.h)
     b->size = size;
   } else {

@@ -186,17 +186,7 @@ Block* Pool::Impl::split_free_at(Block* f, Addr at) {
   if (at == f->addr) return f;
   Heap& heap = *f->heap;
   // The free space below `at` stays a free block; both parts keep the fence tag.
-  Block* upper = arena.make();
-  upper->addr = at;
-  upper->size = f->end() - at;
-  upper->heap = f->heap;
-  upper->segment = f->segment;
-  upper->free_stream = f->free_stream;
-  upper->free_seq = f->free_seq;
-  upper->prev = f;
-  upper->next = f->next;
-  if (f->next) f->next->prev = upper;
-  f->next = upper;
+  Block* upper = split_off(f, at);
   const std::size_t old_size = f->size;
   f->size = at - f->addr;
   heap.free.replace(old_size, f->addr, f);

@@ -111,6 +111,22 @@ struct Pool::Impl {
   // Best fitting free block of `heap` usable on `stream`, or null.
   detail::Block* find_fit(detail::Heap& heap, std::size_t size, StreamId stream);
   bool reusable(const detail::Block& block, StreamId stream);
+  // A new block for [at, f->end()), linked in after f with f's fence tag;
+  // f's size is the caller's to shrink, and neither is indexed here.
+  detail::Block* split_off(detail::Block* f, Addr at) {
+    detail::Block* upper = arena.make();
+    upper->addr = at;
+    upper->size = f->end() - at;
+    upper->heap = f->heap;
+    upper->segment = f->segment;
+    upper->free_stream = f->free_stream;
+    upper->free_seq = f->free_seq;
+    upper->prev = f;
+    upper->next = f->next;
+    if (f->next) f->next->prev = upper;
+    f->next = upper;
+    return upper;
+  }
   // Turns the first `size` bytes of free block `b` into a live block; the rest
   // stays free. Granules must already be mapped (VMM).
   detail::Block* carve(detail::Block* b, std::size_t size);
