@@ -25,12 +25,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 NEEDS = ("Needs a CUDA GPU with more memory than --limit (GPT-2 small, 24 GiB by default: an H200, A100-40GB "
          "or larger) and torchmem built with CUDA. Without a GPU it runs a tiny CPU version instead.")
 # What the controller does in the CPU version, as it happens there: with a budget of 12
-# samples and sizes that are multiples of 8, 32 and 16 fail and 8 is the largest that holds.
+# samples and sizes that are multiples of 8, 32 and 16 fail and 8 is the largest that holds;
+# then it times the split next to it and keeps the faster.
 CPU_STORY = ("No CUDA GPU: running a tiny CPU version against a synthetic memory budget that fits 12 samples "
              "per micro-batch. The controller starts at the whole batch; on each OOM it halves the micro-batch "
-             "(it has no measured memory line yet to jump with) until a size holds, then keeps it: sizes are "
-             "multiples of 8 (few shapes for torch.compile), so after 32 and 16 fail it stays at 8, and "
-             "accumulates to keep the global batch.")
+             "(it has no measured memory line yet to jump with) until a size holds: sizes are multiples of 8 "
+             "(few shapes for torch.compile), so after 32 and 16 fail it runs 8, and accumulates to keep the "
+             "global batch. Then it times one more split, 7+7+7+7+4 against 8x4 (objective='throughput': the "
+             "fastest split that fits), and settles on the faster.")
 
 
 def parse_args(argv=None):

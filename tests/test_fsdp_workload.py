@@ -37,7 +37,8 @@ def test_two_ranks_train_under_fsdp2_with_the_controller():
     assert (r0["rank"], r1["rank"], r0["world"]) == (0, 1, 2)
     assert len(r0["losses"]) == 2 and r0["losses"] == r1["losses"]  # all-reduced: one number per step
     assert all(4.0 < loss < 7.0 for loss in r0["losses"])  # ln(256) = 5.5 at random weights
-    assert r0["micro_batches"] == r1["micro_batches"] == [2, 2] and r0["oom"] is None
+    # the ranks agree on every step's micro-batch (the controller times a neighbouring split too)
+    assert r0["micro_batches"] == r1["micro_batches"] and r0["micro_batches"][0] == 2 and r0["oom"] is None
     assert r0["params"] == r1["params"] > 0 and len(r0["step_s"]) == 2
 
 
