@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -48,6 +49,9 @@ def test_seqlock_reader_never_sees_a_torn_record(tmp_path):
         while not stop.is_set():
             value += 1
             writer.write(_record(os.getpid(), value, ndev=8))
+            # a publisher writes every interval, not back to back: a writer that never pauses
+            # can hold the GIL through all of a reader's retries on a loaded 2-core machine
+            time.sleep(0.0002)
 
     thread = threading.Thread(target=write_forever)
     thread.start()
