@@ -27,7 +27,9 @@ void StepPlan::reset() {
   generation_ = (generation_ + 1) & 0xFF;
   sig_index_.clear();
   sigs_.clear();
+  item_index_.clear();
   items_.clear();
+  before_ = ~std::uint32_t{0};
   named_live_bytes_ = low_live_ = high_live_ = 0;
   clock_ = allocs_ = record_start_ = last_new_ = 0;
   min_window_ = kMinQuiet;
@@ -50,21 +52,34 @@ std::uint32_t StepPlan::on_alloc(std::size_t rounded, StreamId stream, bool smal
   if (state_ == State::kOff) return kNoItem;
   auto [it, inserted] = sig_index_.try_emplace(SigKey{rounded, stream, small}, static_cast<std::uint32_t>(sigs_.size()));
   if (inserted) sigs_.emplace_back();
-  Sig& s = sigs_[it->second];
-  std::uint32_t idx;
+  const std::uint32_t sig = it->second;
+  Sig& s = sigs_[sig];
+  std::uint32_t slot;
   if (!s.free_slots.empty()) {
-    idx = s.item_of_slot[s.free_slots.top()];
+    slot = s.free_slots.top();
     s.free_slots.pop();
   } else {
-    if (items_.size() >= kMaxItems) return kNoItem;
+    slot = s.slots++;
+  }
+  const ItemKey key{sig, slot, before_};
+  before_ = sig;
+  auto found = item_index_.find(key);
+  std::uint32_t idx;
+  if (found != item_index_.end()) {
+    idx = found->second;
+  } else {
+    if (items_.size() >= kMaxItems) {
+      s.free_slots.push(slot);
+      return kNoItem;
+    }
     idx = static_cast<std::uint32_t>(items_.size());
     Item x;
-    x.sig = it->second;
-    x.slot = static_cast<std::uint32_t>(s.item_of_slot.size());
+    x.sig = sig;
+    x.slot = slot;
     x.size = rounded;
     x.stream = stream;
     items_.push_back(std::move(x));
-    s.item_of_slot.push_back(idx);
+    item_index_.emplace(key, idx);
     last_new_ = allocs_;
     last_new_clock_ = clock_;
     low_live_ = high_live_ = named_live_bytes_;  // the quiet stretch (a whole cycle) sets the range
