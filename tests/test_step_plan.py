@@ -159,3 +159,24 @@ def test_a_lower_budget_ends_the_plan():
 def test_step_plan_off_never_plans():
     pool, _ = pool_with_plan(step_plan=False)
     assert pool.stats()["num_plans"] == 0
+
+
+@pytest.mark.parametrize("name,steps", [("gpt2_train", (10, 11)), ("gpt2_train", (5, 40)),
+                                        ("llama_ckpt_train", (3, 30))])
+@pytest.mark.parametrize("budget", [1.02, 1.05])
+def test_real_steps_that_repeat_make_no_driver_call_once_planned(name, steps, budget):
+    """Two real steps of a bundled H200 trace (different batch and sequence shapes), taking
+    turns, ten times: once planned, the last two make no driver call and take no barrier."""
+    from torchmem import trace as trace_io
+
+    rows = patterns.repeated_steps(trace_io.load(trace_io.bundled_trace(name)).events.tolist(), steps, 10)
+    events = np.asarray(rows, dtype=np.int64)
+    _, bounds = patterns.step_boundaries(rows)
+    start = bounds[-3] + 1  # the last two steps
+    peak = run(events)["peak_requested"]
+    limit = int(peak * budget)
+    before, after = run(events, limit, stop_at=start - 1), run(events, limit)
+    assert after["ooms"] == 0 and after["plans"] >= 1
+    calls = lambda r: sum(r["backend_calls"][k] for k in ("create_calls", "map_calls", "unmap_calls", "release_calls"))
+    assert calls(after) - calls(before) == 0
+    assert after["device_barriers"] == before["device_barriers"]

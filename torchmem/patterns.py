@@ -146,3 +146,60 @@ def training_steps(steps, layers=24, seed=0, side_stream=None, micro_steps=1):
         for block in grads:
             free(block)
     return events
+
+
+def step_boundaries(events):
+    """Indices of a training trace's alloc/free rows (action 0/1 only, in order) where one step
+    ends: the live bytes, having risen above 1.3x their floor (parameters and optimizer state,
+    the lowest live bytes in the middle 80% of the trace), come back to within 1% of it."""
+    import numpy as np
+
+    rows = [e for e in events if e[0] in (0, 1)]
+    live, current, curve = {}, 0, np.zeros(len(rows), dtype=np.int64)
+    for i, (action, addr, size, _stream) in enumerate(rows):
+        if action == 0:
+            live[addr] = size
+            current += size
+        else:
+            current -= live.pop(addr, 0)
+        curve[i] = current
+    floor = curve[len(rows) // 10:len(rows) * 9 // 10].min()
+    bounds, high = [], False
+    for i, value in enumerate(curve):
+        if value > floor * 1.3:
+            high = True
+        elif high and value <= floor * 1.01:
+            bounds.append(i)
+            high = False
+    return rows, bounds
+
+
+def repeated_steps(events, steps, repeats):
+    """A trace that runs a real trace's set-up, then its steps `steps` (indices into its steps,
+    step_boundaries) in turn `repeats` times, each time at fresh addresses: a step that repeats
+    with real shapes (a data loader cycling through a few batch shapes). A block a step leaves
+    live is freed at its end, as the next step's zero_grad or loss would."""
+    rows, bounds = step_boundaries(events)
+    prefix = rows[:bounds[0] + 1]
+    setup_live = {}
+    for action, addr, size, _stream in prefix:
+        if action == 0:
+            setup_live[addr] = size
+        else:
+            setup_live.pop(addr, None)
+    out = list(prefix)
+    next_addr = max(row[1] for row in rows) + 1
+    for r in range(repeats):
+        k = steps[r % len(steps)]
+        mapping = {}
+        for action, addr, size, stream in rows[bounds[k] + 1:bounds[k + 1] + 1]:
+            if action == 0:
+                mapping[addr] = next_addr
+                out.append((0, next_addr, size, stream))
+                next_addr += 1
+            elif addr in mapping:
+                out.append((1, mapping.pop(addr), size, stream))
+            elif addr in setup_live:
+                out.append((1, addr, setup_live.pop(addr), stream))
+        out.extend((1, new, 0, 0) for new in mapping.values())
+    return out
