@@ -7,7 +7,7 @@ Per workload and allocator: peak allocated, peak reserved and device memory used
 (MiB, medians over repeats), reserved/allocated ratio, median step time with its
 spread over repeats (max - min of the per-run medians) and its ratio to native,
 and the processes' own speed (gpu_workloads' host_speed: us per `torch.empty` on
-the meta device, which moved 2x between processes in BENCHMARKS.md section 17, then
+the meta device, which moves 2x between processes: BENCHMARKS.md, How to reproduce; then
 where measured us per kernel launch and per device `torch.empty`; medians over
 repeats; "-" for older rows); for the causal LMs the
 share of a step the host took to queue it (gpu_workloads' enqueue_s / step_s:
@@ -91,7 +91,7 @@ def workload_table(rows):
 def paired_table(rows):
     """Each allocator against native in the same round (same seed: the same shapes), as the
     geometric mean of the per-round ratios of median step and of total step time, with their range.
-    One process's host can run 20-40% off another's (BENCHMARKS.md section 20), so a ratio of
+    One process's host can run 20-40% off another's (BENCHMARKS.md, Step time), so a ratio of
     medians over processes hides how far single rounds scatter; this shows it."""
     native = {(r["workload"], r.get("seed")): r for r in rows
               if r.get("workload") != "microbench" and r["allocator"] == "native"}

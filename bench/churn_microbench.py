@@ -9,9 +9,9 @@ Sizes are drawn log-uniformly from 512 B to 16 MiB and precomputed, with the
 slot to replace, so the timed loop holds nothing but the allocation churn.
 The same loop on the `meta` device (torch's dispatch with no allocator behind
 it) is timed in the same process (`meta_s_per_alloc`), with the CPU the process
-ran on (`placement`): in BENCHMARKS.md section 16 the same allocator's churn
-moved between ~2.5 and ~4.5 us from one process to the next, and this tells a
-slow process from a slow allocator.
+ran on (`placement`): the same allocator's churn moves ~2x from one process to
+the next (BENCHMARKS.md, How to reproduce), and this tells a slow process from a
+slow allocator.
 Anchors on the H200 (torch 2.11): native 2.7 us, expandable 3.2, cudaMallocAsync 4.3.
 """
 

@@ -3,9 +3,9 @@
 PyTorch's own test_cuda.py::test_allocator_fuzz draws 10,000 actions: allocate a
 2-20 MiB int32 tensor, free a random live one (checking its contents), or call
 torch.cuda.empty_cache() (weight 0.1 against 1 and 1), with at most 100 MiB
-live. In the peer suite (16 test processes on one H200) it took 13.8 s under
-torchmem against 1.2 s natively (BENCHMARKS.md section 14). Code that calls
-empty_cache every step pays the same kind of cost. This script times it per
+live. Each empty_cache gives back every cached segment, so the allocations after
+it pay for growth again; code that calls empty_cache every step pays the same
+kind of cost (BENCHMARKS.md, Growth and driver calls). This script times it per
 allocator, alone or beside `--load` other processes that keep the same GPU busy
 with kernels and their own allocator traffic, and splits the time between the
 actions (torchmem also reports its driver calls).

@@ -17,7 +17,8 @@ Figures per run (each allocator's own where it has one):
   median_step_s    median wall time of a step (synchronized), after warm-up steps
   step_s           every timed step's wall time, in order
   host_speed       this process's own speed with no allocator (a `torch.empty` churn on the
-                   meta device) and its CPU: processes differ by up to 2x (section 17); and
+                   meta device) and its CPU: processes differ by up to 2x (BENCHMARKS.md,
+                   How to reproduce); and
                    under its allocator, per kernel launch and per device `torch.empty` (cuda_speed)
   enqueue_s        per timed step (the causal LMs), seconds until the host had queued the
                    whole step (before the loss is read): near step_s, the step is host-bound
@@ -35,7 +36,7 @@ Shapes: with --shapes K (default 4) the run draws K step shapes (batch, sequence
 length, resolution...) from the seed and cycles through them; the warm-up covers
 each once, so the timed steps see no first use of a kernel or cuBLAS heuristic
 (a fresh shape per step made one run's median move 1.3x between runs of the same
-allocator, BENCHMARKS.md section 15). --shapes 0 draws a new shape every step.
+allocator). --shapes 0 draws a new shape every step.
 Workloads: gpt2 (GPT-2 124M, AdamW, bf16 autocast, batch 2..16 x seq 64..1024),
 llama_ckpt (Llama-style ~300M, 16 layers, 1024 wide, GQA 16/4, gradient
 checkpointing, batch 1..8 x seq 128..4096), kv_generate (autoregressive decoding
@@ -418,8 +419,8 @@ BUILDERS = {"gpt2": gpt2_workload, "llama_ckpt": llama_workload, "kv_generate": 
 def host_speed(torch):
     """This process's own speed, with no allocator: seconds per `torch.empty` on the meta device
     (bench/churn_microbench.py's meta loop: the random pattern, 20,000 allocations, median of 3
-    rounds) and the CPU it ran on. In BENCHMARKS.md section 17 that loop ran at ~1.1 us in some
-    processes and ~2.2 us in others on the same CPU, and an allocator's churn fell in its
+    rounds) and the CPU it ran on. That loop runs at ~1.1 us in some processes and ~2.2 us in
+    others on the same CPU (BENCHMARKS.md, How to reproduce), and an allocator's churn falls in its
     process's band: beside a step time, it tells a slow process from a slow allocator. On a GPU,
     cuda_speed's figures too, which are under this process's allocator."""
     from torchmem.patterns import sizes_and_slots
@@ -467,8 +468,8 @@ def device_ms(events):
     """Milliseconds of device time in a profiler's key_averages(): the sum of the device's own
     entries' self device time (self_device_time_total, called self_cuda_time_total before torch
     2.4), in us. Host operators are left out: with host activity profiled too, an operator's self
-    device time is the kernels it launched, which their own entries count already (BENCHMARKS.md
-    section 20: summed together, every kernel counted twice)."""
+    device time is the kernels it launched, which their own entries count already (summed
+    together, every kernel would count twice)."""
     total_us = 0.0
     for event in events:
         if getattr(getattr(event, "device_type", None), "name", "CUDA") == "CPU":

@@ -1,5 +1,5 @@
 """The pinned host pool against torch's pinned allocator and pageable memory,
-for BENCHMARKS.md (issue 13's goals, all measured in the same call):
+for BENCHMARKS.md, Host memory and offload (the goals, all measured in the same call):
 
 1. copy bandwidth, host->device and device->host, from a torchmem.host buffer,
    a torch pinned tensor and a pageable tensor (goal: torchmem >= 98% of the

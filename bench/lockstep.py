@@ -6,8 +6,8 @@
     ... --budgets 1.05 1.10   (also under budgets: each a multiple of the workload's peak request)
 
 Why: a host-bound step's time moves with its process's pace, and that pace moved
-0.5-1.6x from one process to the next and from minute to minute (BENCHMARKS.md
-sections 19-21), far more than any allocator's cost. Run one after the other, a
+0.5-1.6x from one process to the next and from minute to minute (BENCHMARKS.md,
+Step time), far more than any allocator's cost. Run one after the other, a
 slow minute or a slow process decides the comparison. Here every process of a
 group (same workload and seed, so the same step shapes) is alive at once and
 each waits at a gate before every step; the coordinator opens one gate at a time,

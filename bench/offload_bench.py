@@ -9,10 +9,11 @@ No offload and the keep fractions are measured in --rounds rounds (order rotated
 each round, --steps timed steps per row and round); a row's step is the median
 of all its timed steps, round_step_ms its per-round medians, and an offload
 row's vs_none_by_round its ratio to the no-offload steps of the same round
-(a process's speed drifts by more than the effect measured: sections 16-19).
+(a process's speed drifts by more than the effect measured: BENCHMARKS.md, Host memory
+and offload).
 save_on_cpu, 5-8x slower, is measured once, after the rounds.
-Issue 13's goals: >= 3x faster than save_on_cpu at the same peak, and <= 1.5x
-the no-offload step when less than half of the activations move.
+Goals: >= 3x faster than save_on_cpu at the same peak, and <= 1.5x the no-offload
+step when less than half of the activations move.
 
 Each offload row also gets a PCIe lower bound on its step (pcie_bound): to bring
 the peak down by R = peak(none) - peak(row) bytes, R bytes must have crossed
@@ -203,7 +204,7 @@ def main(argv=None):
     saved = offload.last_step["saved_bytes"]
 
     # No offload and every keep fraction, measured in rounds whose order rotates: a process's
-    # speed drifts (BENCHMARKS.md sections 16-19), so each row's neighbours change from round to
+    # speed drifts (BENCHMARKS.md, How to reproduce), so each row's neighbours change from round to
     # round and each round's ratio to "none" compares steps taken minutes, not processes, apart.
     modes = [("none", None)] + [(f"torchmem keep {keep:.2f}", keep) for keep in args.keep]
     times = {name: [] for name, _ in modes}

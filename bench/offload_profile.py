@@ -3,8 +3,8 @@ model of bench/offload_bench.py, with no offload and with
 torchmem.offload_activations at a budget, summarized per stream.
 
 The offload bench gives step times and a PCIe bound; when a row is far above
-its bound (Llama with a quarter of its activations moved: 1.85x the
-unbudgeted step against a 1.27x bound, BENCHMARKS.md section 9) this says
+its bound (a host-bound model such as the Llama one: BENCHMARKS.md, Host
+memory and offload) this says
 why: how long the compute stream sat idle and where (the kernels around each
 gap and the host calls inside it), how busy each copy direction was, how much
 host time the saved-tensor hooks took, and the allocator and synchronizing

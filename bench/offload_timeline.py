@@ -3,8 +3,8 @@ the model of bench/offload_bench.py, unprofiled, with no offload and with
 torchmem.offload_activations at budgets (--keep), timed on the GPU and the host.
 
 bench/offload_profile.py runs torch.profiler, which more than doubles a
-host-bound step's hook time (Llama: 87 ms unprofiled, 153 ms profiled,
-BENCHMARKS.md section 13), so its split is not the split of a real step. Here
+host-bound step's hook time (Llama: 87 ms unprofiled, 153 ms profiled), so its
+split is not the split of a real step. Here
 each step records timing events on the compute stream (start, end of forward,
 end of backward, end of the optimizer step) next to the host clock at the same
 points, and for each moved tensor: when forward saved it, when its copy out
@@ -16,8 +16,7 @@ these:
     GPU waited for the host);
   - the hooks' host time (pack, unpack: perf_counter around the hooks);
   - saves of a storage the step saved before (the offloader's count: Note
-    [Shared storages]; section 18's call 1 counted them, and the bytes moved
-    again, in the bench itself, before the offloader shared them);
+    [Shared storages]);
   - the copies out: first save to last end (effective GB/s);
   - the fetches: first issue, last end, and the stall backward took waiting
     for them (sum over moved tensors of resume - need on the compute stream).
@@ -98,7 +97,7 @@ def main(argv=None):
 
     def event():
         # On the compute stream given, not looked up: torch.cuda.current_stream() costs tens of us
-        # of host time (cProfile, BENCHMARKS.md section 18), which this bench would add to the step.
+        # of host time (cProfile), which this bench would add to the step.
         e = torch.cuda.Event(enable_timing=True)
         e.record(compute)
         return e

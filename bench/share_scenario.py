@@ -22,8 +22,8 @@ splits each batch into the largest micro-batches that fit its budget. Modes:
   static           PyTorch's allocator, set_per_process_memory_fraction(1/3)
   static_torchmem  torchmem with limit=1/3 (the same split under torchmem's pool)
   elastic_granules elastic with run_below_limit=0: a driver handle per granule under
-                   the moving limit (the default before section 17; with share the
-                   default is 0.5, Note [Runs under a limit])
+                   the moving limit (with share the default is 0.5, Note [Runs under
+                   a limit])
   static_torchmem_runs
                    static_torchmem with run_below_limit=0.5: growth by one driver handle
                    per run in the bottom half of the limit

@@ -1,11 +1,10 @@
 """Process start-up under torchmem: N processes at once, each `import torch`, install the
 allocator (or not), make its first CUDA tensor and exit; seconds per phase.
 
-In the ninth session's peer run (BENCHMARKS.md section 14) torchmem's 8 xdist workers
-started their first test 59 s after their session began, native's 19 s after, while each
-phase with one worker took 17 s under both: something costs more when several torchmem
-processes start together. This times the pieces, for native, torchmem, and torchmem with
-the monitor off, optionally beside `--load` busy processes (bench/empty_cache_fuzz.py's).
+Several processes starting together on a busy GPU (a peer-suite run's xdist workers) must not
+start slower under torchmem. This times the pieces, for native, torchmem, and torchmem with
+the monitor off, optionally beside `--load` busy processes (bench/empty_cache_fuzz.py's);
+BENCHMARKS.md, Startup.
 
     python bench/startup_cost.py --procs 8 --load 4 --out startup.jsonl
 """

@@ -1,6 +1,6 @@
 """Reclaims, modeled driver time and peak reserved of the bundled traces under budgets
 of 1.02-1.2x their peak requested, for several stitch_above values (CPU replay; the table
-in BENCHMARKS.md, "stitch_above 0.8 -> 0.95").
+in BENCHMARKS.md, Memory: why stitching starts at 95% of the budget).
 
     python bench/stitch_band.py
 """

@@ -1,5 +1,5 @@
 """The model of PyTorch's allocator with expandable_segments:True
-(csrc/replay/expandable_model.h), and #11's goal that torchmem's unconstrained
+(csrc/replay/expandable_model.h), and the goal that torchmem's unconstrained
 peak reserved stays at or under it.
 
 Why a model: the goal is about the general case, and the GPU gave one run per
@@ -125,7 +125,7 @@ def test_random_operations_keep_the_invariants():
 # --- the model against the H200 -----------------------------------------------------------------------------
 
 # PyTorch with expandable_segments:True on the H200, on the runs the bundled
-# traces were recorded from (BENCHMARKS.md section 1): peak reserved.
+# traces were recorded with (BENCHMARKS.md, Memory): peak reserved.
 H200_EXPANDABLE = {
     "gpt2_train": ("ratio", 1.078),
     "llama_ckpt_train": ("ratio", 1.148),
@@ -144,7 +144,7 @@ def test_model_matches_the_h200s_expandable_segments(name):
         assert result.peak_reserved / MiB == pytest.approx(measured, rel=0.001)
 
 
-# --- #11: torchmem's unconstrained peak at or under expandable segments' ------------------------------------
+# --- the goal: torchmem's unconstrained peak at or under expandable segments' ------------------------------
 
 
 @pytest.mark.parametrize("name", sorted(H200_EXPANDABLE))

@@ -11,8 +11,9 @@ bench = load_bench("offload_bench")
 
 
 def test_gpt2_worked_numbers():
-    # BENCHMARKS.md: GPT-2 none 59.9 ms at 12.40 GiB, keep 0.75 at 10.05 GiB with 2.34 GiB moved,
-    # 55.2 GB/s, a forward of about 20 ms: 2.35 GiB must leave first, 45.7 ms, bound 85.6 ms.
+    # A worked example from an H200 run: GPT-2 none 59.9 ms at 12.40 GiB, keep 0.75 at 10.05 GiB
+    # with 2.34 GiB moved, 55.2 GB/s, a forward of about 20 ms: 2.35 GiB must leave first,
+    # 45.7 ms, bound 85.6 ms.
     lowered = round(2.35 * GiB)
     bound, estimate = bench.pcie_bound(59.9e-3, 20e-3, 35e-3, lowered, round(2.34 * GiB), 55.2e9, 55.2e9)
     assert lowered / 55.2e9 == pytest.approx(45.71e-3, abs=0.01e-3)

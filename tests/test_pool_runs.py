@@ -354,7 +354,7 @@ def _training_like_steps(seed, steps):
 def test_huge_runs_under_a_limit_pack_steps_with_a_huge_tensor_as_tightly():
     # Note [Huge holes] under a budget: a 9-10 GiB tensor a step as one run leaves the
     # smallest budget the steps fit in where a handle per granule had it (1.0003x peak on
-    # the simulator, 2026-12-02), with fewer handles created
+    # the simulator), with fewer handles created
     ops = _training_like_steps(seed=0, steps=12)
     sizes, live, peak = {}, 0, 0
     for op, key, size in ops:

@@ -12,8 +12,8 @@ from torchmem.trace import ALLOC, FREE_REQUESTED, SEGMENT_ALLOC
 MiB = 1 << 20
 GOAL_RATIO = 1.02
 # expandable_segments measured on an H200 (torch 2.11) on the runs these traces
-# come from: gpt2 and llama_ckpt in shared/anchors.jsonl, kv_generate and vision
-# in BENCHMARKS.md section 5. Unconstrained, torchmem must hold no more.
+# come from: gpt2 and llama_ckpt in torchmem/data/anchors.jsonl, kv_generate and
+# vision in BENCHMARKS.md, Memory. Unconstrained, torchmem must hold no more.
 EXPANDABLE_RATIO = {"gpt2": 1.0781, "llama_ckpt": 1.1476, "kv_generate": 1.058, "vision": 1.007}
 
 

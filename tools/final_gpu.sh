@@ -59,7 +59,7 @@ DEADLINE=$(( START + ${DEADLINE_S:-570} ))
 FINAL_OUT=${OUT:-/tmp/torchmem-final}
 # Logs are written outside $FINAL_OUT and packed into $FINAL_OUT/run.tgz after every job, so a
 # call the device tool cuts at its limit still brings back what finished (it returns at most
-# 8 files, and a killed call never reached the packing at the end: BENCHMARKS.md section 12).
+# 8 files, and a call killed at its limit never reaches a packing at the end).
 WORK=$(mktemp -d /tmp/torchmem-run.XXXXXX)
 OUT="$WORK/run"; mkdir -p "$OUT"
 pack() { tar czf "$FINAL_OUT/run.tgz.part.$BASHPID" -C "$WORK" run 2>/dev/null && mv -f "$FINAL_OUT/run.tgz.part.$BASHPID" "$FINAL_OUT/run.tgz"; }
@@ -71,11 +71,10 @@ python3 -m pip install -q --no-build-isolation --no-deps --no-index -e . > "$OUT
 echo "built in $(( $(date +%s) - START )) s: $(python3 -m torchmem info | tr -d '\n ' | cut -c1-160)"
 
 left() { echo $(( DEADLINE - $(date +%s) )); }
-# PIN_CPUS=LIST runs the timed churn and step-time processes under `taskset -c LIST`: in BENCHMARKS.md
-# section 16 the same allocator's churn moved between ~2.5 and ~4.5 us from one process to the next
-# NO_ASLR=1 also runs them with address-space randomization off (setarch -R): if the per-process speed
-# bands (section 17: the same meta loop at ~1.1 or ~2.2 us, on the same CPU) come from memory layout,
-# every process then lands in one band
+# PIN_CPUS=LIST runs the timed churn and step-time processes under `taskset -c LIST`; NO_ASLR=1 also
+# runs them with address-space randomization off (setarch -R). Each process has its own host pace (the
+# same meta loop at ~1.1 or ~2.2 us on the same CPU, with either or neither: BENCHMARKS.md, How to
+# reproduce); these keep the CPU and layout fixed, they do not remove the bands
 pinned() {
   local pre=()
   if [ "${NO_ASLR:-0}" = 1 ]; then
@@ -120,8 +119,8 @@ job_bench() {
 job_churn() {  # CHURN_PATTERNS (torchmem/patterns.py), CHURN_ALLOCATORS, CHURN_ITERS, CHURN_ROUNDS (2); order reversed each round
   local order="${CHURN_ALLOCATORS:-native expandable async torchmem}" round p a
   for round in $(seq 1 "${CHURN_ROUNDS:-2}"); do
-    # one unrecorded run first: in section 10's call 3 the first two processes of each round ran
-    # 1.3-2.3x slower than the same cells later (native 4.32 then 2.57 us; torchmem 3.26 then 1.86)
+    # one unrecorded run first: the first processes of a call have run 1.3-2.3x slower than the
+    # same cells later
     timeout 40 python3 bench/churn_microbench.py --allocator native --pattern random --iters 5000 --repeats 1 \
       --seed 0 --out /tmp/churn_warm.jsonl > /dev/null 2>&1
     for p in ${CHURN_PATTERNS:-random}; do for a in $order; do
@@ -223,8 +222,8 @@ job_rounds() {
         --out "$R" >> "$OUT/rounds.log" 2>&1 || echo "rounds $w $a rc=$?"
       pack
     done; done
-    # rotate, not reverse: over as many rounds as allocators each takes every position once (in
-    # BENCHMARKS.md section 15 the one that ran third in a workload was 1.18-1.29x slower, whichever it was)
+    # rotate, not reverse: over as many rounds as allocators each takes every position once (the
+    # position has decided more than the allocator: the third of a workload ran 1.18-1.29x slower)
     # (ROUND_TURN=reverse: two rounds in opposite orders put the first and the last allocator at both ends once)
     if [ "${ROUND_TURN:-rotate}" = reverse ]; then
       order=$(echo $order | awk '{for (i = NF; i > 1; i--) printf "%s ", $i; print $1}')

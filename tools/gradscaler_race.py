@@ -1,6 +1,6 @@
 """A test of one explanation for test_cuda.py's test_grad_scaler_with_preset_grad_scale
-failing once under torchmem in the peer suite (BENCHMARKS.md sections 6 and 18):
-the explanation did not hold on the H200.
+failing once under torchmem in the peer suite: the explanation did not hold on
+the H200.
 
 The test scales a CPU tensor (`scaler.scale(torch.ones(5))`), so the scale lives
 on the CPU, and GradScaler.step computes
@@ -13,8 +13,8 @@ with the two conditions that would make that happen, a busy GPU (matmuls queued
 just before step) and a pinned block of found_inf's size freed holding 7.0, each
 on and off, natively or (--torchmem) under torchmem.
 
-On the H200 (2026-12-02): 0 failures in 160 runs under either allocator, so the
-peer failure's cause is still open. Prints one JSON line.
+On the H200: 0 failures in 160 runs under either allocator, so the peer
+failure's cause is still open. Prints one JSON line.
 
     python tools/gradscaler_race.py [--torchmem] [--iters 40]
 """

@@ -123,7 +123,7 @@ def _auto_or(parse):
 
 # run_below_limit's auto value: with `share` the arbiter moves the limit all run long, and every
 # move back up is growth again; the share scenario grew with half the handles and a 2% higher
-# throughput at 0.5 (BENCHMARKS.md section 17). Under a fixed limit growth is a one-off warm-up
+# throughput at 0.5 (BENCHMARKS.md, Sharing and monitoring). Under a fixed limit growth is a one-off warm-up
 # and 0 packs tightest (Note [Runs under a limit]).
 SHARE_RUN_BELOW_LIMIT = 0.5
 
@@ -193,7 +193,7 @@ OPTIONS = (
            "some of that tightness for growth at cudaMalloc's cost in the bottom half of the limit "
            "(Note [Runs under a limit]). None (auto, the default): 0.5 with `share`, whose limit keeps "
            "moving so that growth recurs all run long, else 0, where growth under a fixed limit is a "
-           "warm-up cost (BENCHMARKS.md section 17).",
+           "warm-up cost (BENCHMARKS.md, Budget regime).",
            core="run_below_limit"),
     Option("alias_reclaim", True, parse_bool,
            "Stitch granules freed on the requesting stream before the GPU finished with them, by "
@@ -231,9 +231,8 @@ OPTIONS = (
            "Make torch.cuda.memory_stats / memory_allocated / max_memory_* / memory_summary / "
            "reset_peak_memory_stats answer from torchmem instead of raising."),
     Option("warn_unsupported", True, parse_bool,
-           "Kept so that configs which set it still parse: install() used to warn that CUDA IPC "
-           "was unsupported; it works now (docs/pluggable_allocator.md), and no torch feature is "
-           "left to warn about."),
+           "Kept so that configs which set it still parse; no torch feature is left to warn about "
+           "(CUDA IPC works: docs/pluggable_allocator.md)."),
     # Watching and sharing (torchmem/monitor/, docs/monitoring.md, docs/sharing.md).
     Option("monitor", True, parse_bool,
            "Publish this process's figures to a shared-memory record for `python -m torchmem top` "

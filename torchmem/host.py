@@ -113,7 +113,7 @@ class HostPool:
             raise TypeError(f"torchmem.host: dtype must be a torch.dtype, got {dtype!r}")
         if self._routed and stream is None:
             # The same block through torch's own path, several times faster than the
-            # binding (BENCHMARKS.md section 7); torch's copies report their streams.
+            # binding (BENCHMARKS.md, Host memory and offload); torch's copies report their streams.
             return torch.empty(shape, dtype=dtype, pin_memory=True)
         if isinstance(shape, int):
             shape = (shape,)

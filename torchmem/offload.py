@@ -26,8 +26,8 @@ for pow and again for mul; `x * x` saves x twice), and views of one storage
 too. Moving each save on its own copied the same bytes over PCIe twice, and
 moving one save of a storage that a kept save holds frees nothing: on the H200
 17% of the bytes Llama moved with a quarter of its activations moved, and 39%
-with half, were such saves (bench/offload_timeline.py, BENCHMARKS.md section
-18). So every later save of a storage saved earlier in the same forward
+with half, were such saves (bench/offload_timeline.py; BENCHMARKS.md, Host
+memory and offload). So every later save of a storage saved earlier in the same forward
 follows the first save's decision:
 - a kept storage: the save stays (moving it would free nothing);
 - a moved storage: the same elements (offset, shape, strides, dtype, conj/neg
@@ -64,19 +64,20 @@ each unpack, of a kept tensor or of an offloaded one, may start more:
   worth, is only for the tensors backward needs next, in order. So the saved
   activations on the device never exceed those kept at the end of forward
   plus the floor. Frees are seen through weakref finalizers, not the device's
-  statistics. Two earlier rules failed on the H200 (2026-12-01): counting the
-  tensors backward unpacked overstated the room (a tensor still referenced
-  elsewhere is unpacked without being freed; the half-moved peak rose above
-  no offload), and the device's allocated level at the end of forward, with
-  the floor spent on tensors fetched out of order, raised GPT-2's
-  everything-moved peak from 6.5 to 9.6 GiB, while reading
-  `torch.cuda.memory_allocated` (every statistic, flattened in Python) at
-  each unpack slowed Llama's step.
+  statistics. Two simpler rules do not hold the bound: counting the tensors
+  backward unpacked overstates the room (a tensor still referenced elsewhere
+  is unpacked without being freed: on the H200 the half-moved peak rose above
+  no offload), and the device's allocated level at the end of forward lets
+  the floor go to tensors fetched out of order (GPT-2's everything-moved peak
+  rose from 6.5 to 9.6 GiB), while reading `torch.cuda.memory_allocated`
+  (every statistic, flattened in Python) at each unpack slows a host-bound
+  step.
 - It still starts as early as that allows. The longest-lived tensors, which
   are the ones moved, are used at the very end of backward. Fetching only
-  `prefetch` of them ahead of use left their copies no time to hide behind
+  `prefetch` of them ahead of use leaves their copies no time to hide behind
   compute: the step was 1.65x the unbudgeted one with a quarter of the
-  activations moved (BENCHMARKS.md section 7).
+  activations moved, on the H200 (the current figures: BENCHMARKS.md, Host
+  memory and offload).
 Each unpack makes the current stream wait for its tensor's event and
 record_stream()s the new device tensor on the current stream, so nothing is
 read before it arrived or freed while still in use. Host blocks return to the pinned pool when autograd drops the
@@ -89,8 +90,8 @@ While saved-tensor hooks are active PyTorch does not check that a saved
 tensor was left unwritten until backward: without hooks, writing in place to
 a tensor autograd saved raises "one of the variables needed for gradient
 computation has been modified by an inplace operation"; with hooks that hand
-the tensor back, backward silently used the new values (a review found
-gradients off by 15 on a CPU test). So every save records the tensor's
+the tensor back, backward silently uses the new values (gradients off by 15
+in a CPU test's case). So every save records the tensor's
 version: a save that stays is packed as (tensor, version), a moved one keeps
 a weak reference to its tensor and the version, and unpacking a save whose
 tensor is at another version raises autograd's error. A moved save whose
@@ -104,7 +105,7 @@ recordStream, an event). From Python they cost about 200 us of host time per
 moved tensor in each hook on the H200 host (about ten torch calls), and
 Llama's step there is host-bound: the GPU ends forward and backward as soon as
 the host has queued them, so that time was most of the step's excess with a
-quarter of the activations moved (BENCHMARKS.md section 18). In a CUDA build
+quarter of the activations moved (BENCHMARKS.md, Host memory and offload). In a CUDA build
 with a CUDA host pool the hooks make one call into torchmem._C instead
 (csrc/bindings/offload_copies_cuda.cpp: the same steps in the same order).
 It copies bytes, so conj and neg views and tensor subclasses take torch's
@@ -313,7 +314,8 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         # Parameter) goes through Parameter's metaclass in Python (~10 us on a CPU VM), so only
         # leaves are asked: a Parameter is always a leaf, and activations never are.
         # On the H200 a Llama step saves 333 tensors, and their hooks' host time was most of the
-        # step's excess over its PCIe bound (bench/offload_profile.py, BENCHMARKS.md section 13).
+        # step's excess over its PCIe bound (bench/offload_profile.py; BENCHMARKS.md, Host memory
+        # and offload).
         nbytes = t.numel() * t.element_size()
         if nbytes < self.min_bytes or nbytes == 0:  # an empty tensor has nothing to move
             return None

@@ -3,7 +3,7 @@ fixed set of live tensors per step, as the churn microbenchmark (bench/) runs
 them on a GPU and the replay tests run them on the CPU.
 
 Why: the bundled traces are training steps; an allocator must also not pay
-driver calls forever on patterns they do not show (issue: "No cliffs").
+driver calls forever on patterns they do not show (no cliffs).
 
 - `random`: log-uniform sizes 512 B .. 16 MiB, a random slot each step.
 - `periodic`: a fixed cycle of mixed sizes, slots round-robin (a loop body).

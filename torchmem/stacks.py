@@ -15,10 +15,10 @@ The installed allocator uses neither: for both modes it gathers torch's own
 CapturedTraceback in C++, before any Python runs, as PyTorch's allocator does
 (Note [Torch's recorder], csrc/shim/torch_history.cpp); its ids carry
 TORCH_FLAG and are resolved through the runtime. A Python-level walk has no
-TorchScript frames (PyTorch's test_memory_snapshot_script, 2026-12-02). The
-C++ frames missing from two peer-suite tests once each, first blamed on
-unwinding from inside the Python provider, turned out to be test order (a
-failed test's block kept alive by pytest: BENCHMARKS.md section 13).
+TorchScript frames (PyTorch's test_memory_snapshot_script needs them). A
+peer-suite test that finds no C++ frames on a block is looking at another
+test's block, which pytest keeps alive after that test failed: test order,
+not unwinding (BENCHMARKS.md, Compatibility).
 
 Note [Stack table]
 Stacks repeat: a training loop allocates from the same few hundred call sites.

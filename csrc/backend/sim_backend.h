@@ -2,7 +2,7 @@
 //
 // Fake addresses, a capacity and a granule size; every primitive is counted
 // and charged a modeled cost (microseconds, defaults measured on an H200, see
-// BENCHMARKS.md section 5), so trace replay reports both memory and the driver
+// BENCHMARKS.md, Growth and driver calls), so trace replay reports both memory and the driver
 // time a policy would spend. It is also a checker of the pool: a call that a
 // real driver would reject or that would corrupt memory (mapping over a mapped
 // granule, unmapping an unmapped one, releasing a mapped granule, freeing an
@@ -56,7 +56,7 @@
 namespace torchmem {
 
 // Microseconds per call, declared once (the bindings parse them from a dict
-// by this list), fitted to the H200 (BENCHMARKS.md sections 5 and 9): growing
+// by this list), fitted to the H200 (BENCHMARKS.md, Growth and driver calls): growing
 // by a handle per granule costs create + map + set_access ~29 us per granule
 // (access is charged per handle it covers: the driver's cost follows handles,
 // not calls); a run handle of N granules costs the same once plus

@@ -6,7 +6,7 @@
 // without a driver, e.g. CI). cudaGetDriverEntryPointByVersion hands out the
 // driver's function pointers at run time; <cuda.h> is included for types only.
 //
-// Costs on an H200 (BENCHMARKS.md sections 5 and 9): cuMemCreate ~10 us,
+// Costs on an H200 (BENCHMARKS.md, Growth and driver calls): cuMemCreate ~10 us,
 // cuMemMap ~1 us, cuMemSetAccess ~20-27 us per handle it covers,
 // cuMemUnmap ~16 us: ~30 us per granule to grow with a handle per granule,
 // ~0.3 us per granule with one handle for a run of 256 (create_run). So

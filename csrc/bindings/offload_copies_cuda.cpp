@@ -8,7 +8,7 @@
 // much again in the unpack hook (about ten torch calls each: a stream wait made
 // of two event objects, the pool's empty(), a strided view, a stream context,
 // copy_, record_stream), and with a quarter of the activations moved that host
-// time was most of the step's excess (BENCHMARKS.md section 18). These
+// time was most of the step's excess (BENCHMARKS.md, Host memory and offload). These
 // functions do the same steps, in the same order, with the same guarantees:
 //
 //   copy_out  the side stream waits for the current stream (the tensor was

@@ -92,7 +92,7 @@
 //      same number again. On a device shared with other processes (the
 //      elastic budgets of monitor/share.py) each such OOM released the whole
 //      cache and mapped it again: 190,000 granules created and released in
-//      30 s by one process on the H200 (bench/share_scenario.py, 2026-12-01);
+//      30 s by one process of the H200 sharing scenario (bench/share_scenario.py);
 //   6. a step plan in force gives its arena's cache back (Note [Step plan
 //      arena]) and 3 is tried once more;
 //   7. give up: num_ooms += 1, record an "oom" trace entry, return 0.

@@ -1,7 +1,8 @@
 // expandable_model.h: a model of PyTorch's caching allocator with
 // expandable_segments:True (c10/cuda/CUDACachingAllocator.cpp), so a trace
 // can be replayed under the allocator that torchmem's unconstrained growth is
-// measured against (#11: peak reserved <= expandable_segments) without a GPU.
+// measured against (peak reserved at or under expandable_segments') without a
+// GPU.
 //
 // Like NativeModel it keeps the policy and nothing else: no CUDA, no events,
 // fake addresses. Its "device calls" are page maps and unmaps, counted and

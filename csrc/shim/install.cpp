@@ -62,7 +62,8 @@ void follow_torch_history(bool enabled, TorchRecorder recorder, size_t max_entri
 // block's size, device and stream for the free. The pool remembers all three
 // itself, so the subclass allocates straight into the runtime and frees through
 // a device-tagged context (Note [Device-tagged deleter context], runtime.h).
-// The churn microbenchmark measures the difference (BENCHMARKS.md).
+// The churn microbenchmark measures the difference (BENCHMARKS.md, Allocator
+// hot path).
 class TorchmemAllocator final : public CUDAPluggableAllocator {
  public:
   using CUDAPluggableAllocator::CUDAPluggableAllocator;

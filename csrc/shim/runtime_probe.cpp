@@ -1,5 +1,5 @@
 // runtime_probe.cpp: times the CUDA backends' primitives on a real device, for
-// bench/gpu_probe.py and BENCHMARKS.md ("time per backend call on the H200").
+// bench/gpu_probe.py and BENCHMARKS.md (Growth and driver calls).
 //
 // probe_backend_costs runs on fresh backends outside every pool, so it measures
 // the driver, not torchmem's policy (memory used: `granules` granules and one

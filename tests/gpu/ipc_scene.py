@@ -90,7 +90,7 @@ def same_process_round_trip(torch):
     """Share a storage and open the handle again in this process (torch's own Python
     cache is bypassed: _new_shared_cuda always asks the allocator). torch's IPC event
     cannot be opened in the process that made it (cudaIpcOpenEventHandle: "invalid
-    device context", H200 2026-12-02), so the receiver is told not to wait on it; the
+    device context" on the H200), so the receiver is told not to wait on it; the
     producer synchronized already."""
     t = torch.arange(3 * MiB, dtype=torch.int32, device="cuda")
     torch.cuda.synchronize()

@@ -223,7 +223,7 @@ def test_mempool_with_a_users_allocator_reaches_it_and_frees_after_delete(tmp_pa
     """)
     # torchmem calls the user's allocator once per block (native: once per segment it
     # carves), so any other block allocated in the pool's context is allocated and freed
-    # through it too (on the H200, 2026-12-01: 2 calls and 1 free while x lived). What
+    # through it too (on the H200: 2 calls and 1 free while x lived). What
     # must hold: the block under x is never given back while x lives (the dummy records
     # every range it freed), and x still reads right after the pool and allocator are gone.
     assert not ours["x_freed"] and ours["frees_while_live"] < ours["allocs_after_use"], ours

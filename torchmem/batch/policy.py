@@ -57,8 +57,9 @@ Note [Borrowed memory comes back fast]
 A process that shares its GPU (docs/sharing.md) gives borrowed live memory
 back between micro-steps, so an owner that claims its share waits for the
 borrower's current micro-step to end. On the H200 a borrower that grew to
-micro-batch 224 ran ~2 s micro-steps and an owner waited 3.1 s (BENCHMARKS.md
-section 9), against the 1 s the sharing promise allows. So a size that needs
+micro-batch 224 ran ~2 s micro-steps and an owner waited 3.1 s, against the
+1 s the sharing promise allows; with this rule the owner's wait was 1.0 s
+(BENCHMARKS.md, Sharing and monitoring). So a size that needs
 borrowed memory (more than the model says fits the guarantee, probe.owned_bytes)
 is allowed only while one micro-step of it lasts at most
 controller.py's _BORROWED_MICRO_STEP_S, judged by the seconds per sample of recent steps

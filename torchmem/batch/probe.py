@@ -101,7 +101,7 @@ class TorchmemProbe(MemoryProbe):
 
     Its margin is 1%: the budget is a hard cap on reserved bytes, and near it
     the pool packs reserved to within 0.3% of requested on the benchmark
-    workloads (Note [When to stitch]; BENCHMARKS.md), so allocated bytes, which
+    workloads (Note [When to stitch]; BENCHMARKS.md, Memory), so allocated bytes, which
     these figures read, are what counts; a wrong prediction costs one recovered
     OOM, after which the ceiling holds. Under the native allocator (TorchProbe)
     fragmentation hides up to tens of percent: 5%."""

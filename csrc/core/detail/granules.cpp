@@ -27,13 +27,13 @@
 // outside the pool) also sends the pool to stitching. Under a budget (limit,
 // memory fraction, the batch controller's ceiling) the pool packs as tightly
 // as it can in the top (1 - stitch_above) of that budget.
-// stitch_above is 0.95. It was 0.8 until 2026-12-01. Replays of the four
-// bundled traces under budgets of 1.02-1.2x their peak show the same min-cap
-// (1.002/1.002/1.003/1.001) at 0.8, 0.95 and 0.98, with no OOM. At 0.95 they
-// make far fewer moves, because the pool packs only once memory is really the
-// limit: gpt2 at 1.1x makes 1,315 reclaims against 6,207, and llama at 1.2x
-// 337 against 8,579. What 0.95 trades: under a budget the pool may hold up to
-// 95% of it rather than the bare live peak.
+// stitch_above is 0.95: replays of the four bundled traces under budgets of
+// 1.02-1.2x their peak give the same min-cap at 0.8, 0.95 and 0.98, with no
+// OOM, and far fewer moves at 0.95, where the pool packs only once memory is
+// really the limit (gpt2 at 1.1x: 1,315 reclaims against 6,207 at 0.8;
+// BENCHMARKS.md, Memory: why stitching starts at 95% of the budget). What 0.95
+// trades: under a budget the pool may hold up to 95% of it rather than the
+// bare live peak.
 #include <algorithm>
 #include <stdexcept>
 
@@ -265,7 +265,8 @@ void Pool::Impl::unmap_granules(std::vector<GranuleRef>& refs, std::vector<Granu
 // GB of an H200 and asks for 70 GB more; a batch-size probe that does not
 // fit) created every granule the device had left, ~35,000, only to release
 // them all: 3.5 s for the OOM where PyTorch's allocator answers in 0.07 s
-// (BENCHMARKS.md section 12, test_out_of_memory_retry). The device's free
+// (PyTorch's test_out_of_memory_retry; BENCHMARKS.md, Growth and driver calls:
+// huge requests). The device's free
 // memory then bounds creation like the budget does, so the request stitches
 // what it must or fails before creating anything. Smaller requests find out
 // by trying: each failed creation costs one call.
