@@ -5,12 +5,10 @@ full-batch gradient of the global batch."""
 import datetime
 import json
 import os
-import warnings
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from support import run_ranks
 
@@ -87,25 +85,11 @@ def _worker(rank, out_dir, port):
         dist.destroy_process_group()
 
 
-def _run_ranks(out_dir):
-    """Runs both ranks; their results, or fails the test on a hang."""
-    return run_ranks(_worker, out_dir, WORLD, TIMEOUT_S)
-
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    """Both ranks' results for every mode, from one pair of processes. A rank that
-    dies by a signal (gloo's threads aborted with "terminate called without an
-    active exception" twice in about fifteen full runs on the 2-core machine, never in
-    the controller's code) gets one fresh pair of processes, with a warning; a
-    second death, an exception or a hang fails."""
-    try:
-        return _run_ranks(tmp_path_factory.mktemp("ddp"))
-    except mp.ProcessExitedException as exc:
-        if exc.signal_name is None:
-            raise
-        warnings.warn(f"test_batch_ddp: a rank died ({exc}); running the pair once more", RuntimeWarning)
-        return _run_ranks(tmp_path_factory.mktemp("ddp_again"))
+    """Both ranks' results for every mode, from one set of processes (support.run_ranks)."""
+    return run_ranks(_worker, tmp_path_factory.mktemp("ddp"), WORLD, TIMEOUT_S)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -19,7 +19,6 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from support import run_ranks
 
@@ -119,22 +118,11 @@ def _worker(rank, out_dir, port):
         dist.destroy_process_group()
 
 
-def _run_ranks(out_dir):
-    """Runs both ranks; their results, or fails the test on a hang."""
-    return run_ranks(_worker, out_dir, WORLD, TIMEOUT_S)
-
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    """Both ranks' results for every mode, from one pair of processes (a rank killed
-    by a signal inside gloo gets one fresh pair, as in test_batch_ddp.py)."""
-    try:
-        return _run_ranks(tmp_path_factory.mktemp("parallel"))
-    except mp.ProcessExitedException as exc:
-        if exc.signal_name is None:
-            raise
-        warnings.warn(f"test_batch_parallel: a rank died ({exc}); running the pair once more", RuntimeWarning)
-        return _run_ranks(tmp_path_factory.mktemp("parallel_again"))
+    """Both ranks' results for every mode, from one set of processes (support.run_ranks)."""
+    return run_ranks(_worker, tmp_path_factory.mktemp("parallel"), WORLD, TIMEOUT_S)
 
 
 @pytest.mark.parametrize("mode", MODES)
