@@ -179,3 +179,16 @@ def test_demo_help_names_all_four_traces_and_explains_every_option(capsys):
         assert name in help_text
     demo = build_parser()._subparsers._group_actions[0].choices["demo"]
     assert [a.dest for a in demo._actions if not a.help] == []
+
+
+def test_limit_as_a_multiple_of_each_traces_peak_request(capsys):
+    """`replay --limit 1.05x`: each trace's own peak request times 1.05; the table then gives
+    driver calls and device waits per step after warm-up (Note [Step plan])."""
+    assert main(["replay", "vision", "--policy", "torchmem", "--limit", "1.05x", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["limit"] == int(1.05 * result["peak_requested"])
+    assert "steady_barriers" in result and "plans" in result
+    assert main(["replay", "vision", "--policy", "torchmem", "--limit", "abcx"]) == 2
+    assert "--limit 'abcx'" in capsys.readouterr().err
+    assert main(["replay", "vision", "--policy", "torchmem", "--limit", "1.05x"]) == 0
+    assert "device waits after warm-up" in capsys.readouterr().out

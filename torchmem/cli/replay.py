@@ -42,7 +42,8 @@ def add_arguments(parser):
                         help="allocation policy to replay under: torchmem, a model of PyTorch's native allocator, "
                              "or of PyTorch's with expandable_segments:True (default: all three)")
     parser.add_argument("--limit", metavar="BUDGET", default=None,
-                        help=LIMIT_HELP.replace("%", "%%").replace("the device", "the simulated device"))
+                        help=LIMIT_HELP.replace("%", "%%").replace("the device", "the simulated device")
+                        + "; or a multiple of each trace's own peak request, such as 1.05x")
     parser.add_argument("--min-cap", action="store_true",
                         help="also find the smallest budget with no OOM (bisection to 2 MiB)")
     parser.add_argument("--min-device", action="store_true",
@@ -143,6 +144,14 @@ def format_table(trace, results, requested=None, steps=None, step_ms=None):
         row("driver time in all", [f"{r.modeled_backend_us / 1000:,.1f} ms" for r in results])
         row("  after warm-up (2nd half)", [f"{r.steady_backend_us / 1000:,.1f} ms" for r in results])
     row("driver calls after warm-up", [f"{r.steady_driver_calls:,}" for r in results])
+    # waits for the whole device: torchmem's barriers; the models' cached-memory releases (cudaFree)
+    row("device waits after warm-up", [f"{r.steady_barriers:,}" for r in results])
+    if steps:
+        row("  per step after warm-up", [f"{r.steady_driver_calls / (steps / 2):,.1f} calls, "
+                                         f"{r.steady_barriers / (steps / 2):,.2f} waits" for r in results])
+    if any(r.plans for r in results):
+        row("step plans (placed / missed)", [f"{r.plans} ({r.plan_hits:,} / {r.plan_misses:,})"
+                                             if r.policy == "torchmem" else "-" for r in results])
     row("replay wall time", [f"{r.seconds:.2f} s" for r in results])
 
     header = [""] + columns
@@ -180,6 +189,19 @@ def _source(args, key):
     """Where a config option the user set came from, as they typed it."""
     given_here = any(item.partition("=")[0].strip() == key for item in (args.config or "").split(","))
     return f"--config {key}" if given_here else f"TORCHMEM_CONF {key}"
+
+
+def parse_peak_multiple(text):
+    """--limit Nx: N times each trace's own peak request (N > 0), or None for any other form."""
+    if text is None or not str(text).strip().lower().endswith("x"):
+        return None
+    try:
+        factor = float(str(text).strip()[:-1])
+    except ValueError:
+        raise CliError(f"--limit {text!r}: a multiple of the peak request is a number and an x, such as 1.05x") from None
+    if factor <= 0:
+        raise CliError(f"--limit {text}: a multiple of the peak request must be above 0 (1.05x: 5% above it)")
+    return factor
 
 
 def budget(args, config, capacity):
@@ -262,6 +284,9 @@ def run(args):
     if capacity < GRANULE:
         raise CliError(f"--capacity {args.capacity}: the simulated device needs at least one 2 MiB granule")
     config = parse_config(args.config)
+    peak_multiple = parse_peak_multiple(args.limit)
+    if peak_multiple is not None:
+        args.limit = None  # a multiple of each trace's peak: resolved per trace below
     limit = budget(args, config, capacity)
     if args.event_delay < 0:
         raise CliError(f"--event-delay must be >= 0 polls, got {args.event_delay}")
@@ -280,9 +305,13 @@ def run(args):
                            f"peak requested, and --min-cap/--min-device search budgets below it; leave reserve "
                            f"out for the search")
         show = progress if len(trace) >= PROGRESS_MIN_EVENTS else None
+        trace_limit = limit
+        if peak_multiple is not None:
+            trace_limit = limit_bytes(int(peak_multiple * trace.peak_requested()), capacity,
+                                      f"--limit {peak_multiple:g}x")
         results = []
         for policy in policies:
-            result = replay_api.replay(trace, policy, limit=limit, config=config, capacity=capacity,
+            result = replay_api.replay(trace, policy, limit=trace_limit, config=config, capacity=capacity,
                                        min_cap=args.min_cap, min_device=args.min_device, progress=show, name=path,
                                        event_delay=args.event_delay)
             results.append(result)
