@@ -144,3 +144,19 @@ def test_a_granule_freed_by_two_streams_goes_to_either_only_behind_a_barrier():
     assert s["num_reclaims"] == 1 and s["backend"]["device_sync_calls"] == 1
     assert keep
     pool.check_invariants()
+
+
+def test_memory_another_stream_freed_is_reused_only_behind_a_barrier():
+    """Note [Cross-stream reuse]: with more than a few best-fit candidates freed on another
+    stream (their events still pending), a request never gets one of them without a device
+    barrier. The best fit used to hand out the 17th such block as it was."""
+    sim = _C.SimBackend(capacity=1024 * MiB, event_delay=1000)
+    pool = _C.Pool(sim, dict(debug_checks=True))
+    blocks = [pool.allocate(4 * MiB + 512 * k, stream=DEFAULT) for k in range(40)]
+    freed = blocks[0::2]  # every other one: they stay apart, none merges
+    for addr in freed:
+        pool.free(addr)
+    barriers = pool.stats()["num_device_barriers"]
+    addr = pool.allocate(4 * MiB, stream=SIDE)
+    if addr in freed:
+        assert pool.stats()["num_device_barriers"] == barriers + 1

@@ -406,15 +406,7 @@ void Pool::Impl::release_private_pool(PoolId pool) {
   // Thawed (Note [Private pools]). cuda_malloc: its empty segments go back
   // now; VMM: its cached granules become reclaimable like any others and go
   // when stitched or released.
-  for (Heap* h : {it->second.small, it->second.large}) {
-    h->frozen = false;
-    for (std::size_t i = 0; i < h->granules.size(); ++i) {
-      const detail::Granule& g = h->granules[i];
-      if (g.handle && g.live == 0 && !g.on_list && !g.run_count) {
-        list_push(g.slot, detail::GranuleRef{h->id, static_cast<std::uint32_t>(i)}, /*front=*/false);
-      }
-    }
-  }
+  for (Heap* h : {it->second.small, it->second.large}) thaw(*h);
   maybe_drop_released_pools();
   sync_memory_stats();
 }

@@ -26,10 +26,14 @@ bool Pool::Impl::reusable(const Block& b, StreamId stream) {
 
 Block* Pool::Impl::find_fit(Heap& heap, std::size_t size, StreamId stream) {
   int skipped = 0;
-  return heap.free.best_fit(size, [&](Block* b) {
-    // Give up after a few blocks still fenced by another stream.
-    return reusable(*b, stream) || ++skipped > kMaxStreamSkips;
+  bool found = false;
+  Block* b = heap.free.best_fit(size, [&](Block* c) {
+    // Give up after a few blocks still fenced by another stream: the OOM
+    // ladder's barrier makes them reusable (Note [Cross-stream reuse]).
+    found = reusable(*c, stream);
+    return found || ++skipped > kMaxStreamSkips;
   });
+  return found ? b : nullptr;
 }
 
 Block* Pool::Impl::carve(Block* b, std::size_t size) {

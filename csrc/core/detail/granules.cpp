@@ -73,6 +73,16 @@ void Pool::Impl::list_push(std::uint32_t slot, GranuleRef ref, bool front) {
   ++s.listed;
 }
 
+void Pool::Impl::thaw(Heap& heap) {
+  heap.frozen = false;
+  for (std::size_t i = 0; i < heap.granules.size(); ++i) {
+    const Granule& g = heap.granules[i];
+    if (g.handle && g.live == 0 && !g.on_list && !g.run_count) {
+      list_push(g.slot, GranuleRef{heap.id, static_cast<std::uint32_t>(i)}, /*front=*/false);
+    }
+  }
+}
+
 void Pool::Impl::list_remove(GranuleRef ref) {
   Granule& g = granule(ref);
   StreamSlot& s = slots[g.slot];

@@ -148,14 +148,7 @@ void Pool::Impl::plan_check_window() {
 
 void Pool::Impl::plan_drop(bool rearm) {
   if (plan_arena) {
-    // Thawed: its cached granules may serve anyone now (as release_private_pool).
-    plan_arena->frozen = false;
-    for (std::size_t i = 0; i < plan_arena->granules.size(); ++i) {
-      const detail::Granule& g = plan_arena->granules[i];
-      if (g.handle && g.live == 0 && !g.on_list && !g.run_count) {
-        list_push(g.slot, detail::GranuleRef{plan_arena->id, static_cast<std::uint32_t>(i)}, /*front=*/false);
-      }
-    }
+    thaw(*plan_arena);  // its cached granules may serve anyone now
     retired_arenas.push_back(plan_arena);
     plan_arena = nullptr;
     ++stats_.num_plan_drops;

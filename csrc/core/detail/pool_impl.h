@@ -172,6 +172,9 @@ struct Pool::Impl {
   void retire_places(std::vector<detail::GranuleRef>& refs, std::vector<GranuleHandle>* handles);
   void unmap_granules(std::vector<detail::GranuleRef>& refs, std::vector<GranuleHandle>* handles);
   void list_push(std::uint32_t slot, detail::GranuleRef ref, bool front);
+  // A frozen heap (private pool, plan arena) lets go: its cached granules
+  // become reclaimable like any others.
+  void thaw(detail::Heap& heap);
   void list_remove(detail::GranuleRef ref);
   // The stream's slot, created on first use. Inline for the repeated stream
   // (every free looks its slot up); a new stream takes slot_for_slow().
