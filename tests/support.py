@@ -66,10 +66,38 @@ def load_bench(name):
     return module
 
 
-def run_ranks(worker, out_dir, world, timeout_s):
-    """Spawns `world` processes running worker(rank, out_dir, store_port) over a TCP store on
-    localhost, fails the test if they have not finished in `timeout_s` (a hang), and returns
-    each rank's rank{r}.json from out_dir. A rank killed by a signal (gloo's threads aborted
+def gloo_rank(rank, out_dir, port, world, train, modes):
+    """One rank of run_ranks: joins a gloo group through the parent's TCP store, writes
+    {mode: train(rank, mode)} to out_dir/rank{rank}.json."""
+    import datetime
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    # Rendezvous through a TCPStore the parent serves on a port it already holds
+    # (port 0: the kernel picks it), so no port is picked free and released for
+    # another process to take, and no FileStore is shared (a rank once aborted
+    # in gloo with "terminate called without an active exception" under both).
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=datetime.timedelta(seconds=30))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        torch.set_num_threads(1)
+        results = {mode: train(rank, mode) for mode in modes}
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(results, f)
+        # No rank tears its gloo group down while the other still talks to it: a
+        # peer closing mid-collective aborts gloo's worker threads (std::terminate).
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(train, modes, out_dir, world, timeout_s):
+    """Spawns `world` gloo ranks (gloo_rank) that each run train(rank, mode) for every mode,
+    fails the test if they have not finished in `timeout_s` (a hang), and returns each rank's
+    {mode: result}. A rank killed by a signal (gloo's threads aborted
     with "terminate called without an active exception" about once in fifteen full runs on the
     2-core machine, never in torchmem's code) gets one fresh set of processes, with a warning;
     a second death, an exception or a hang fails."""
@@ -78,17 +106,17 @@ def run_ranks(worker, out_dir, world, timeout_s):
     import torch.multiprocessing as mp
 
     try:
-        return _run_ranks_once(worker, out_dir, world, timeout_s)
+        return _run_ranks_once(train, modes, out_dir, world, timeout_s)
     except mp.ProcessExitedException as exc:
         if exc.signal_name is None:
             raise
         warnings.warn(f"a rank died ({exc}); running the ranks once more", RuntimeWarning)
         again = os.path.join(str(out_dir), "again")
         os.makedirs(again, exist_ok=True)
-        return _run_ranks_once(worker, again, world, timeout_s)
+        return _run_ranks_once(train, modes, again, world, timeout_s)
 
 
-def _run_ranks_once(worker, out_dir, world, timeout_s):
+def _run_ranks_once(train, modes, out_dir, world, timeout_s):
     import datetime
     import json
     import time
@@ -99,8 +127,8 @@ def _run_ranks_once(worker, out_dir, world, timeout_s):
 
     store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=60))
-    context = mp.start_processes(worker, args=(str(out_dir), store.port), nprocs=world, join=False,
-                                 start_method="spawn")
+    context = mp.start_processes(gloo_rank, args=(str(out_dir), store.port, world, train, modes), nprocs=world,
+                                 join=False, start_method="spawn")
     deadline = time.monotonic() + timeout_s
     while not context.join(timeout=1):
         if time.monotonic() > deadline:

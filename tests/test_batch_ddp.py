@@ -2,13 +2,9 @@
 micro-batch, survive OOMs on one rank only, do not hang, and end with the
 full-batch gradient of the global batch."""
 
-import datetime
-import json
-import os
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from support import run_ranks
 
@@ -65,31 +61,11 @@ def _train(rank, mode):
             "sizes_tried": memory.sizes_tried}
 
 
-def _worker(rank, out_dir, port):
-    # Rendezvous through a TCPStore the parent serves on a port it already holds
-    # (port 0: the kernel picks it), so no port is picked free and released for
-    # another process to take, and no FileStore is shared (a rank once aborted
-    # in gloo with "terminate called without an active exception" under both).
-    store = dist.TCPStore("127.0.0.1", port, WORLD, is_master=False, timeout=datetime.timedelta(seconds=30))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=30))
-    try:
-        torch.set_num_threads(1)
-        results = {mode: _train(rank, mode) for mode in MODES}
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(results, f)
-        # No rank tears its gloo group down while the other still talks to it: a
-        # peer closing mid-collective aborts gloo's worker threads (std::terminate).
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     """Both ranks' results for every mode, from one set of processes (support.run_ranks)."""
-    return run_ranks(_worker, tmp_path_factory.mktemp("ddp"), WORLD, TIMEOUT_S)
+    return run_ranks(_train, MODES, tmp_path_factory.mktemp("ddp"), WORLD, TIMEOUT_S)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -11,14 +11,10 @@
   reset_iter_state, the second without it, as on older torch; every step ends
   with the full-batch gradient."""
 
-import datetime
-import json
-import os
 import warnings
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from support import run_ranks
 
@@ -104,25 +100,11 @@ def _train(rank, mode):
             "events": [(e["event"], e["to"]) for e in ctl.events]}
 
 
-def _worker(rank, out_dir, port):
-    store = dist.TCPStore("127.0.0.1", port, WORLD, is_master=False, timeout=datetime.timedelta(seconds=30))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=30))
-    try:
-        torch.set_num_threads(1)
-        results = {mode: _train(rank, mode) for mode in MODES}
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(results, f)
-        dist.barrier()  # no rank tears gloo down while the other still talks to it
-    finally:
-        dist.destroy_process_group()
-
-
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     """Both ranks' results for every mode, from one set of processes (support.run_ranks)."""
-    return run_ranks(_worker, tmp_path_factory.mktemp("parallel"), WORLD, TIMEOUT_S)
+    return run_ranks(_train, MODES, tmp_path_factory.mktemp("parallel"), WORLD, TIMEOUT_S)
 
 
 @pytest.mark.parametrize("mode", MODES)
