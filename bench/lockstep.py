@@ -188,6 +188,41 @@ def paired_table(rows, baseline="native"):
     return "\n".join(lines)
 
 
+def steady_steps(row):
+    """The timed steps left once warm: the last third, rounded to whole shape cycles (at least one)."""
+    shapes = max(1, row.get("shapes") or 1)
+    cycles = max(1, len(row["step_s"]) // shapes // 3)
+    return cycles * shapes
+
+
+def steady_table(rows, baseline="native"):
+    """Each group at a budget once warm: the last third of its timed steps (whole shape cycles), with
+    their driver calls and device barriers, and their time against the unconstrained `baseline`
+    group's same steps (same workload and seed). The process total mixes in the warm-up, where a
+    pool at the budget learns its layout; this is the step a long run repeats."""
+    free = {}
+    for row in rows:
+        if row.get("budget") is None and row["allocator"] == baseline and row.get("oom_at_step") is None:
+            free[(row["workload"], row["seed"])] = row
+    lines = [f"| workload | budget | allocator | steady steps | driver calls | barriers | time / {baseline} unconstrained |",
+             "|---|---|---|---|---|---|---|"]
+    for row in sorted(rows, key=lambda r: (r["workload"], r.get("budget") or 0, r["allocator"], r["seed"])):
+        if row.get("budget") is None:
+            continue
+        if row.get("oom_at_step") is not None:
+            lines.append(f"| {row['workload']} | {budget_label(row['budget'])} | {row['allocator']} | OOM | - | - | - |")
+            continue
+        n = steady_steps(row)
+        base = free.get((row["workload"], row["seed"]))
+        ratio = (f"{sum(row['step_s'][-n:]) / sum(base['step_s'][-n:]):.3f}"
+                 if base and len(base["step_s"]) >= n else "-")
+        calls = sum((row.get("driver_calls_per_step") or [])[-n:])
+        waits = sum((row.get("barriers_per_step") or [])[-n:])
+        lines.append(f"| {row['workload']} | {budget_label(row['budget'])} | {row['allocator']} | {n} | {calls} | "
+                     f"{waits} | {ratio} |")
+    return "\n".join(lines)
+
+
 def worker_argv(workload, allocator, seed, args, out, fraction=None):
     name, _, conf = allocator.partition(":")  # "torchmem:OPTIONS" is torchmem with those options
     argv = [sys.executable, os.path.join(HERE, "gpu_workloads.py"), "--workload", workload, "--allocator", name,
@@ -237,6 +272,9 @@ def print_tables(rows):
     print(process_table(rows))
     print()
     print(paired_table(rows))
+    if any(row.get("budget") is not None for row in rows):
+        print()
+        print(steady_table(rows))
 
 
 def main(argv=None):

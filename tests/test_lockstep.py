@@ -95,6 +95,21 @@ def test_paired_steps_divides_medians_of_the_same_step_within_a_group():
     assert "| llama_ckpt | none | native | 3 | 0 |" in lockstep.process_table(rows)
 
 
+def test_steady_table_compares_the_last_whole_cycles_with_native_unconstrained():
+    """At a budget the warm-up (where the pool learns its layout) is left out: the last third of the
+    timed steps, in whole shape cycles, against the same steps of native with no budget."""
+    native = dict(result("native", 1, [1.0] * 12, "native#0"), shapes=2)
+    warm = [3.0] * 6 + [1.1] * 6  # slow while it learns, then 10% over native
+    torchmem = dict(result("torchmem", 1, warm, "torchmem#0"), shapes=2, budget=1.05,
+                    driver_calls_per_step=[900] * 6 + [0] * 6, barriers_per_step=[1] * 6 + [0] * 6)
+    ran_out = dict(result("native", 1, [], "native#1"), budget=1.05, oom_at_step=3)
+    assert lockstep.steady_steps(torchmem) == 4  # 12 steps, 2 shapes: two whole cycles
+    table = lockstep.steady_table([native, torchmem, ran_out])
+    assert "| llama_ckpt | 1.05x | torchmem | 4 | 0 | 0 | 1.100 |" in table
+    assert "| llama_ckpt | 1.05x | native | OOM | - | - | - |" in table
+    assert "native | 4" not in table  # the unconstrained group is the baseline, not a row
+
+
 def test_main_tags_each_result_with_its_group(tmp_path, monkeypatch):
     """main() end to end with a stand-in for gpu_workloads.py that writes a result line."""
     stand_in = tmp_path / "stand_in.py"
