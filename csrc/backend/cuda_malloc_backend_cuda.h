@@ -7,7 +7,7 @@
 //
 // A SegmentSource replaces cudaMalloc / cudaFree with someone else's pair: the
 // pool behind torch.cuda.MemPool(allocator=X) caches X's segments this way
-// (Note [External pool allocators], csrc/shim/runtime.h).
+// (Note [External pool allocators], csrc/shim/private_pools.h).
 #pragma once
 
 #include <functional>
