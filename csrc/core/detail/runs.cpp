@@ -96,13 +96,13 @@ bool Pool::Impl::grow_by_runs(Heap& heap, const std::vector<Hole>& block_holes, 
   }
   auto release_created = [&] {
     for (const Grown& h : holes) {
-      for (GranuleHandle made : h.handles) backend.release_granule(made);
+      for (GranuleHandle made : h.handles) vmm_ops->release_granule(made);
     }
   };
   for (Grown& h : holes) {
     const std::size_t handles = h.run() ? 1 : h.hole.count;
     for (std::size_t k = 0; k < handles; ++k) {
-      const GranuleHandle made = h.run() ? backend.create_run(h.hole.count) : backend.create_granule();
+      const GranuleHandle made = h.run() ? vmm_ops->create_run(h.hole.count) : vmm_ops->create_granule();
       if (!made) {
         // The device is full (memory outside the pool): give back what this
         // call created; the caller goes on granule by granule.
@@ -118,9 +118,9 @@ bool Pool::Impl::grow_by_runs(Heap& heap, const std::vector<Hole>& block_holes, 
     clear_pending_places(heap, h.hole);
     const Addr at = heap.base + first * gran;
     if (h.run()) {
-      backend.map_run(at, h.handles.front(), count);
+      vmm_ops->map_run(at, h.handles.front(), count);
     } else {
-      backend.map(at, h.handles.data(), count);
+      vmm_ops->map(at, h.handles.data(), count);
     }
     for (std::size_t k = 0; k < count; ++k) {
       Granule& g = heap.granules[first + k];
@@ -185,8 +185,8 @@ std::size_t Pool::Impl::release_free_runs(std::size_t want_bytes, bool all_or_no
     Heap& heap = *f.heap;
     const Addr at = heap.base + f.first * gran;
     const GranuleHandle handle = heap.granules[f.first].handle;
-    backend.unmap_run(at, f.count);
-    backend.release_granule(handle);
+    vmm_ops->unmap_run(at, f.count);
+    vmm_ops->release_granule(handle);
     for (std::size_t k = f.first; k < f.first + f.count; ++k) {
       Granule& g = heap.granules[k];
       g.handle = 0;
