@@ -192,7 +192,7 @@ class TorchmemAllocator final : public CUDAPluggableAllocator {
   // whose granules move, which NCCL cannot keep registered, so none is
   // reported: collectives run on unregistered memory, as without the option.
   // Raising instead is no way out: the process group attaches it where an
-  // exception ends the process (std::terminate, seen on an H200).
+  // exception ends the process (std::terminate).
   void attachAllocatorTraceTracker(c10::cuda::CUDACachingAllocator::AllocatorTraceTracker) override {
     TORCH_WARN_ONCE(
         "torchmem: TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK / register_mem_pool have no effect under "

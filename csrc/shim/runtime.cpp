@@ -10,8 +10,8 @@
 // OOM callback runs OUTSIDE every lock, and the allocation is retried while the
 // callback says it freed memory (at most oom_hook_retries times). Then we throw
 // c10::OutOfMemoryError constructed directly: torch turns it into
-// torch.OutOfMemoryError. (Raising the same error through TORCH_CHECK_WITH out
-// of the allocator crashed the process on torch 2.11, seen on the H200.) Under
+// torch.OutOfMemoryError. (Not through TORCH_CHECK_WITH: raised that way out of
+// the allocator, it ends the process.) Under
 // torch.cuda.MemPool the native allocator asks for whole segments and handles
 // nullptr itself (free its cache, retry, raise), so that path returns nullptr.
 //
@@ -194,11 +194,10 @@ void* try_allocate(DeviceState& state, std::size_t size, CudaStream stream) {
 // thresholds (1024 bytes prints as "1024 bytes"), so OOM messages read like
 // the native allocator's.
 // Note [No iostreams here] Sizes and addresses are formatted with snprintf, not
-// std::ostream: on the H200 machine (torch 2.11's venv), `ostream << double`
-// from this module crashed inside libstdc++'s locale facets (seen with
-// cuda-gdb: a segfault in codecvt under _M_insert<double>, while building the
-// OOM message), which turned every OOM into a crash. snprintf has no locale
-// machinery to disagree about.
+// std::ostream. Why: `ostream << double` from this module has crashed inside
+// libstdc++'s locale facets (a segfault in codecvt under _M_insert<double>
+// while building the OOM message), turning an OOM into a crash; snprintf has
+// no locale machinery.
 std::string format_size(std::uint64_t size) {
   char text[64];
   if (size <= 1024) {
