@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.14.1
 TORCH_PIP_ARGS ?=
 PIP := $(PYTHON) -m pip
 
-.PHONY: setup setup-test build demo test test-gpu bench-micro bench-host-micro clean \
+.PHONY: setup setup-test build demo test test-gpu test-budget bench-micro bench-host-micro clean \
 	bench-vmm-chunks bench-vmm-chunks-build
 
 # Each long step says what it does and about how long it takes, then shows pip's or
@@ -47,6 +47,14 @@ bench-micro:
 	  $(wildcard csrc/core/detail/*.cpp) \
 	  csrc/backend/sim_backend.cpp bench/pool_microbench.cpp -o build/bench/pool_microbench
 	./build/bench/pool_microbench
+
+# Note [Budget rule] (csrc/shim/budget.h) on a simulated device (plain g++, no torch;
+# also run by tests/test_budget_rule.py).
+test-budget:
+	@mkdir -p build/bench
+	$(CXX) -std=c++17 -O1 -pthread -Icsrc csrc/core/pool.cpp $(wildcard csrc/core/detail/*.cpp) \
+	  csrc/backend/sim_backend.cpp csrc/shim/budget.cpp tests/cpp/budget_test.cpp -o build/bench/budget_test
+	./build/bench/budget_test
 
 bench-host-micro:
 	@mkdir -p build/bench

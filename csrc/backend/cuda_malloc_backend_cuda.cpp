@@ -6,29 +6,12 @@
 
 namespace torchmem {
 
-namespace {
-
-[[noreturn]] void no_vmm(const char* call) {
-  throw std::logic_error(std::string("torchmem: the cuda_malloc backend has no virtual memory (") + call +
-                         " called)");
+CudaMallocBackend::CudaMallocBackend(int device, SegmentSource source)
+    : CudaDeviceBackend(device), source_(std::move(source)) {
+  serve(static_cast<SegmentPrimitives*>(this));
 }
 
-}  // namespace
-
-CudaMallocBackend::CudaMallocBackend(int device, SegmentSource source)
-    : CudaDeviceBackend(device), source_(std::move(source)) {}
-
 CudaMallocBackend::~CudaMallocBackend() = default;
-
-Addr CudaMallocBackend::reserve(std::size_t) { no_vmm("reserve"); }
-void CudaMallocBackend::unreserve(Addr, std::size_t) { no_vmm("unreserve"); }
-GranuleHandle CudaMallocBackend::create_granule() { no_vmm("create_granule"); }
-void CudaMallocBackend::release_granule(GranuleHandle) { no_vmm("release_granule"); }
-void CudaMallocBackend::map(Addr, const GranuleHandle*, std::size_t) { no_vmm("map"); }
-void CudaMallocBackend::unmap(Addr, std::size_t) { no_vmm("unmap"); }
-GranuleHandle CudaMallocBackend::create_run(std::size_t) { no_vmm("create_run"); }
-void CudaMallocBackend::map_run(Addr, GranuleHandle, std::size_t) { no_vmm("map_run"); }
-void CudaMallocBackend::unmap_run(Addr, std::size_t) { no_vmm("unmap_run"); }
 
 Addr CudaMallocBackend::allocate_segment(std::size_t bytes) {
   if (source_.allocate) {

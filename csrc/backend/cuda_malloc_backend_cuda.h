@@ -3,11 +3,11 @@
 //
 // For drivers or devices without virtual memory management, and as a baseline:
 // the pool carves blocks out of segments and frees whole empty ones, but cannot
-// stitch (Backend::supports_vmm() is false).
+// stitch (it serves SegmentPrimitives only: Backend::vmm() is null).
 //
 // A SegmentSource replaces cudaMalloc / cudaFree with someone else's pair: the
 // pool behind torch.cuda.MemPool(allocator=X) caches X's segments this way
-// (Note [External pool allocators], csrc/shim/runtime.h).
+// (Note [External pool allocators], csrc/shim/private_pools.h).
 #pragma once
 
 #include <functional>
@@ -25,25 +25,14 @@ struct SegmentSource {
   std::function<void(void* ptr, std::size_t bytes)> free;
 };
 
-class CudaMallocBackend final : public CudaDeviceBackend {
+class CudaMallocBackend final : public CudaDeviceBackend, public SegmentPrimitives {
  public:
   explicit CudaMallocBackend(int device, SegmentSource source = {});
   ~CudaMallocBackend() override;
 
   std::string name() const override { return source_.allocate ? source_.name : "cuda_malloc"; }
-  bool supports_vmm() const override { return false; }
   // Not a hardware granule: the unit the pool rounds segments to, as PyTorch does.
   std::size_t granularity() const override { return 2 * kMiB; }
-
-  Addr reserve(std::size_t bytes) override;
-  void unreserve(Addr base, std::size_t bytes) override;
-  GranuleHandle create_granule() override;
-  void release_granule(GranuleHandle handle) override;
-  void map(Addr at, const GranuleHandle* handles, std::size_t count) override;
-  void unmap(Addr at, std::size_t count) override;
-  GranuleHandle create_run(std::size_t granules) override;
-  void map_run(Addr at, GranuleHandle handle, std::size_t granules) override;
-  void unmap_run(Addr at, std::size_t granules) override;
 
   Addr allocate_segment(std::size_t bytes) override;
   void free_segment(Addr base, std::size_t bytes) override;

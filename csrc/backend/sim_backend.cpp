@@ -46,6 +46,11 @@ SimBackend::SimBackend(const SimConfig& config)
   if (config_.capacity_bytes == 0) {
     throw std::invalid_argument("SimBackend: capacity must be > 0 bytes");
   }
+  if (config_.vmm) {
+    serve(static_cast<VmmPrimitives*>(this));
+  } else {
+    serve(static_cast<SegmentPrimitives*>(this));
+  }
 }
 
 SimBackend::~SimBackend() = default;

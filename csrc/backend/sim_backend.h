@@ -94,7 +94,7 @@ struct SimConfig {
   SimCosts costs;
 };
 
-class SimBackend final : public Backend {
+class SimBackend final : public Backend, public VmmPrimitives, public SegmentPrimitives {
  public:
   // Throws std::invalid_argument for a granularity that is not a power of two
   // multiple of kMinBlockSize or a zero capacity.
@@ -119,11 +119,11 @@ class SimBackend final : public Backend {
   // false: synchronize_device() refuses, as during a CUDA graph capture.
   void allow_device_sync(bool allowed);
 
-  // ---- Backend ---------------------------------------------------------------
+  // ---- Backend (serves vmm() or segments(), as config.vmm says) -------------
   std::string name() const override { return "sim"; }
-  bool supports_vmm() const override { return config_.vmm; }
   std::size_t granularity() const override { return config_.granularity; }
   MemInfo mem_info() override;
+  // ---- VmmPrimitives ---------------------------------------------------------
   Addr reserve(std::size_t bytes) override;
   void unreserve(Addr base, std::size_t bytes) override;
   GranuleHandle create_granule() override;
@@ -133,8 +133,10 @@ class SimBackend final : public Backend {
   void unmap(Addr at, std::size_t count) override;
   void map_run(Addr at, GranuleHandle handle, std::size_t granules) override;
   void unmap_run(Addr at, std::size_t granules) override;
+  // ---- SegmentPrimitives -----------------------------------------------------
   Addr allocate_segment(std::size_t bytes) override;
   void free_segment(Addr base, std::size_t bytes) override;
+  // ---- Backend: stream ordering ------------------------------------------------
   EventHandle record_event(StreamId stream) override;
   bool event_completed(EventHandle event) override;
   void synchronize_event(EventHandle event) override;

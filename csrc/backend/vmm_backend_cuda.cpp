@@ -149,6 +149,7 @@ bool VmmBackend::device_supports_vmm(int device) {
 }
 
 VmmBackend::VmmBackend(int device) : CudaDeviceBackend(device), api_(loaded_driver_api()) {
+  serve(static_cast<VmmPrimitives*>(this));
   if (!device_supports_vmm(device)) {
     throw std::runtime_error("torchmem: device " + std::to_string(device) +
                              " does not support CUDA virtual memory management; use backend='cuda_malloc'");
@@ -287,14 +288,6 @@ void VmmBackend::unmap_run(Addr at, std::size_t granules) {
   cuda::DeviceGuard on_device(device_);
   check_driver(api_, api_.unmap(static_cast<CUdeviceptr>(at), granules * granularity_), "cuMemUnmap");
   counters_.unmap_calls += 1;
-}
-
-Addr VmmBackend::allocate_segment(std::size_t) {
-  throw std::logic_error("torchmem: the vmm backend has no plain segments (allocate_segment called)");
-}
-
-void VmmBackend::free_segment(Addr, std::size_t) {
-  throw std::logic_error("torchmem: the vmm backend has no plain segments (free_segment called)");
 }
 
 // ---- Note [Shareable handles] ---------------------------------------------------

@@ -28,7 +28,7 @@ namespace torchmem {
 
 struct DriverApi;  // the cuMem* entry points, resolved once per process
 
-class VmmBackend final : public CudaDeviceBackend {
+class VmmBackend final : public CudaDeviceBackend, public VmmPrimitives {
  public:
   // Throws std::runtime_error if the driver lacks virtual memory management.
   explicit VmmBackend(int device);
@@ -40,7 +40,6 @@ class VmmBackend final : public CudaDeviceBackend {
   static bool device_supports_vmm(int device);
 
   std::string name() const override { return "vmm"; }
-  bool supports_vmm() const override { return true; }
   std::size_t granularity() const override { return granularity_; }
 
   Addr reserve(std::size_t bytes) override;
@@ -52,9 +51,6 @@ class VmmBackend final : public CudaDeviceBackend {
   GranuleHandle create_run(std::size_t granules) override;
   void map_run(Addr at, GranuleHandle handle, std::size_t granules) override;
   void unmap_run(Addr at, std::size_t granules) override;
-
-  Addr allocate_segment(std::size_t bytes) override;
-  void free_segment(Addr base, std::size_t bytes) override;
 
   // ---- sharing with other processes (Note [Shareable handles], the .cpp) ----
   // A handle's file descriptor in this process (open until the handle goes

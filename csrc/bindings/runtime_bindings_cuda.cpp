@@ -1,8 +1,8 @@
 // runtime_bindings_cuda.cpp: torchmem._C.runtime_*: the installed allocator
 // seen from Python (install, stats, snapshots, budget, callbacks).
 //
-// pybind11 only: the shim is reached through csrc/shim/runtime.h, which
-// includes no torch headers, so this file compiles in seconds. Stats and
+// pybind11 only: the shim is reached through its headers (csrc/shim/runtime.h
+// lists them), which include no torch headers, so this file compiles in seconds. Stats and
 // snapshots go through convert.h, so they have exactly the shape of the
 // simulated _C.Pool's (the Python layer reads one format).
 //
@@ -27,6 +27,12 @@
 
 #include "bindings/bindings.h"
 #include "bindings/convert.h"
+#include "shim/allocation.h"
+#include "shim/budget.h"
+#include "shim/callbacks.h"
+#include "shim/device_stats.h"
+#include "shim/diagnostics.h"
+#include "shim/private_pools.h"
 #include "shim/runtime.h"
 
 namespace py = pybind11;
@@ -35,6 +41,7 @@ namespace torchmem::bindings {
 
 namespace {
 
+using shim::Budget;
 using shim::LimitSpec;
 using shim::RuntimeConfig;
 
@@ -75,22 +82,17 @@ RuntimeConfig runtime_config_from(const py::dict& options, const std::string& ba
       if (value.is_none()) {
         config.limit.kind = LimitSpec::Kind::kNone;
       } else if (py::isinstance<py::float_>(value)) {
-        double fraction = value.cast<double>();
-        if (!(fraction > 0.0 && fraction <= 1.0)) {
-          throw py::value_error("torchmem config 'limit': a fraction must be in (0, 1], got " +
-                                std::to_string(fraction));
-        }
         config.limit.kind = LimitSpec::Kind::kFraction;
-        config.limit.fraction = fraction;
+        config.limit.fraction = value.cast<double>();
       } else if (py::isinstance<py::int_>(value) && !py::isinstance<py::bool_>(value)) {
-        long long bytes = value.cast<long long>();
-        if (bytes <= 0) throw py::value_error("torchmem config 'limit': bytes must be > 0 (None for no limit)");
+        const long long bytes = value.cast<long long>();
         config.limit.kind = LimitSpec::Kind::kBytes;
-        config.limit.bytes = static_cast<std::size_t>(bytes);
+        config.limit.bytes = bytes > 0 ? static_cast<std::size_t>(bytes) : 0;  // 0: refused by check_limit
       } else {
         throw py::value_error("torchmem config 'limit': expected None, a fraction (float) or bytes (int), got " +
                               std::string(py::str(py::repr(value))));
       }
+      Budget::check_limit(config.limit);  // std::invalid_argument: a ValueError in Python
     } else if (key == "oom_hook_retries") {
       if (!py::isinstance<py::int_>(value) || value.cast<long long>() < 0) {
         throw py::value_error("torchmem config 'oom_hook_retries': expected an int >= 0");
@@ -103,9 +105,7 @@ RuntimeConfig runtime_config_from(const py::dict& options, const std::string& ba
       config.park_private_frees = value.cast<bool>();
     } else if (key == "initial_fraction") {
       const double fraction = value.is_none() ? -1.0 : value.cast<double>();
-      if (!value.is_none() && !(fraction >= 0.0 && fraction <= 1.0)) {
-        throw py::value_error("torchmem runtime config 'initial_fraction': expected None or a fraction in [0, 1]");
-      }
+      if (!value.is_none()) Budget::check_initial_fraction(fraction);
       config.initial_fraction = fraction;
     } else if (key == "limit_bytes") {
       throw py::value_error("torchmem runtime config: give 'limit' (None, fraction or bytes), not 'limit_bytes'");
@@ -117,6 +117,26 @@ RuntimeConfig runtime_config_from(const py::dict& options, const std::string& ba
   config.pool.limit_bytes = 0;
   config.backend = backend;
   return config;
+}
+
+py::dict budget_state(int device) {
+  const shim::BudgetState s = shim::budget_state(device);
+  py::dict out;
+  switch (s.install.kind) {
+    case LimitSpec::Kind::kNone: out["limit"] = py::none(); break;
+    case LimitSpec::Kind::kBytes: out["limit"] = s.install.bytes; break;
+    case LimitSpec::Kind::kFraction: out["limit"] = s.install.fraction; break;
+  }
+  out["limit_resolved_bytes"] = s.install_bytes;
+  out["fraction"] = s.fraction < 0.0 ? py::object(py::none()) : py::object(py::float_(s.fraction));
+  out["grant_bytes"] = s.granted ? py::object(py::int_(s.grant_bytes)) : py::object(py::none());
+  out["source"] = s.source;
+  out["limit_bytes"] = s.limit_bytes;
+  out["refuses_all"] = s.refuses_all;
+  out["memory_fraction"] = s.memory_fraction;
+  out["total_bytes"] = s.total_bytes;
+  out["granularity"] = s.granularity;
+  return out;
 }
 
 py::dict runtime_stats(int device) {
@@ -279,10 +299,11 @@ void bind_runtime(py::module_& m) {
       py::arg("device"), py::arg("keep_bytes"), py::call_guard<py::gil_scoped_release>(),
       "Return the device pool's cached memory down to keep_bytes held; the bytes returned");
   m.def(
-      "runtime_set_limit", [](int device, std::size_t bytes) { shim::device_pool(device).set_limit(bytes); },
-      py::arg("device"), py::arg("bytes"), "Set the budget in bytes (0 = the whole device)");
-  m.def(
-      "runtime_limit", [](int device) { return shim::device_pool(device).limit(); }, py::arg("device"));
+      "runtime_set_limit", &shim::set_share_grant, py::arg("device"), py::arg("bytes"),
+      "Set the budget in bytes (0 = the whole device): the sharing arbiter's grant (Note [Budget rule])");
+  m.def("runtime_limit", &shim::budget_limit, py::arg("device"), "The limit in force in bytes (0 = none)");
+  m.def("runtime_budget_state", &budget_state, py::arg("device"),
+        "The device's Budget: each limit as set and the one in force (Note [Budget rule] in csrc/shim/budget.h)");
   m.def("runtime_set_trace_capacity", &shim::set_trace_capacity, py::arg("entries"),
         py::call_guard<py::gil_scoped_release>(),
         "Trace ring size for every pool, live ones included (they keep their newest entries)");

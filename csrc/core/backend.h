@@ -2,10 +2,14 @@
 //
 // A Backend is a handful of primitives, in the manner of mimalloc's prim.h: the
 // pool (csrc/core/pool.h) holds all policy and calls these only to obtain,
-// place and give back physical memory and to order work on streams. Three
-// implementations exist: `vmm` (CUDA driver virtual memory, csrc/backend/
-// vmm_backend_cuda.cpp), `cuda_malloc` (cudaMalloc/cudaFree) and `sim` (fake
-// addresses with per-call costs, used for tests and trace replay).
+// place and give back physical memory and to order work on streams. What every
+// source has (granule size, memory figures, stream ordering, counters) is the
+// Backend; how it obtains memory is one of two interfaces, VmmPrimitives
+// (reserve, create, map, unmap) or SegmentPrimitives (allocate and free whole
+// segments), so no backend stubs calls it cannot make. Three implementations
+// exist: `vmm` (CUDA driver virtual memory, csrc/backend/vmm_backend_cuda.cpp),
+// `cuda_malloc` (cudaMalloc/cudaFree) and `sim` (fake addresses with per-call
+// costs, either kind, for tests and trace replay).
 //
 // Threading: the pool calls a backend only under its own lock, so a backend
 // needs no locking of its own unless it is shared between pools of different
@@ -54,21 +58,12 @@ struct BackendCounters {
 #undef TORCHMEM_DECLARE_BACKEND_COUNTER
 };
 
-class Backend {
+// What a virtual-memory source provides (the `vmm` backend; `sim` in vmm
+// mode): address ranges with no memory behind them, physical granules and runs,
+// and their mapping. The pool uses them to stitch granules (pool.h).
+class VmmPrimitives {
  public:
-  virtual ~Backend() = default;
-
-  // ---- capabilities --------------------------------------------------------
-  virtual std::string name() const = 0;  // "vmm", "cuda_malloc", "sim"
-  // True: the pool uses reserve/create/map/unmap and stitches granules.
-  // False: the pool uses allocate_segment/free_segment only (no stitching).
-  virtual bool supports_vmm() const = 0;
-  // Physical granule size in bytes: a power of two, a multiple of kMinBlockSize.
-  virtual std::size_t granularity() const = 0;
-  // Free and total device memory as the device reports them now.
-  virtual MemInfo mem_info() = 0;
-
-  // ---- virtual memory (only when supports_vmm()) ----------------------------
+  virtual ~VmmPrimitives() = default;
   // Reserve `bytes` (a multiple of granularity()) of address space with no
   // physical memory behind it. Returns 0 when the address space is unavailable.
   virtual Addr reserve(std::size_t bytes) = 0;
@@ -78,8 +73,7 @@ class Backend {
   // Create one handle backing `granules` (>= 2) consecutive granules: a run.
   // It can only be mapped whole, at one place, and so never moves granule by
   // granule; what it buys is the driver's cost: one create, map and access
-  // for the whole run, ~0.3 us per granule at 256 granules against ~30 us
-  // with a handle per granule (Note [Run handles] in detail/runs.cpp).
+  // for the whole run (Note [Run handles] in detail/runs.cpp).
   // Returns 0 when the device is out of memory.
   virtual GranuleHandle create_run(std::size_t granules) = 0;
   // Give a handle (a granule or a run) back to the device. It must not be
@@ -100,11 +94,37 @@ class Backend {
   // run mapped so, whole (same rule as unmap).
   virtual void map_run(Addr at, GranuleHandle handle, std::size_t granules) = 0;
   virtual void unmap_run(Addr at, std::size_t granules) = 0;
+};
 
-  // ---- plain segments (only when !supports_vmm()) ----------------------------
+// What a segment source provides (the `cuda_malloc` backend, a MemPool's own
+// allocator; `sim` in segment mode): whole segments, allocated and freed.
+// The pool carves blocks out of them and cannot stitch.
+class SegmentPrimitives {
+ public:
+  virtual ~SegmentPrimitives() = default;
   // Returns 0 when the device is out of memory.
   virtual Addr allocate_segment(std::size_t bytes) = 0;
   virtual void free_segment(Addr base, std::size_t bytes) = 0;
+};
+
+// What every source provides, plus the one kind of memory it serves: exactly
+// one of vmm() and segments() is non-null, set by the backend's constructor
+// and fixed from then on (the pool reads it once, at construction).
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // ---- capabilities --------------------------------------------------------
+  virtual std::string name() const = 0;  // "vmm", "cuda_malloc", "sim"
+  // The VMM primitives (the pool stitches granules), or null.
+  VmmPrimitives* vmm() const { return vmm_; }
+  // The segment primitives (the pool carves segments, no stitching), or null.
+  SegmentPrimitives* segments() const { return segments_; }
+  bool supports_vmm() const { return vmm_ != nullptr; }
+  // Physical granule size in bytes: a power of two, a multiple of kMinBlockSize.
+  virtual std::size_t granularity() const = 0;
+  // Free and total device memory as the device reports them now.
+  virtual MemInfo mem_info() = 0;
 
   // ---- stream ordering ------------------------------------------------------
   // Record an event on `stream` that completes once all work queued on it so far
@@ -124,7 +144,15 @@ class Backend {
   const BackendCounters& counters() const { return counters_; }
 
  protected:
+  // Each backend names the kind it serves in its constructor, once.
+  void serve(VmmPrimitives* vmm) { vmm_ = vmm; }
+  void serve(SegmentPrimitives* segments) { segments_ = segments; }
+
   BackendCounters counters_;
+
+ private:
+  VmmPrimitives* vmm_ = nullptr;
+  SegmentPrimitives* segments_ = nullptr;
 };
 
 }  // namespace torchmem

@@ -33,11 +33,16 @@ inline std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit 
 
 Pool::Impl::Impl(Backend& backend_in, PoolConfig& config_in)
     : backend(backend_in),
+      vmm_ops(backend_in.vmm()),
+      segment_ops(backend_in.segments()),
       config(config_in),
-      vmm(backend_in.supports_vmm()),
+      vmm(vmm_ops != nullptr),
       gran(backend_in.granularity()),
       gran_shift(static_cast<unsigned>(__builtin_ctzll(gran))),
       ring(config_in.trace_capacity) {
+  if ((vmm_ops == nullptr) == (segment_ops == nullptr)) {
+    throw PoolError("backend '" + backend.name() + "' must serve exactly one of vmm() and segments()");
+  }
   capacity = backend.mem_info().total_bytes;
   virtual_span = round_up(config.virtual_bytes ? config.virtual_bytes : 2 * capacity, gran);
 #if TORCHMEM_DEBUG
@@ -87,7 +92,7 @@ void Pool::Impl::teardown() {
       if (!heap) continue;
       for (std::size_t i = 0; i < heap->granules.size(); ++i) {
         if (!heap->granules[i].stale) continue;
-        backend.unmap(heap->base + i * gran, 1);
+        vmm_ops->unmap(heap->base + i * gran, 1);
         heap->granules[i].stale = 0;
       }
     }
@@ -111,17 +116,17 @@ void Pool::Impl::teardown() {
         }
         const std::size_t n = gr.run_count ? gr.run_count : 1;  // Note [Run handles]
         if (gr.run_count) {
-          backend.unmap_run(heap->base + i * gran, n);
+          vmm_ops->unmap_run(heap->base + i * gran, n);
         } else {
-          backend.unmap(heap->base + i * gran, 1);
+          vmm_ops->unmap(heap->base + i * gran, 1);
         }
-        backend.release_granule(gr.handle);
+        vmm_ops->release_granule(gr.handle);
         for (std::size_t k = i; k < i + n; ++k) heap->granules[k].handle = 0;
         i += n;
       }
-      backend.unreserve(heap->base, heap->span);
+      vmm_ops->unreserve(heap->base, heap->span);
     } else {
-      for (auto& seg : heap->segments) backend.free_segment(seg->addr, seg->size);
+      for (auto& seg : heap->segments) segment_ops->free_segment(seg->addr, seg->size);
       heap->segments.clear();
     }
   }
@@ -139,7 +144,7 @@ Heap* Pool::Impl::make_heap(PoolId pool, bool small) {
   heap->small = small;
   heap->frozen = pool != 0;  // Note [Private pools]
   if (vmm) {
-    heap->base = backend.reserve(virtual_span);
+    heap->base = vmm_ops->reserve(virtual_span);
     if (!heap->base) {
       throw std::runtime_error("torchmem: could not reserve " + mib(virtual_span) +
                                " of virtual address space; set PoolConfig.virtual_bytes lower");
@@ -167,7 +172,7 @@ void Pool::Impl::drop_heap(Heap* heap) {
     b = next;
   }
   free_blocks[heap->small ? 0 : 1] -= heap->free.size();
-  if (vmm) backend.unreserve(heap->base, heap->span);
+  if (vmm) vmm_ops->unreserve(heap->base, heap->span);
   --heap_count[heap->small ? 0 : 1];
   heaps[heap->id].reset();
 }

@@ -23,6 +23,8 @@
 // of parking: a pool's memory is not reused across the graphs of one tree, so
 // a tree holds the sum of its graphs' memory rather than their peak.
 #include "shim/checkpoint.h"
+#include "shim/allocation.h"
+#include "shim/private_pools.h"
 
 #include <algorithm>
 #include <stdexcept>

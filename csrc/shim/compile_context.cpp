@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "shim/runtime.h"
+#include "shim/callbacks.h"
 
 namespace torchmem::shim {
 

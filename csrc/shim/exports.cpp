@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <exception>
 
-#include "shim/runtime.h"
+#include "shim/allocation.h"
 
 // Default visibility: the build hides everything else (-fvisibility=hidden).
 #define TORCHMEM_EXPORT extern "C" __attribute__((visibility("default")))

@@ -23,8 +23,13 @@
 #include <string>
 #include <vector>
 
+#include "shim/allocation.h"
+#include "shim/budget.h"
+#include "shim/callbacks.h"
 #include "shim/checkpoint.h"
+#include "shim/device_stats.h"
 #include "shim/ipc.h"
+#include "shim/private_pools.h"
 #include "shim/runtime.h"
 #include "shim/torch_history.h"
 
@@ -61,7 +66,7 @@ void follow_torch_history(bool enabled, TorchRecorder recorder, size_t max_entri
 // unordered_map insert and erase (a heap node per tensor) to remember each
 // block's size, device and stream for the free. The pool remembers all three
 // itself, so the subclass allocates straight into the runtime and frees through
-// a device-tagged context (Note [Device-tagged deleter context], runtime.h).
+// a device-tagged context (Note [Device-tagged deleter context], allocation.h).
 // The churn microbenchmark measures the difference (BENCHMARKS.md, Allocator
 // hot path).
 class TorchmemAllocator final : public CUDAPluggableAllocator {
@@ -105,7 +110,7 @@ class TorchmemAllocator final : public CUDAPluggableAllocator {
     empty_pool_cache(MempoolKey(mempool_id.first, mempool_id.second));
   }
 
-  // Note [Caching off] (runtime.h): torch.cuda.caching_allocator_enable.
+  // Note [Caching off] (allocation.h): torch.cuda.caching_allocator_enable.
   void enable(bool value) override { set_caching_enabled(value); }
   bool isEnabled() const override { return caching_enabled(); }
 
@@ -160,7 +165,7 @@ class TorchmemAllocator final : public CUDAPluggableAllocator {
   }
   TorchSnapshot snapshot() { return torch_snapshot(MempoolKey(0, 0), true); }
 
-  // Note [Compile context] (runtime.h). No `override`: older torch lacks them.
+  // Note [Compile context] (callbacks.h). No `override`: older torch lacks them.
   void pushCompileContext(std::string& md) { push_compile_context(md); }
   void popCompileContext() { pop_compile_context(); }
 
@@ -171,7 +176,7 @@ class TorchmemAllocator final : public CUDAPluggableAllocator {
   }
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override { return open_ipc(handle); }
 
-  // Note [Memory fraction] (runtime.h)
+  // Note [Memory fraction] (budget.h)
   double getMemoryFraction(c10::DeviceIndex device) override { return memory_fraction(device); }
 
   // Called like native's: (device, requested bytes, device total or the
@@ -187,7 +192,7 @@ class TorchmemAllocator final : public CUDAPluggableAllocator {
   // whose granules move, which NCCL cannot keep registered, so none is
   // reported: collectives run on unregistered memory, as without the option.
   // Raising instead is no way out: the process group attaches it where an
-  // exception ends the process (std::terminate, seen on an H200).
+  // exception ends the process (std::terminate).
   void attachAllocatorTraceTracker(c10::cuda::CUDACachingAllocator::AllocatorTraceTracker) override {
     TORCH_WARN_ONCE(
         "torchmem: TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK / register_mem_pool have no effect under "
@@ -198,7 +203,7 @@ class TorchmemAllocator final : public CUDAPluggableAllocator {
   // Private-pool reference counts (torch.cuda.MemPool, graph pools). No
   // `override`: which of these torch declares differs between versions; a
   // name torch does not declare is simply unused.
-  // Note [External pool allocators] (runtime.h): torch.cuda.MemPool(allocator=X)
+  // Note [External pool allocators] (private_pools.h): torch.cuda.MemPool(allocator=X)
   // passes X here. The functions hold X's shared_ptr, so X outlives the
   // MemPool and the Python object for as long as any block of it lives.
   void createOrIncrefPool(c10::DeviceIndex device, c10::cuda::MempoolId_t id,

@@ -43,7 +43,6 @@
 
 #include "backend/cuda_support_cuda.h"
 #include "backend/vmm_backend_cuda.h"
-#include "shim/runtime.h"
 #include "shim/runtime_state.h"
 
 #ifndef SYS_pidfd_open

@@ -10,8 +10,8 @@
 // OOM callback runs OUTSIDE every lock, and the allocation is retried while the
 // callback says it freed memory (at most oom_hook_retries times). Then we throw
 // c10::OutOfMemoryError constructed directly: torch turns it into
-// torch.OutOfMemoryError. (Raising the same error through TORCH_CHECK_WITH out
-// of the allocator crashed the process on torch 2.11, seen on the H200.) Under
+// torch.OutOfMemoryError. (Not through TORCH_CHECK_WITH: raised that way out of
+// the allocator, it ends the process.) Under
 // torch.cuda.MemPool the native allocator asks for whole segments and handles
 // nullptr itself (free its cache, retry, raise), so that path returns nullptr.
 //
@@ -20,6 +20,8 @@
 // would collide. The core rejects size 0, so we serve them as 1-byte requests
 // (one 512-byte block): each gets a distinct address.
 #include "shim/runtime.h"
+#include "shim/device_stats.h"
+#include "shim/diagnostics.h"
 #include "shim/runtime_state.h"
 
 #include <cuda_runtime_api.h>
@@ -45,7 +47,7 @@ namespace torchmem::shim {
 
 namespace {
 
-// Note [Device-tagged deleter context] (runtime.h)
+// Note [Device-tagged deleter context] (allocation.h)
 constexpr std::uintptr_t kDeviceTagMask = 127;
 static_assert(kMaxDevices < static_cast<int>(kDeviceTagMask) && kMinBlockSize > kDeviceTagMask,
               "the device tag must fit under the block alignment");
@@ -61,13 +63,9 @@ Registry& registry() {
 namespace {
 
 bool same_config(const RuntimeConfig& a, const RuntimeConfig& b) {
-  // limit_bytes is resolved per device from `limit`: compare the spec instead.
-  PoolConfig p = a.pool, q = b.pool;
-  p.limit_bytes = q.limit_bytes = 0;
   return a.backend == b.backend && a.oom_hook_retries == b.oom_hook_retries &&
          a.park_private_frees == b.park_private_frees && a.initial_fraction == b.initial_fraction &&
-         a.limit.kind == b.limit.kind &&
-         a.limit.bytes == b.limit.bytes && a.limit.fraction == b.limit.fraction && p == q;
+         a.limit == b.limit && a.pool == b.pool;
 }
 
 void check_device(int device) {
@@ -87,16 +85,7 @@ std::unique_ptr<CudaDeviceBackend> make_backend(const std::string& kind, int dev
   throw std::invalid_argument("torchmem: unknown backend '" + kind + "'; expected auto, vmm or cuda_malloc");
 }
 
-std::size_t resolve_limit(const LimitSpec& limit, std::size_t total_bytes) {
-  switch (limit.kind) {
-    case LimitSpec::Kind::kNone: return 0;
-    case LimitSpec::Kind::kBytes: return limit.bytes;
-    case LimitSpec::Kind::kFraction: return static_cast<std::size_t>(limit.fraction * static_cast<double>(total_bytes));
-  }
-  return 0;
-}
-
-// Note [Caching off] (runtime.h): plain cudaMalloc / cudaFree on `device`;
+// Note [Caching off] (allocation.h): plain cudaMalloc / cudaFree on `device`;
 // nullptr when the device is full (the caller's OOM path takes over).
 std::shared_ptr<ExternalAllocator> make_uncached_allocator(int device) {
   auto uncached = std::make_shared<ExternalAllocator>();
@@ -126,19 +115,6 @@ std::unique_ptr<Backend> make_segment_backend(int device, std::function<void*(st
   return backend;
 }
 
-namespace {
-
-// Note [Memory fraction]: 1.0 is the whole device, which is also "no limit".
-void apply_memory_fraction(DeviceState& state, double fraction) {
-  const auto bytes = static_cast<std::size_t>(fraction * static_cast<double>(state.total_bytes));
-  const bool zero = fraction < 1.0 && bytes < state.backend->granularity();
-  if (!zero) state.pool->set_limit(fraction < 1.0 ? bytes : 0);
-  state.zero_budget.store(zero);
-  state.fraction.store(fraction);
-}
-
-}  // namespace
-
 DeviceState& state_for(int device) {
   check_device(device);
   Registry& r = registry();
@@ -156,10 +132,11 @@ DeviceState& state_for(int device) {
   fresh->backend = std::move(backend);
   fresh->total_bytes = fresh->backend->mem_info().total_bytes;
   PoolConfig pool_config = r.config.pool;
-  pool_config.limit_bytes = resolve_limit(r.config.limit, fresh->total_bytes);
+  pool_config.limit_bytes = r.config.limit.resolve(fresh->total_bytes);  // the Budget's starting limit
   fresh->pool = std::make_unique<Pool>(*fresh->backend, pool_config);
+  fresh->budget = std::make_unique<Budget>(fresh->pool.get(), r.config.limit, r.config.initial_fraction,
+                                           fresh->total_bytes, fresh->backend->granularity());
   fresh->uncached = make_uncached_allocator(device);
-  if (r.config.initial_fraction >= 0.0) apply_memory_fraction(*fresh, r.config.initial_fraction);
   r.configured = true;  // pools exist: the config in force is now fixed
   state = fresh.release();
   r.states[device].store(state, std::memory_order_release);
@@ -203,7 +180,7 @@ void* try_allocate(DeviceState& state, std::size_t size, CudaStream stream) {
   if (!caching_enabled()) return allocate_uncached(state.uncached, request, stream);  // Note [Caching off]
   Route route = route_to_pool(state, stream);
   if (route.external) return allocate_in_external_pool(route.external, request, stream, current_context());
-  if (state.zero_budget.load(std::memory_order_relaxed)) return nullptr;  // Note [Memory fraction]
+  if (state.budget->refuses_all()) return nullptr;  // Note [Budget rule]
   const MempoolKey key = route.key;
   const PoolId pool = route.pool;
   const std::uint64_t context = current_context();
@@ -217,11 +194,10 @@ void* try_allocate(DeviceState& state, std::size_t size, CudaStream stream) {
 // thresholds (1024 bytes prints as "1024 bytes"), so OOM messages read like
 // the native allocator's.
 // Note [No iostreams here] Sizes and addresses are formatted with snprintf, not
-// std::ostream: on the H200 machine (torch 2.11's venv), `ostream << double`
-// from this module crashed inside libstdc++'s locale facets (seen with
-// cuda-gdb: a segfault in codecvt under _M_insert<double>, while building the
-// OOM message), which turned every OOM into a crash. snprintf has no locale
-// machinery to disagree about.
+// std::ostream. Why: `ostream << double` from this module has crashed inside
+// libstdc++'s locale facets (a segfault in codecvt under _M_insert<double>
+// while building the OOM message), turning an OOM into a crash; snprintf has
+// no locale machinery.
 std::string format_size(std::uint64_t size) {
   char text[64];
   if (size <= 1024) {
@@ -251,7 +227,7 @@ std::string oom_message(DeviceState& state, std::size_t size, const MemInfo& mem
   const auto reserved = static_cast<std::uint64_t>(stats.reserved_bytes[kStatAll].current);
   const std::uint64_t cached = reserved > live ? reserved - live : 0;
   const std::size_t limit = state.pool->limit();
-  const bool zero_budget = state.zero_budget.load();
+  const bool zero_budget = state.budget->refuses_all();
   std::string msg = "CUDA out of memory. Tried to allocate " + format_size(size) + ". GPU " +
                     std::to_string(state.device) + " has a total capacity of " + format_size(mem.total_bytes) +
                     " of which " + format_size(mem.free_bytes) + " is free. ";
@@ -285,8 +261,9 @@ void notify_oom_observers(DeviceState& state, std::size_t size, const MemInfo& m
     observers = registry().oom_observers;
   }
   if (observers.empty()) return;
-  const std::size_t limit = state.zero_budget.load() ? 0 : state.pool->limit();
-  const bool budgeted = state.zero_budget.load() || limit != 0;
+  const bool refuses_all = state.budget->refuses_all();
+  const std::size_t limit = refuses_all ? 0 : state.pool->limit();
+  const bool budgeted = refuses_all || limit != 0;
   for (const OomObserver& observer : observers) {
     observer(state.device, size, budgeted ? limit : mem.total_bytes, mem.free_bytes);
   }
@@ -301,6 +278,12 @@ void configure(const RuntimeConfig& config) {
     throw std::invalid_argument("torchmem: unknown backend '" + config.backend +
                                 "'; expected auto, vmm or cuda_malloc");
   }
+  if (config.pool.limit_bytes != 0) {
+    throw std::invalid_argument("torchmem: RuntimeConfig.pool.limit_bytes must be 0; give the limit as "
+                                "RuntimeConfig.limit (the device's Budget resolves it)");
+  }
+  Budget::check_limit(config.limit);
+  if (config.initial_fraction >= 0.0) Budget::check_initial_fraction(config.initial_fraction);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   if (r.configured) {
@@ -529,22 +512,20 @@ void* base_allocation(void* ptr, std::size_t* size) {
   return ptr;
 }
 
+// ---- budget (Note [Budget rule] in budget.h) ---------------------------------
+
 void set_memory_fraction(double fraction, int device) {
-  if (!(fraction >= 0.0 && fraction <= 1.0)) {
-    throw std::invalid_argument("torchmem: memory fraction must be in [0, 1], got " + std::to_string(fraction));
-  }
-  apply_memory_fraction(state_for(device), fraction);
+  Budget::check_fraction(fraction);  // before state_for: a bad value makes no pool
+  state_for(device).budget->set_fraction(fraction);
 }
 
-double memory_fraction(int device) {
-  DeviceState& state = state_for(device);
-  const double set = state.fraction.load();
-  if (set >= 0.0) return set;
-  const LimitSpec& limit = registry().config.limit;  // fixed once pools exist
-  if (limit.kind == LimitSpec::Kind::kFraction) return limit.fraction;
-  if (limit.kind == LimitSpec::Kind::kNone || state.total_bytes == 0) return 1.0;
-  return std::min(1.0, static_cast<double>(limit.bytes) / static_cast<double>(state.total_bytes));
-}
+double memory_fraction(int device) { return state_for(device).budget->memory_fraction(); }
+
+void set_share_grant(int device, std::size_t bytes) { state_for(device).budget->set_grant(bytes); }
+
+std::size_t budget_limit(int device) { return state_for(device).budget->limit_bytes(); }
+
+BudgetState budget_state(int device) { return state_for(device).budget->state(); }
 
 PrivateBlocks private_blocks(int device, MempoolKey key) {
   DeviceState& state = state_for(device);

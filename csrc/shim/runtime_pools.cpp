@@ -72,7 +72,7 @@ std::optional<Registry::ExternalBlock> find_external_block(void* ptr, bool forge
 // Note [External pool allocators]: X's segments count against the device's
 // budget as PyTorch counts them in its per-process fraction.
 bool external_may_grow(DeviceState& state, std::size_t bytes) {
-  if (state.zero_budget.load(std::memory_order_relaxed)) return false;
+  if (state.budget->refuses_all()) return false;
   const std::size_t limit = state.pool->limit();
   if (limit == 0) return true;  // no budget: X itself says when the device is full
   const std::size_t held = state.pool->usage().reserved + state.external_reserved.load();

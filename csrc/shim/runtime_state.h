@@ -2,7 +2,8 @@
 // to csrc/shim (runtime.cpp: the registry and the allocation path;
 // runtime_pools.cpp: private pools, parked blocks and external allocators).
 //
-// Like runtime.h, it includes no torch and no CUDA headers.
+// Like the shim's public headers (runtime.h lists them), it includes no torch
+// and no CUDA headers.
 #pragma once
 
 #include <array>
@@ -17,6 +18,11 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "shim/allocation.h"
+#include "shim/budget.h"
+#include "shim/callbacks.h"
+#include "shim/device_stats.h"
+#include "shim/private_pools.h"
 #include "shim/runtime.h"
 
 namespace torchmem::shim {
@@ -36,7 +42,7 @@ struct PrivatePool {
   std::shared_ptr<ExternalPool> external;  // Note [External pool allocators]
 };
 
-// Note [External pool allocators] (runtime.h): the pool of one
+// Note [External pool allocators] (private_pools.h): the pool of one
 // torch.cuda.MemPool(allocator=X), caching X's segments.
 // Members are destroyed bottom up: `pool` returns its segments through
 // `backend`, whose functions still use `allocator` and `reserved`.
@@ -88,11 +94,9 @@ struct DeviceState {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Pool> pool;
   std::size_t total_bytes = 0;
-  std::shared_ptr<ExternalAllocator> uncached;  // Note [Caching off] (runtime.h)
-  // Note [Memory fraction]: the fraction last set (< 0: never set), and whether
-  // the budget it gave is under one granule (then every allocation is refused).
-  std::atomic<double> fraction{-1.0};
-  std::atomic<bool> zero_budget{false};
+  std::shared_ptr<ExternalAllocator> uncached;  // Note [Caching off] (allocation.h)
+  // Every limit of this device is set through it (Note [Budget rule]).
+  std::unique_ptr<Budget> budget;
 
   std::mutex capture_mutex;            // guards captures, private_pools, next_pool_id
   std::atomic<int> active_captures{0};  // fast-path check: any filter to consult?
@@ -130,7 +134,7 @@ struct Registry {
   RuntimeConfig config;
   bool configured = false;
   std::atomic<bool> installed{false};
-  std::atomic<bool> caching{true};  // Note [Caching off] (runtime.h)
+  std::atomic<bool> caching{true};  // Note [Caching off] (allocation.h)
   std::array<std::atomic<DeviceState*>, kMaxDevices> states{};
 
   std::mutex callback_mutex;

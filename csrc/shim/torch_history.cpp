@@ -15,6 +15,10 @@
 // thread may hold before its block exists), and the threshold becomes twice
 // what is left.
 #include "shim/torch_history.h"
+#include "shim/allocation.h"
+#include "shim/callbacks.h"
+#include "shim/device_stats.h"
+#include "shim/private_pools.h"
 
 #include <torch/csrc/profiler/combined_traceback.h>
 

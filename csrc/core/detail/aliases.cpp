@@ -146,7 +146,7 @@ bool Pool::Impl::resolve_stale(GranuleRef ref, bool wait) {
   Granule& g = heap.granules[ref.index];
   if (!g.stale) return true;
   if (!behind_barrier(g.stale_seq) && !(wait && device_barrier())) return false;
-  backend.unmap(heap.base + std::size_t{ref.index} * gran, 1);
+  vmm_ops->unmap(heap.base + std::size_t{ref.index} * gran, 1);
   forget_stale(ref, g.stale);
   g.stale = 0;
   --heap.stale;
@@ -186,7 +186,7 @@ void Pool::Impl::process_pending_unmaps(bool wait) {
     std::size_t j = i + 1;
     while (j < done.size() && done[j].heap == done[i].heap && done[j].index == done[j - 1].index + 1) ++j;
     Heap& heap = *heaps[done[i].heap];
-    backend.unmap(heap.base + std::size_t{done[i].index} * gran, j - i);
+    vmm_ops->unmap(heap.base + std::size_t{done[i].index} * gran, j - i);
     for (std::size_t k = i; k < j; ++k) {
       Granule& g = heap.granules[done[k].index];
       forget_stale(done[k], g.stale);

@@ -255,7 +255,7 @@ void Pool::Impl::unmap_granules(std::vector<GranuleRef>& refs, std::vector<Granu
     while (j < refs.size() && refs[j].heap == refs[i].heap && refs[j].index == refs[j - 1].index + 1) ++j;
     Heap& heap = *heaps[refs[i].heap];
     const Addr at = heap.base + std::size_t{refs[i].index} * gran;
-    backend.unmap(at, j - i);
+    vmm_ops->unmap(at, j - i);
     for (std::size_t k = i; k < j; ++k) {
       Granule& g = heap.granules[refs[k].index];
       handles->push_back(g.handle);
@@ -365,7 +365,7 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
   auto short_by = [&]() { return missing - std::min(missing, handles.size() + victims.size() + aliases.size()); };
   auto create_while_below = [&](double cap) {
     while (!device_full && short_by() > 0 && held + gran <= limit && double(held + gran) <= cap) {
-      GranuleHandle h = backend.create_granule();
+      GranuleHandle h = vmm_ops->create_granule();
       if (!h) {
         device_full = true;
         break;
@@ -406,7 +406,7 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
   for (const Hole& hole : unmapped_holes(heap, addr, size)) {
     clear_pending_places(heap, hole);
     const Addr at = heap.base + hole.first * gran;
-    backend.map(at, handles.data() + next, hole.count);
+    vmm_ops->map(at, handles.data() + next, hole.count);
     for (std::size_t k = hole.first; k < hole.first + hole.count; ++k) {
       heap.granules[k].handle = handles[next++];
       heap.granules[k].owner = 0;
@@ -511,7 +511,7 @@ void Pool::Impl::release_handles(const std::vector<GranuleHandle>& handles) {
                                "are refused (a CUDA graph capture): this is a bug in torchmem");
       }
     }
-    backend.release_granule(h);
+    vmm_ops->release_granule(h);
   }
 }
 
@@ -522,16 +522,16 @@ void Pool::Impl::premap_reserve() {
   heap.granules.resize(std::max(heap.granules.size(), n));
   std::vector<GranuleHandle> handles;
   for (std::size_t i = 0; i < n; ++i) {
-    GranuleHandle h = backend.create_granule();
+    GranuleHandle h = vmm_ops->create_granule();
     if (!h) {
-      for (GranuleHandle x : handles) backend.release_granule(x);
+      for (GranuleHandle x : handles) vmm_ops->release_granule(x);
       throw PoolError("PoolConfig.reserve_bytes: the device could not provide " +
                       std::to_string(n * gran) + " bytes");
     }
     handles.push_back(h);
   }
   if (n == 0) return;
-  backend.map(heap.base, handles.data(), n);
+  vmm_ops->map(heap.base, handles.data(), n);
   const std::uint32_t group = ++map_groups;  // Note [Map groups]
   for (std::size_t i = 0; i < n; ++i) {
     heap.granules[i].handle = handles[i];

@@ -288,6 +288,10 @@ struct Pool::Impl {
 
   // ---- state ----------------------------------------------------------------
   Backend& backend;
+  // The backend's one kind of memory (core/backend.h), read once: exactly one
+  // is non-null, and `vmm` says which.
+  VmmPrimitives* const vmm_ops;
+  SegmentPrimitives* const segment_ops;
   PoolConfig& config;
   const bool vmm;
   const std::size_t gran;

@@ -2,70 +2,50 @@
 // missing granules, and giving a wholly free run back.
 //
 // Note [Run handles]
-// The driver's cost of growing follows handles, not bytes: a handle per 2 MiB
-// granule costs ~30 us to create, map and give access however the calls are
-// batched; one handle for a run of 256 granules costs 0.32 us a granule, what
-// cudaMalloc pays. But a handle is mapped only whole (the driver refuses
-// slices), so a granule inside a run cannot be stitched alone (BENCHMARKS.md,
-// Growth and driver calls).
-// Rule: while the pool has no budget of its own (limit_bytes == 0: the device
-// is the budget) and held stays under run_below x the device's memory (and
-// under the creation ceiling of Note [When to stitch], where nothing would be
-// stitched anyway), each hole of 2 or more missing granules that a new block
-// needs is filled by ONE handle (grow_by_runs). Growth above that line, under
-// a budget, or in a private pool (graph capture, MemPool: never stitched while
-// in use, released granule by granule) gets a handle per granule.
-// A run granule is never listed as reclaimable; a run whose granules are all
-// free goes back whole (release_free_runs): on empty_cache and
-// release_cached_to, and when a request finds no room otherwise, under the
-// budget or on a device that other processes filled (behind the device
-// barrier, Note [Device barrier]: on the OOM ladder's step 4 at the latest);
-// the room it leaves is then filled granule by granule.
-// Why not under a budget: free space inside a partly used run cannot move, and
-// under a budget packing is what the pool is for (runs there raise the bundled
-// traces' min-cap up to 1.0152 x peak requested, from 1.0015-1.0027). Why from
-// 2 granules: churn with empty_cache (PyTorch's test_allocator_fuzz) would
-// otherwise create and release thousands of single granules where native's 20
-// MiB segments take one call each. The price is memory a partly used run cannot
-// give back: the smallest device a trace fits on with no limit (BENCHMARKS.md,
-// Memory).
+// Rule: with no limit (limit_bytes == 0) and held under run_below x the
+// device's memory (and under the creation ceiling, Note [When to stitch]),
+// each hole of kMinRunGranules (2) or more missing granules a new block needs
+// is filled by one handle (grow_by_runs). Above that line, under a limit and
+// in a private pool, growth is a handle per granule. A run granule is never
+// reclaimable; a run wholly free goes back whole (release_free_runs) on
+// empty_cache, release_cached_to, and when a request finds no room otherwise
+// (behind the device barrier: Note [Device barrier]).
+// Why: the driver's cost follows handles, not bytes (~30 us per granule
+// handle; ~0.3 us a granule in a 256-granule run), but a handle maps only
+// whole, so a run's granules cannot be stitched one by one. Under a limit
+// packing matters more than calls; from 2 granules, so that empty_cache churn
+// (PyTorch's test_allocator_fuzz) does not create thousands of single
+// granules. Cost: free space inside a partly used run stays mapped.
+// Benchmarks: BENCHMARKS.md, Growth and driver calls; Memory.
 //
-// Note [Huge holes] One request that misses 8 GiB or more (kHugeRunGranules)
-// gets one handle even above run_below, and under a budget too. Granule by
-// granule, half an H200 (PyTorch's test_out_of_memory_retry and
-// test_set_per_process_memory_fraction; an inference engine's KV-cache arena)
-// is ~35,000 handles created and released: seconds, where PyTorch's allocator
-// takes 0.05 s (BENCHMARKS.md, Growth and driver calls: huge requests). Such a
-// block is one segment natively too, with the same stranded free space; holes
-// under 8 GiB cost at most ~0.15 s granule by granule. Under a budget such a
-// run is not stitched while part of it is live, but it is at least 8 GiB that
-// one request needed at once, and once wholly free it goes back whole when
-// another request needs its room (release_free_runs).
+// Note [Huge holes] A request missing kHugeRunGranules (8 GiB) or more gets
+// one handle even above run_below and under a limit.
+// Why: granule by granule, half an H200 is ~35,000 handles (seconds; PyTorch
+// takes 0.05 s); natively such a block is one segment with the same stranded
+// space. Under a limit the run is not stitched while part of it is live; once
+// wholly free it goes back whole when another request needs its room.
+// Benchmark: BENCHMARKS.md, Growth and driver calls (huge requests).
 //
-// Note [Runs ahead] A large heap's run shorter than 20 MiB (kRunAheadBytes)
-// maps on past its block, over the unmapped granules that follow (up to the
-// first one mapped, pending an unmap or under a block), until it reaches 20
-// MiB; the blocks carved after it land there with no driver call. Only where
-// runs are taken (no limit, under run_below), never in the small heap (its
-// requests take one granule, as PyTorch's 2 MiB small segments).
+// Note [Runs ahead] A large heap's run shorter than kRunAheadBytes (20 MiB)
+// maps on past its block over the unmapped granules that follow (up to the
+// first one mapped, pending an unmap or under a block), up to 20 MiB, so the
+// next blocks land there with no driver call. Only where runs are taken, never
+// in the small heap (its requests take one granule).
 // Why: after an empty_cache, 2-10 MiB tensors would each take a handle, where
-// PyTorch's 20 MiB segments serve several per cudaMalloc (expandable segments
-// map the large pool 20 MiB at a time for the same reason): with runs ahead
-// test_allocator_fuzz runs in 0.81x native's time (BENCHMARKS.md, Growth and
-// driver calls). The trade: up to 18 MiB mapped and unused per growth until a
-// block lands there, like a native segment's free tail.
+// PyTorch's 20 MiB segments serve several per cudaMalloc. Cost: up to 18 MiB
+// mapped and unused per growth, like a native segment's free tail.
+// Benchmark: BENCHMARKS.md, Growth and driver calls (test_allocator_fuzz).
 //
-// Note [Runs under a limit] Under a limit (memory fraction, share, the batch
-// controller's ceiling) the pool grows granule by granule, ~30 us a granule,
-// so that every cached granule can be stitched and a budget packs as tightly
-// as it can. run_below_limit (0 by default) takes runs while held stays under
-// that fraction of the limit, never with runs ahead: at 0.5 replays make half
-// the handles and min-cap rises to up to 1.0166 x peak requested
-// (BENCHMARKS.md, Budget regime: growth under a limit). A fixed limit pays the
-// granules once, in the warm-up; a sharing group's limits keep moving, so its
-// growth recurs all run long and 0.5 halves the granules created
-// (BENCHMARKS.md, Sharing and monitoring). Hence the Python layer's auto value
-// (torchmem/config.py): 0.5 with share, 0 otherwise.
+// Note [Runs under a limit] Under a limit (memory fraction, share grant) the
+// pool grows granule by granule so that every cached granule can be stitched.
+// run_below_limit (default 0) takes runs while held stays under that fraction
+// of the limit, never with runs ahead; torchmem/config.py sets 0.5 with share,
+// 0 otherwise.
+// Why: a fixed limit pays its granules once, in the warm-up; a sharing
+// group's limits keep moving, so its growth recurs and 0.5 halves the
+// granules created, for a min-cap up to 1.0166 x peak requested.
+// Benchmarks: BENCHMARKS.md, Budget regime (growth under a limit); Sharing
+// and monitoring.
 #include "core/detail/pool_impl.h"
 
 namespace torchmem {
@@ -116,13 +96,13 @@ bool Pool::Impl::grow_by_runs(Heap& heap, const std::vector<Hole>& block_holes, 
   }
   auto release_created = [&] {
     for (const Grown& h : holes) {
-      for (GranuleHandle made : h.handles) backend.release_granule(made);
+      for (GranuleHandle made : h.handles) vmm_ops->release_granule(made);
     }
   };
   for (Grown& h : holes) {
     const std::size_t handles = h.run() ? 1 : h.hole.count;
     for (std::size_t k = 0; k < handles; ++k) {
-      const GranuleHandle made = h.run() ? backend.create_run(h.hole.count) : backend.create_granule();
+      const GranuleHandle made = h.run() ? vmm_ops->create_run(h.hole.count) : vmm_ops->create_granule();
       if (!made) {
         // The device is full (memory outside the pool): give back what this
         // call created; the caller goes on granule by granule.
@@ -138,9 +118,9 @@ bool Pool::Impl::grow_by_runs(Heap& heap, const std::vector<Hole>& block_holes, 
     clear_pending_places(heap, h.hole);
     const Addr at = heap.base + first * gran;
     if (h.run()) {
-      backend.map_run(at, h.handles.front(), count);
+      vmm_ops->map_run(at, h.handles.front(), count);
     } else {
-      backend.map(at, h.handles.data(), count);
+      vmm_ops->map(at, h.handles.data(), count);
     }
     for (std::size_t k = 0; k < count; ++k) {
       Granule& g = heap.granules[first + k];
@@ -205,8 +185,8 @@ std::size_t Pool::Impl::release_free_runs(std::size_t want_bytes, bool all_or_no
     Heap& heap = *f.heap;
     const Addr at = heap.base + f.first * gran;
     const GranuleHandle handle = heap.granules[f.first].handle;
-    backend.unmap_run(at, f.count);
-    backend.release_granule(handle);
+    vmm_ops->unmap_run(at, f.count);
+    vmm_ops->release_granule(handle);
     for (std::size_t k = f.first; k < f.first + f.count; ++k) {
       Granule& g = heap.granules[k];
       g.handle = 0;

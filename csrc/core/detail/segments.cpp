@@ -25,7 +25,7 @@ bool Pool::Impl::grow_segments(Heap& heap, std::size_t size) {
   std::size_t bytes = heap.small ? config.small_page_bytes : std::max(kLargeSegment, rounded);
   if (held + bytes > limit && !heap.small) bytes = rounded;
   if (held + bytes > limit) return false;
-  const Addr addr = backend.allocate_segment(bytes);
+  const Addr addr = segment_ops->allocate_segment(bytes);
   if (!addr) return false;
   auto seg = std::make_unique<Segment>();
   seg->addr = addr;
@@ -56,7 +56,7 @@ void Pool::Impl::free_segment(Heap& heap, Segment* seg) {
   arena.recycle(b);
   const int kind = heap.small ? 0 : 1;
   --free_blocks[kind];
-  backend.free_segment(seg->addr, seg->size);
+  segment_ops->free_segment(seg->addr, seg->size);
   held -= seg->size;
   memory_dirty = true;
   heap.segment_bytes -= seg->size;

@@ -1,5 +1,5 @@
-// runtime_probe.cpp: times the CUDA backends' primitives on a real device, for
-// bench/gpu_probe.py and BENCHMARKS.md (Growth and driver calls).
+// diagnostics.cpp: times the CUDA backends' primitives on a real device, for
+// bench/gpu_probe.py and BENCHMARKS.md (Growth and driver calls) (diagnostics.h).
 //
 // probe_backend_costs runs on fresh backends outside every pool, so it measures
 // the driver, not torchmem's policy (memory used: `granules` granules and one
@@ -15,6 +15,8 @@
 
 #include "backend/cuda_malloc_backend_cuda.h"
 #include "backend/vmm_backend_cuda.h"
+#include "shim/allocation.h"
+#include "shim/diagnostics.h"
 #include "shim/runtime.h"
 
 namespace torchmem::shim {
