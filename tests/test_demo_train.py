@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from torchmem import demo_train
+from torchmem.cli import demo_train
 
 
 def test_demo_model_starts_at_the_loss_of_a_uniform_guess():

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import torch
 
-from torchmem.retry import cleanup_after_oom, is_oom_error
+from torchmem.batch.retry import cleanup_after_oom, is_oom_error
 
 __all__ = ["OptimizerStepOOMError", "MicroBatchOOMError", "loss_of", "discard_attempt", "optimizer_oom_message",
            "optimizer_step"]

@@ -2,7 +2,7 @@
 
 snapshot -> trace: the snapshot's device trace becomes the shared trace format
 (torchmem/data/traces/README.md), ready for `python -m torchmem replay`
-(torchmem.trace reads it, adding allocs for blocks live before recording began).
+(torchmem.analysis.trace reads it, adding allocs for blocks live before recording began).
 trace -> snapshot: the trace becomes a snapshot's device_traces, and the
 state at its end (segments still allocated, tiled by the allocations still
 live and free gaps) becomes its segments, so PyTorch's memory_viz tools can
@@ -28,9 +28,9 @@ def add_arguments(parser):
 
 
 def trace_to_snapshot(trace, device=0):
-    """A torch-format snapshot from a torchmem.trace.Trace: its events as device_traces, its
+    """A torch-format snapshot from a torchmem.analysis.trace.Trace: its events as device_traces, its
     end state as segments."""
-    from torchmem import trace as trace_io
+    from torchmem.analysis import trace as trace_io
 
     names = {code: name for name, code in trace_io.ACTIONS.items()}
     grows = (trace_io.SEGMENT_ALLOC, trace_io.SEGMENT_MAP)
@@ -93,9 +93,9 @@ def _is_trace_path(path):
 
 
 def run(args):
-    from torchmem import plot
-    from torchmem import trace as trace_io
-    from torchmem.snapshot import PICKLE_PROTOCOL
+    from torchmem.analysis import plot
+    from torchmem.analysis import trace as trace_io
+    from torchmem.runtime.snapshots import PICKLE_PROTOCOL
 
     out_dir = os.path.dirname(os.path.abspath(args.output))
     if not os.path.isdir(out_dir):

@@ -5,7 +5,7 @@ pickle. A snapshot with history is drawn as a timeline; one without (what
 `replay --snapshot` writes: the layout at one moment) as its segments and
 blocks. For a trace, torchmem's policy is also replayed (unless --no-replay)
 and its reserved curve drawn beside the recorded allocator's.
-The drawing itself is torchmem.plot (plot_timeline, plot_layout); it needs
+The drawing itself is torchmem.analysis.plot (plot_timeline, plot_layout); it needs
 matplotlib, which torchmem does not require, so its absence is one line.
 It prints what it drew in words (--json: as one JSON object).
 """
@@ -57,7 +57,7 @@ def run(args):
         import matplotlib  # noqa: F401
     except ImportError:
         raise CliError("plot draws with matplotlib, which is not installed: pip install matplotlib") from None
-    from torchmem import plot
+    from torchmem.analysis import plot
 
     if plot.is_snapshot_path(path) and not plot.has_history(path):
         summary = plot.plot_layout(path, args.output, title=args.title)

@@ -239,7 +239,7 @@ def check_snapshot_target(out, policy, traces):
 
 def list_bundled(out=None):
     """Prints the bundled traces: name, events, workload and path."""
-    from torchmem import trace as trace_io
+    from torchmem.analysis import trace as trace_io
 
     out = out or sys.stdout
     for path in trace_io.bundled_traces():
@@ -269,9 +269,8 @@ def checked(trace, path, lenient):
 
 
 def run(args):
-    from torchmem import replay as replay_api
-    from torchmem import trace as trace_io
-    from torchmem.cli.demo import load_anchors, step_timing
+    from torchmem.analysis import replay as replay_api
+    from torchmem.analysis import trace as trace_io
 
     if args.list:
         list_bundled()
@@ -333,8 +332,8 @@ def run(args):
 
 def _write_snapshot(out, trace, results, limit, config, capacity):
     """Writes the layout at the peak of torchmem's run (or native's, if it alone ran)."""
-    from torchmem import replay as replay_api
-    from torchmem.snapshot_format import to_torch_snapshot
+    from torchmem.analysis import replay as replay_api
+    from torchmem.analysis.snapshot_format import to_torch_snapshot
 
     result = next((r for r in results if r.policy == "torchmem"), results[0])
     event = max(result.peak_reserved_event, 0)

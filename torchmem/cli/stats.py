@@ -55,7 +55,7 @@ def snapshot_figures(snapshot):
 
 
 def _print_snapshot_table(path, figures):
-    from torchmem.stats import format_bytes
+    from torchmem.runtime.stats import format_bytes
 
     print(f"snapshot {path}: {figures['all']['segments']} segments, {figures['trace_entries']} trace entries")
     rows = ("reserved_bytes", "allocated_bytes", "active_bytes", "requested_bytes", "free_bytes", "largest_free_block")
@@ -68,7 +68,7 @@ def _print_snapshot_table(path, figures):
 
 
 def _trace_figures(path):
-    from torchmem import plot
+    from torchmem.analysis import plot
 
     trace, description = plot.load_events(path)
     peak_requested = trace.peak_requested()
@@ -80,18 +80,18 @@ def _trace_figures(path):
 
 def run(args):
     if args.file is None:
-        from torchmem import stats
+        from torchmem.runtime import stats
         from torchmem._loader import is_installed
 
         if not is_installed():
             raise CliError(NO_FILE)
         print(json.dumps(stats.memory_stats(), indent=1) if args.json else stats.memory_summary(), end="")
         return 0
-    from torchmem import plot
+    from torchmem.analysis import plot
 
     args.file = resolve_trace(args.file, "FILE")
     if plot.is_snapshot_path(args.file):
-        from torchmem.trace import _DataOnlyUnpickler
+        from torchmem.analysis.trace import _DataOnlyUnpickler
 
         try:
             with open(args.file, "rb") as f:
@@ -112,7 +112,7 @@ def run(args):
     if args.json:
         print(json.dumps(figures))
     else:
-        from torchmem.stats import format_bytes
+        from torchmem.runtime.stats import format_bytes
 
         print(f"trace {figures['trace']}: {figures['events']} events")
         print(f"peak requested           {format_bytes(figures['peak_requested'])}")

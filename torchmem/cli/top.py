@@ -91,7 +91,7 @@ def collect(directory=None, use_nvml=True):
 
 
 def share_groups(directory=None):
-    """The sharing groups' latest decisions (monitor/share.py writes one JSON file per group and
+    """The sharing groups' latest decisions (share/agent.py writes one JSON file per group and
     device): [{"file", "capacity", "limits", "borrowers", "trim", ...}]. Unreadable files are
     skipped; a group whose members have all exited is removed."""
     import glob

@@ -55,10 +55,10 @@ def sizes_and_slots(pattern, steps, live=64, seed=0):
 
 
 def replay_events(pattern, steps, live=64, seed=0):
-    """The pattern as a trace (rows of action, address, size, stream; torchmem.trace's
+    """The pattern as a trace (rows of action, address, size, stream; torchmem.analysis.trace's
     codes): `live` initial allocations, then per step one alloc and the free of the
     tensor it replaces (freed after the new one exists, as `live[slot] = empty(...)` does)."""
-    from torchmem.trace import ALLOC, FREE_REQUESTED
+    from torchmem.analysis.trace import ALLOC, FREE_REQUESTED
 
     sizes, slots = sizes_and_slots(pattern, steps + live, live, seed)
     events, owner, next_addr = [], [None] * live, 1
@@ -87,7 +87,7 @@ def training_steps(steps, layers=24, seed=0, side_stream=None, micro_steps=1):
     `side_stream` (a stream id): each layer's gathered weights (twice the parameter)
     are allocated and freed on that stream around its forward and backward, as FSDP
     gathers sharded parameters on a stream of its own."""
-    from torchmem.trace import ALLOC, FREE_REQUESTED
+    from torchmem.analysis.trace import ALLOC, FREE_REQUESTED
 
     rng = random.Random(seed)
 

@@ -75,7 +75,7 @@ def main(args=None):
     import torch
 
     import torchmem
-    from torchmem import _C
+    from torchmem._loader import extension
 
     steps = _option(args, "steps", 30)
     seed = _option(args, "seed", 0)
@@ -95,7 +95,7 @@ def main(args=None):
         options["limit"] = parse_limit(limit)
     config = torchmem.install(**options)
     device = torch.cuda.current_device()
-    print(f"torchmem installed on {torch.cuda.get_device_name(device)}, backend {_C.runtime_backend_name(device)}")
+    print(f"torchmem installed on {torch.cuda.get_device_name(device)}, backend {extension().runtime_backend_name(device)}")
     print(textwrap.fill(f"config: {config!r}", width=WIDTH, subsequent_indent="  "))
 
     rng = random.Random(seed)
@@ -126,7 +126,7 @@ def main(args=None):
         del logits, loss, ids
 
     times.sort()
-    for line in summary_lines(_C.runtime_stats(device), steps, times[len(times) // 2]):
+    for line in summary_lines(extension().runtime_stats(device), steps, times[len(times) // 2]):
         print(line)
     return 0
 
