@@ -116,7 +116,7 @@ job_bench() {
   echo "bench: $(wc -l < "$R") results"
 }
 
-job_churn() {  # CHURN_PATTERNS (torchmem/patterns.py), CHURN_ALLOCATORS, CHURN_ITERS, CHURN_ROUNDS (2); order reversed each round
+job_churn() {  # CHURN_PATTERNS (torchmem/analysis/patterns.py), CHURN_ALLOCATORS, CHURN_ITERS, CHURN_ROUNDS (2); order reversed each round
   local order="${CHURN_ALLOCATORS:-native expandable async torchmem}" round p a
   for round in $(seq 1 "${CHURN_ROUNDS:-2}"); do
     # one unrecorded run first: the first processes of a call have run 1.3-2.3x slower than the
