@@ -66,6 +66,7 @@ def curves(trace):
 
 def replayed_reserved(trace):
     """Reserved bytes of torchmem's simulated pool after each event (torchmem.analysis.replay)."""
+    # loads the compiled module: plotting a recorded trace alone must not need it
     from torchmem.analysis import replay
 
     return np.asarray(replay.reserved_timeline(trace, policy="torchmem"), dtype=np.int64)
@@ -159,6 +160,7 @@ _STATE_COLORS = (("active_allocated", "tab:blue"), ("active_pending_free", "tab:
 def plot_layout(path, output, title=None):
     """Writes a PNG of a snapshot's layout at one moment to `output`: one bar per segment,
     its blocks coloured by state (allocated, pending free, free). Returns the figures drawn."""
+    # matplotlib is optional (the plot extra) and slow to import
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 

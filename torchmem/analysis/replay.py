@@ -21,8 +21,9 @@ import time
 
 import numpy as np
 
-from torchmem.analysis import trace as trace_io
 from torchmem._loader import extension
+from torchmem.analysis import trace as trace_io
+from torchmem.analysis.snapshot_format import to_torch_snapshot
 from torchmem.runtime.config import Config, parse_conf_string
 
 # The core loads, and is checked against the installed torch, when this module loads (as
@@ -276,7 +277,6 @@ def torch_snapshot_at_peak(source, policy="torchmem", *, limit=0, config=None, c
     """Replays up to the policy's peak-reserved event and returns its layout there in
     PyTorch's memory-snapshot format (what torch.cuda.memory._dump_snapshot pickles),
     plus the ReplayResult of the full replay: (snapshot_dict, result)."""
-    from torchmem.analysis.snapshot_format import to_torch_snapshot
 
     trace = _as_trace(source, device=device)
     result = replay(trace, policy, limit=limit, config=config, capacity=capacity)

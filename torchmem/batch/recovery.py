@@ -47,7 +47,7 @@ def loss_of(output):
 def reset_scaler(scaler):
     """Forgets the GradScaler's per-optimizer state (found-inf flags, unscale
     status) of the failed attempt, as a fresh step would have it."""
-    try:
+    try:  # a private torch helper: absent in some torch versions, then there is nothing to reset
         from torch.amp.grad_scaler import _refresh_per_optimizer_state
     except ImportError:
         return

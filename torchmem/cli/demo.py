@@ -20,6 +20,12 @@ same pool code as the GPU, over a simulated device; a few seconds per trace.
 import json
 import sys
 import textwrap
+import time
+
+import torch
+
+from torchmem.analysis import trace as trace_io
+from torchmem.cli import demo_train
 
 HELP = "the main demo: train with torchmem on a GPU, or replay a real trace side by side without one"
 
@@ -66,7 +72,6 @@ def add_arguments(parser):
                         help="skip the budget comparison (the smallest-budget searches; saves a few seconds)")
     parser.add_argument("--json", action="store_true",
                         help="print the replay figures as JSON lines (the budget replays have a nonzero limit)")
-    from torchmem.cli import demo_train
 
     demo_train.add_arguments(parser.add_argument_group(
         "GPU training (used when a GPU is present; without one, or with --replay, these are ignored)"))
@@ -214,10 +219,9 @@ def header_lines(names):
 
 def run_replay(args, out=None):
     """The CPU demo: replay the bundled trace(s) and print the comparison."""
-    import time
 
+    # loads the compiled module at import: the CLI builds every parser first, so a bad build still gets its one-line error
     from torchmem.analysis import replay as replay_api
-    from torchmem.analysis import trace as trace_io
 
     out = out or sys.stdout
     anchors = load_anchors()
@@ -272,10 +276,6 @@ def run_replay(args, out=None):
 
 def run(args):
     if not getattr(args, "replay", False):
-        import torch
-
         if torch.cuda.is_available():
-            from torchmem.cli.demo_train import main
-
-            return main(args)
+            return demo_train.main(args)
     return run_replay(args)

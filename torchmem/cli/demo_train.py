@@ -13,6 +13,13 @@ import random
 import textwrap
 import time
 
+import torch
+
+import torchmem
+from torchmem._loader import extension
+from torchmem.cli.options import LIMIT_HELP
+from torchmem.cli.options import parse_limit
+
 WIDTH = 100  # columns of every printed line
 
 
@@ -52,7 +59,6 @@ def parse_args(argv=None):
 
 def add_arguments(parser):
     """Options of the GPU demo (the CLI's `demo` command adds these)."""
-    from torchmem.cli.options import LIMIT_HELP
 
     parser.add_argument("--steps", type=int, default=30, help="training steps (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model and the shapes (default: %(default)s)")
@@ -72,10 +78,7 @@ def _option(args, name, default):
 
 def main(args=None):
     """Trains with torchmem installed; returns a process exit code."""
-    import torch
 
-    import torchmem
-    from torchmem._loader import extension
 
     steps = _option(args, "steps", 30)
     seed = _option(args, "seed", 0)
@@ -88,7 +91,6 @@ def main(args=None):
     if not torch.cuda.is_available():
         print("torchmem demo: no CUDA GPU here; run `python -m torchmem demo` for the trace replay instead")
         return 1
-    from torchmem.cli.options import parse_limit
 
     options = {"warn_unsupported": False}
     if limit is not None:

@@ -122,6 +122,9 @@ import weakref
 
 import torch
 
+from torchmem import host as pinned_host
+from torchmem._loader import extension
+
 __all__ = ["OffloadActivations", "offload_activations"]
 
 
@@ -395,8 +398,8 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             # are not (copy_ resolves the flag), nor a subclass's (no data pointer of its own).
             if self._native is not None and type(t) is torch.Tensor and not (t.is_conj() or t.is_neg()):
                 try:
-                    host, view = extension().offload_copy_out(t, self._native, d2h.stream_id, d2h.device_index,
-                                                     d2h.device_type)
+                    host, view = extension().offload_copy_out(t, self._native, d2h.stream_id,
+                                                              d2h.device_index, d2h.device_type)
                 finally:
                     pool._warn_notices()
             else:
@@ -453,8 +456,9 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             _, h2d, now = self._streams_for(h.device)
             h2d = now if urgent else h2d  # backward waits for this one: not behind queued fetches
             if self._native is not None:
-                out = extension().offload_copy_in(h.host, h.host_base, self._native, h.device.index, h2d.stream_id,
-                                         h2d.device_index, h2d.device_type, h.d2h_event.cuda_event)
+                out = extension().offload_copy_in(h.host, h.host_base, self._native, h.device.index,
+                                                  h2d.stream_id, h2d.device_index, h2d.device_type,
+                                                  h.d2h_event.cuda_event)
             else:
                 h2d.wait_event(h.d2h_event)
                 with torch.cuda.stream(h2d):
@@ -509,8 +513,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
 
     def _host_pool(self):
         if self._pool is None:
-            from torchmem import host
-            self._pool = host.default_pool()
+            self._pool = pinned_host.default_pool()
         if self._native is _UNRESOLVED:  # Note [Offload copies]
             self._native = self._pool._pool if self._pool.device is not None and _native_copies() else None
         return self._pool

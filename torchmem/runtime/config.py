@@ -17,6 +17,7 @@ Config's own values, so it does not read the environment again.) ``OPTIONS`` is 
 import dataclasses
 import os
 import re
+import sys
 
 ENV_VAR = "TORCHMEM_CONF"
 
@@ -416,8 +417,6 @@ def options_markdown():
 
 
 if __name__ == "__main__":
-    import sys
-
     if sys.argv[1:] != ["--markdown"]:
         sys.exit("usage: python -m torchmem.runtime.config --markdown   (prints docs/config.md)")
     sys.stdout.write(options_markdown())
