@@ -26,6 +26,8 @@ import torch
 
 from torchmem.analysis import trace as trace_io
 from torchmem.cli import demo_train
+from torchmem.cli.anchors import load_anchors, step_timing
+from torchmem.cli.replay import Progress
 
 HELP = "the main demo: train with torchmem on a GPU, or replay a real trace side by side without one"
 

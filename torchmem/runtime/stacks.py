@@ -68,7 +68,7 @@ TORCH_FLAG = 1 << 61  # the C++ gatherer's ids (kTorchContextFlag in csrc/shim/r
 KEEP_NEWEST = 1024
 FIRST_PRUNE_AT = 1 << 16
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # torchmem/
 _table_lock = threading.Lock()
 _stack_ids = {}     # tuple((code, line), ..., compile context) -> id
 _stack_frames = {}  # id -> [{"filename", "line", "name"}, ...]
