@@ -1,5 +1,5 @@
 """The GPU demo's model and its no-GPU answer (the training itself runs on the
-H200: tools/final_gpu.sh's `demo` job)."""
+H200: bench/gpu_run.sh's `demo` job)."""
 
 import math
 
