@@ -145,7 +145,7 @@ def test_config_options_of_watching_and_sharing():
 
 
 def test_install_wiring_starts_and_stops_the_publisher(tmp_path, monkeypatch):
-    """What torchmem.install() calls after the swap (monitor.start_from_config), on the runtime
+    """What torchmem.install() calls after the swap (installer.start_from_config), on the runtime
     source; without a GPU the runtime has no device yet, so the record lists none."""
     monkeypatch.setenv("TORCHMEM_MONITOR_DIR", str(tmp_path))
     pub = installer.start_from_config(config.Config(monitor_interval=0.05))
