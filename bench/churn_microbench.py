@@ -57,10 +57,10 @@ def main(argv=None):
     parser.add_argument("--live", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--pattern", default="random",
-                        help="size pattern (torchmem/patterns.py): random, periodic, bimodal, kv_cache")
+                        help="size pattern (torchmem/analysis/patterns.py): random, periodic, bimodal, kv_cache")
     parser.add_argument("--out", help="JSON-lines file to append the result to")
     args = parser.parse_args(argv)
-    from torchmem.patterns import sizes_and_slots
+    from torchmem.analysis.patterns import sizes_and_slots
 
     if args.allocator in ALLOC_CONF:
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ALLOC_CONF[args.allocator]

@@ -111,7 +111,7 @@ def setup_allocator(args):
 
     if args.allocator == "torchmem":
         import torchmem
-        from torchmem.config import parse_conf_string
+        from torchmem.runtime.config import parse_conf_string
 
         torchmem.install(patch_torch=False, warn_unsupported=False, **parse_conf_string(args.torchmem_conf))
     return torch
@@ -423,7 +423,7 @@ def host_speed(torch):
     others on the same CPU (BENCHMARKS.md, How to reproduce), and an allocator's churn falls in its
     process's band: beside a step time, it tells a slow process from a slow allocator. On a GPU,
     cuda_speed's figures too, which are under this process's allocator."""
-    from torchmem.patterns import sizes_and_slots
+    from torchmem.analysis.patterns import sizes_and_slots
 
     sizes, slots = sizes_and_slots("random", 20_000)
     live = [None] * 64

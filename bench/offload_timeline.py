@@ -91,7 +91,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("offload_timeline: no CUDA GPU here", file=sys.stderr)
         return 2
-    from torchmem.offload import OffloadActivations, _Offloaded
+    from torchmem.host.offload import OffloadActivations, _Offloaded
 
     compute = torch.cuda.current_stream()  # the benches never change it
 

@@ -17,9 +17,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from torchmem import replay as replay_api  # noqa: E402
-from torchmem import trace as trace_io  # noqa: E402
-from torchmem.cli.demo import load_anchors  # noqa: E402
+from torchmem.analysis import replay as replay_api  # noqa: E402
+from torchmem.analysis import trace as trace_io  # noqa: E402
+from torchmem.cli.anchors import load_anchors  # noqa: E402
 
 MiB = 1 << 20
 

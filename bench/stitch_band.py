@@ -9,7 +9,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # this checkout's torchmem
-from torchmem import replay  # noqa: E402
+from torchmem.analysis import replay  # noqa: E402
 
 TRACES = ("gpt2_train", "llama_ckpt_train", "kv_generate", "vision")
 BUDGETS = (1.02, 1.05, 1.1, 1.2)  # x peak requested

@@ -69,7 +69,7 @@ def main(argv=None):
         if call == 2:
             if on_gpu:
                 total = torch.cuda.get_device_properties(0).total_memory
-                from torchmem.config import Config
+                from torchmem.runtime.config import Config
                 raised = Config(limit=args.raised_limit).limit_bytes(total)
                 torch.cuda.set_per_process_memory_fraction(raised / total)
                 print(f"budget raised to {raised / 2**30:.0f} GiB")

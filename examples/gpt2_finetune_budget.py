@@ -111,7 +111,7 @@ def main(argv=None):
         return train(args, "cpu", probe=memory, synthetic=memory)
     import torchmem
     if args.no_install:
-        from torchmem.config import Config
+        from torchmem.runtime.config import Config
         limit = Config(limit=args.limit).limit_bytes(torch.cuda.get_device_properties(0).total_memory)
         fraction = limit / torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(fraction)

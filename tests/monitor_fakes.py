@@ -5,7 +5,7 @@ A FakeDevice is a capacity and a shared array of each tenant's reserved bytes
 device). A FakeTenant is the part of a process's allocator the sharing agent
 touches: live/reserved/limit figures, set_limit, empty_cache, and an allocate
 that, when the device is full, runs an OOM hook and retries, as torchmem's
-installed allocator does (torchmem/hooks.py).
+installed allocator does (torchmem/runtime/hooks.py).
 """
 
 import threading

@@ -7,7 +7,7 @@ import torch
 from torchmem import host
 from torchmem.batch import BatchSizeController, MicroBatchOOMError, NullProbe
 from torchmem.batch.offload_rung import OffloadRung
-from torchmem.offload import OffloadActivations
+from torchmem.host.offload import OffloadActivations
 
 
 def setup(grow_after=3, offload="auto"):

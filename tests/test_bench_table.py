@@ -124,7 +124,7 @@ def test_workloads_record_the_process_own_speed():
     workloads = load_bench("gpu_workloads")
     speed = workloads.host_speed(torch)
     assert 0 < speed["meta_s_per_alloc"] < 1e-3 and isinstance(speed["placement"]["cpu"], int)
-    from torchmem.patterns import sizes_and_slots
+    from torchmem.analysis.patterns import sizes_and_slots
 
     sizes, slots = sizes_and_slots("random", 2_000)
     probe = workloads.cuda_speed(torch, sizes, slots, device="cpu")  # the GPU's probe, run on the CPU

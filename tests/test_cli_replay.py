@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from torchmem import trace as trace_io
+from torchmem.analysis import trace as trace_io
 from torchmem.cli import main
 from support import REPO
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from torchmem import trace as trace_io
+from torchmem.analysis import trace as trace_io
 from torchmem.cli import main
 from torchmem.cli.options import CliError, limit_bytes, parse_limit
 from support import REPO
@@ -48,7 +48,7 @@ def test_limit_in_bytes_is_refused_below_a_granule_and_above_the_device():
 
 
 def _replay_must_not_run(monkeypatch):
-    from torchmem import replay as replay_api
+    from torchmem.analysis import replay as replay_api
 
     def refuse(*args, **kwargs):
         raise AssertionError("a replay ran before the options were checked")
@@ -146,7 +146,7 @@ def test_plot_without_matplotlib_is_one_line(tmp_path, capsys, monkeypatch):
 
 def test_plot_legend_stays_off_the_curves():
     pytest.importorskip("matplotlib")
-    from torchmem import plot
+    from torchmem.analysis import plot
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 

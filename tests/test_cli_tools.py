@@ -106,7 +106,7 @@ def test_plot_writes_a_png_that_opens(tmp_path, capsys):
 def test_plot_draws_the_layout_that_replay_snapshot_writes(tmp_path, capsys):
     import matplotlib.image
 
-    from torchmem import trace as trace_io
+    from torchmem.analysis import trace as trace_io
 
     snap, png = tmp_path / "peak.pickle", tmp_path / "layout.png"
     assert main(["replay", "vision", "--policy", "native", "--json", "--snapshot", str(snap)]) == 0

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from torchmem import config
+from torchmem.runtime import config
 from support import REPO
 
 
@@ -72,7 +72,7 @@ def test_config_is_immutable_and_replace_validates():
 def test_docs_table_is_generated_from_options():
     with open(os.path.join(REPO, "docs", "config.md")) as f:
         assert f.read() == config.options_markdown(), (
-            "docs/config.md is stale: run `python -m torchmem.config --markdown > docs/config.md`"
+            "docs/config.md is stale: run `python -m torchmem.runtime.config --markdown > docs/config.md`"
         )
     for option in config.OPTIONS:
         assert f"| `{option.name}` |" in config.options_markdown()
@@ -92,7 +92,7 @@ def test_core_dict_covers_every_pool_config_field():
 
 
 def test_every_config_applies_torchmem_conf_and_explicit_arguments_win(monkeypatch):
-    from torchmem import replay
+    from torchmem.analysis import replay
 
     monkeypatch.setenv(config.ENV_VAR, "limit=4GiB,reclaim_slack=0.5")
     cfg = config.Config(reclaim_slack=0.25)
@@ -126,7 +126,7 @@ def test_install_hands_the_resolved_run_below_limit_to_the_runtime(monkeypatch):
     # torchmem.install() builds the runtime's options from core_dict: the shim never sees None
     import importlib
 
-    install = importlib.import_module("torchmem.install")  # the module; torchmem.install is the function
+    install = importlib.import_module("torchmem.runtime.installer")  # the module; torchmem.install is the function
 
     monkeypatch.delenv(config.ENV_VAR, raising=False)
     shared = install._runtime_options(config.Config(share="team", guarantee="30GiB"))

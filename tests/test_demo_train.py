@@ -1,12 +1,12 @@
 """The GPU demo's model and its no-GPU answer (the training itself runs on the
-H200: tools/final_gpu.sh's `demo` job)."""
+H200: bench/gpu_run.sh's `demo` job)."""
 
 import math
 
 import pytest
 import torch
 
-from torchmem import demo_train
+from torchmem.cli import demo_train
 
 
 def test_demo_model_starts_at_the_loss_of_a_uniform_guess():

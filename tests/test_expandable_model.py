@@ -13,11 +13,11 @@ import random
 import numpy as np
 import pytest
 
-from torchmem import patterns
-from torchmem import replay as replay_api
-from torchmem import trace as trace_io
+from torchmem.analysis import patterns
+from torchmem.analysis import replay as replay_api
+from torchmem.analysis import trace as trace_io
 from torchmem._loader import _C
-from torchmem.trace import ALLOC, FREE_REQUESTED
+from torchmem.analysis.trace import ALLOC, FREE_REQUESTED
 
 MiB = 1 << 20
 DEFAULT_POOL = replay_api.pool_config(None)

@@ -5,7 +5,7 @@ import logging
 import pytest
 
 import torchmem
-from torchmem import hooks
+from torchmem.runtime import hooks
 from sim_pool import MiB, make_pool
 
 

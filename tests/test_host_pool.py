@@ -334,7 +334,7 @@ def test_random_operations_keep_the_bookkeeping_exact(tmp_path):
 def test_public_names_and_torch_hook_refuses_a_simulated_pool(tmp_path):
     import torchmem
     assert torchmem.host is host
-    assert torchmem.offload_activations.__module__ == "torchmem.offload"
+    assert torchmem.offload_activations.__module__ == "torchmem.host.offload"
     pool = sim_pool(tmp_path)
     if hasattr(_C, "host_install_torch_allocator"):
         with pytest.raises(ValueError, match="backend='cuda'"):

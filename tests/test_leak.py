@@ -3,8 +3,8 @@
 import pytest
 
 import torchmem
-from torchmem.leak import LeakError
-from torchmem.snapshot import capture_stack
+from torchmem.runtime.leak import LeakError
+from torchmem.runtime.snapshots import capture_stack
 from sim_pool import MiB, make_pool
 
 

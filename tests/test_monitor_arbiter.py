@@ -1,9 +1,9 @@
-"""The sharing rule (torchmem/monitor/arbiter.py) as a pure function: no files, no processes."""
+"""The sharing rule (torchmem/share/arbiter.py) as a pure function: no files, no processes."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchmem.monitor.arbiter import Member, decide
+from torchmem.share.arbiter import Member, decide
 
 G = 1 << 30
 GRAN = 2 << 20

@@ -12,7 +12,8 @@ import urllib.request
 import pytest
 
 from support import REPO
-from torchmem import config, monitor
+from torchmem import monitor
+from torchmem.runtime import config, installer
 from torchmem.monitor import metrics, record
 
 PUBLISHER = r"""
@@ -21,11 +22,12 @@ sys.path.insert(0, "tests")
 from sim_pool import make_pool
 from torchmem import monitor
 from torchmem.monitor.sources import PoolSource
+from torchmem.runtime import budget
 pool = make_pool(limit=256 << 20)
 keep = pool.allocate(40 << 20, 0)
 gone = pool.allocate(24 << 20, 0)
 pool.free(gone)
-monitor.report_micro_batch(24)
+budget.report_micro_batch(24)
 assert monitor.start(source=PoolSource(pool, 8 << 30), interval=0.05) is not None
 print(pool.stats()["reserved_bytes"]["all"]["current"], flush=True)
 sys.stdin.read()  # runs until the test closes stdin
@@ -143,19 +145,19 @@ def test_config_options_of_watching_and_sharing():
 
 
 def test_install_wiring_starts_and_stops_the_publisher(tmp_path, monkeypatch):
-    """What torchmem.install() calls after the swap (monitor.start_from_config), on the runtime
+    """What torchmem.install() calls after the swap (installer.start_from_config), on the runtime
     source; without a GPU the runtime has no device yet, so the record lists none."""
     monkeypatch.setenv("TORCHMEM_MONITOR_DIR", str(tmp_path))
-    pub = monitor.start_from_config(config.Config(monitor_interval=0.05))
+    pub = installer.start_from_config(config.Config(monitor_interval=0.05))
     try:
         assert pub is monitor.publisher() is not None
         (rec,) = record.scan(str(tmp_path))
         assert rec.pid == os.getpid() and rec.devices == []
-        assert monitor.start_from_config(config.Config()) is pub  # once per process
+        assert installer.start_from_config(config.Config()) is pub  # once per process
     finally:
         monitor.stop()
     assert monitor.publisher() is None and os.listdir(tmp_path) == []
-    assert monitor.start_from_config(config.Config(monitor=False)) is None
+    assert installer.start_from_config(config.Config(monitor=False)) is None
 
 
 def test_top_lists_live_share_groups_and_removes_dead_ones(tmp_path):

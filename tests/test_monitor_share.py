@@ -1,7 +1,7 @@
 """Elastic sharing across real processes over a simulated GPU (tests/monitor_fakes.py).
 
 Each tenant is a separate process with its own publisher thread and sharing
-agent (torchmem/monitor/), exactly as under torchmem.install(); only the
+agent (torchmem/monitor/, torchmem/share/), exactly as under torchmem.install(); only the
 allocator is a fake whose device is a shared array. A tenant's "training loop"
 behaves like a BatchSizeController: between steps it shrinks to its granted
 limit and grows toward its target otherwise.
@@ -19,7 +19,8 @@ import torch
 from monitor_fakes import MiB, UUID, FakeDevice, FakeOOM, FakeTenant
 from torchmem.batch import BatchSizeController, MicroBatchOOMError
 from torchmem.batch.probe import SyntheticMemory
-from torchmem.monitor import record, share
+from torchmem import share
+from torchmem.monitor import record
 
 CTX = multiprocessing.get_context("fork")
 CAPACITY = 1000 * MiB
@@ -28,7 +29,8 @@ CHUNK = 50 * MiB
 
 
 def _start(tenant, directory):
-    from torchmem.monitor.publisher import Publisher, report_micro_batch
+    from torchmem.monitor.publisher import Publisher
+    from torchmem.runtime.budget import record_micro_batch as report_micro_batch
 
     report_micro_batch(-1)  # a forked tenant must not inherit a controller's size from the test process
 
@@ -255,7 +257,6 @@ def test_controller_shrinks_the_borrower_and_no_one_crashes(setup):
 def test_a_sharing_process_budget_is_the_arbiters_grant(tmp_path, monkeypatch):
     """TorchmemProbe: while this process shares its GPU, the controller's budget is the granted
     limit, not the device's free memory (a borrower may hold it); no CUDA call is needed."""
-    from torchmem import monitor
     from torchmem.batch import probe
 
     device = FakeDevice(CTX, CAPACITY, 1)
@@ -263,12 +264,12 @@ def test_a_sharing_process_budget_is_the_arbiters_grant(tmp_path, monkeypatch):
     monkeypatch.setattr(probe.TorchmemProbe, "_stats", lambda self: {"torchmem.limit_bytes": 700 * MiB})
     monkeypatch.setattr(probe.torch.cuda, "mem_get_info", lambda device=None: (0, CAPACITY))
     assert probe.TorchmemProbe(0).budget_bytes() == 0  # not sharing: capped by what is free now
-    pub = monitor.start(source=tenant, group="team", guarantee=GUARANTEE, directory=str(tmp_path))
+    pub = share.start(source=tenant, group="team", guarantee=GUARANTEE, directory=str(tmp_path))
     try:
         assert pub.agent is not None
         assert probe.TorchmemProbe(0).budget_bytes() == 700 * MiB
     finally:
-        monitor.stop()
+        share.stop()
 
 
 class _Levers:
@@ -288,7 +289,7 @@ class _Levers:
 def test_a_small_excess_waits_unless_an_owner_waits(tmp_path):
     # Note [Release slack]: a give-back costs a device barrier; a limit that moves by a
     # little must not cost one at every tick, but a waiting owner gets its bytes at once.
-    from torchmem.monitor.arbiter import Decision
+    from torchmem.share.arbiter import Decision
     from torchmem.monitor.record import DeviceFigures
 
     levers = _Levers()

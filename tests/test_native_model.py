@@ -6,7 +6,7 @@ scenario, and the model is held to the recorded native peak of both shared trace
 
 import pytest
 
-from torchmem import trace as trace_io
+from torchmem.analysis import trace as trace_io
 from torchmem._loader import _C
 
 KiB, MiB = 1 << 10, 1 << 20

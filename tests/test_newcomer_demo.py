@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from torchmem import demo_train
+from torchmem.cli import demo_train
 from torchmem.cli import demo
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from torchmem import host
-from torchmem.offload import OffloadActivations, _Offloaded, offload_activations, plan_offload
+from torchmem.host.offload import OffloadActivations, _Offloaded, offload_activations, plan_offload
 
 
 def test_plan_moves_largest_and_longest_lived_first():
@@ -454,7 +454,7 @@ def test_room_comes_from_frees_each_storage_once():
     # once it is gone; a tensor still referenced elsewhere makes no room.
     from types import SimpleNamespace
 
-    from torchmem.offload import _Step
+    from torchmem.host.offload import _Step
 
     step = _Step()
     base = torch.zeros(256)             # 1 KiB storage

@@ -73,7 +73,7 @@ def test_row_fields_and_summary_text():
     assert fields["estimate_ms"] == pytest.approx(96.13, abs=0.05)
     text = bench.bound_text(fields)
     assert text == "   bound 85.6 ms (x1.07), estimate 96.1 ms"
-    assert ";" not in text  # tools/final_gpu.sh joins the rows on ';'
+    assert ";" not in text  # bench/gpu_run.sh joins the rows on ';'
 
 
 def test_module_imports_without_torch_at_module_level():

@@ -5,7 +5,7 @@ import pickle
 import pytest
 import torch
 
-from torchmem import patch
+from torchmem.runtime import patch
 from sim_pool import MiB, make_pool
 
 

@@ -1,4 +1,4 @@
-"""Note [When to stitch] on synthetic patterns (torchmem/patterns.py): with the
+"""Note [When to stitch] on synthetic patterns (torchmem/analysis/patterns.py): with the
 device far from full, a workload whose working set is stable makes (almost) no
 driver calls once warm, never a move (a new granule only when the live set
 reaches a new high, as any allocator must); under a tight budget it still fits,
@@ -11,7 +11,7 @@ here against the same run stopped halfway)."""
 import numpy as np
 import pytest
 
-from torchmem import patterns
+from torchmem.analysis import patterns
 from torchmem._loader import _C
 
 STEPS = 60_000

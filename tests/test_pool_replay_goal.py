@@ -4,7 +4,7 @@ Unconstrained (an 80 GiB simulated device, far from full) the pool grows like
 expandable segments and moves nothing (Note [When to stitch]); under a budget
 of 1.02 x peak requested it packs the same program with no OOM, stitching
 granules (native: 1.63 and 2.15 reserved/requested; expandable_segments: 1.08
-and 1.15). The replay driver and CLI (torchmem.replay) report the same
+and 1.15). The replay driver and CLI (torchmem.analysis.replay) report the same
 figures; this test guards the pool itself."""
 
 import gzip

@@ -1,13 +1,13 @@
-"""The replay driver (csrc/replay/replay.cpp) and torchmem.replay: the project's goals
+"""The replay driver (csrc/replay/replay.cpp) and torchmem.analysis.replay: the project's goals
 on both shared traces, and the driver's rules on small hand-made traces."""
 
 import numpy as np
 import pytest
 
-from torchmem import replay as replay_api
-from torchmem import trace as trace_io
+from torchmem.analysis import replay as replay_api
+from torchmem.analysis import trace as trace_io
 from torchmem._loader import _C
-from torchmem.trace import ALLOC, FREE_REQUESTED, SEGMENT_ALLOC
+from torchmem.analysis.trace import ALLOC, FREE_REQUESTED, SEGMENT_ALLOC
 
 MiB = 1 << 20
 GOAL_RATIO = 1.02

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import torchmem
-from torchmem.retry import OOMRetryError, is_oom_error, requested_bytes_of
+from torchmem.batch.retry import OOMRetryError, is_oom_error, requested_bytes_of
 
 
 @pytest.mark.parametrize("exc", [
@@ -124,7 +124,7 @@ def test_bounded_and_non_oom_errors_pass_through():
 
 
 def test_oom_hooks_are_called_during_cleanup(monkeypatch):
-    from torchmem import hooks
+    from torchmem.runtime import hooks
 
     calls = []
     monkeypatch.setattr(hooks, "_run_hooks", lambda device, requested: calls.append((device, requested)) or True)
@@ -132,7 +132,7 @@ def test_oom_hooks_are_called_during_cleanup(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    monkeypatch.setattr("torchmem.retry.free_memory_bytes", lambda device=None: None)
+    monkeypatch.setattr("torchmem.batch.retry.free_memory_bytes", lambda device=None: None)
 
     @torchmem.oom_retry
     def f(x):
@@ -150,7 +150,8 @@ def test_oom_hooks_are_called_during_cleanup(monkeypatch):
     (True, "vmm", False),          # Note [No empty_cache after an OOM]
 ])
 def test_cleanup_empties_the_cache_only_where_that_helps(monkeypatch, installed, backend, emptied):
-    from torchmem import _loader, retry
+    from torchmem import _loader
+    from torchmem.batch import retry
     from torchmem._loader import _C
 
     emptied_calls = []

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 import torchmem
-from torchmem import snapshot_format
-from torchmem.snapshot import capture_stack, stack_frames
+from torchmem.analysis import snapshot_format
+from torchmem.runtime.snapshots import capture_stack, stack_frames
 from memory_viz_check import undo_like_memory_viz
 from sim_pool import MiB, make_pool
 from support import REPO
@@ -144,7 +144,7 @@ def test_record_history_needs_the_installed_allocator():
 def test_package_attribute_stays_callable_after_module_import():
     import importlib
 
-    importlib.import_module("torchmem.snapshot")
+    importlib.import_module("torchmem.runtime.snapshots")
     pool, _ = _busy_pool()
     assert torchmem.snapshot(pool=pool)["segments"]
 

@@ -1,10 +1,10 @@
-"""The stacks behind allocation history (torchmem/stacks.py): C++ frames, their pruning, compile contexts."""
+"""The stacks behind allocation history (torchmem/runtime/stacks.py): C++ frames, their pruning, compile contexts."""
 
 import pytest
 
 import torchmem
-from torchmem import stacks
-from torchmem.snapshot import capture_stack
+from torchmem.runtime import stacks
+from torchmem.runtime.snapshots import capture_stack
 from sim_pool import MiB, make_pool
 
 
@@ -33,7 +33,7 @@ def _runtime():
 def runtime(monkeypatch):
     # record_history drives the installed allocator's runtime; nothing here touches CUDA,
     # so the runtime stands in for an installed allocator on a machine without a GPU
-    from torchmem import stats
+    from torchmem.runtime import stats
 
     monkeypatch.setattr(stats, "_runtime", _runtime)
     return _runtime()
@@ -136,7 +136,7 @@ def test_trace_entries_carry_their_compile_context():
     finally:
         stacks.record_compile_contexts(False)
     plain = pool.allocate(1000, 0, 0, capture_stack())
-    from torchmem.snapshot_format import to_torch_snapshot
+    from torchmem.analysis.snapshot_format import to_torch_snapshot
 
     trace = to_torch_snapshot(pool.snapshot(), frames=stacks.stack_frames,
                               compile_contexts=stacks.compile_context)["device_traces"][0]

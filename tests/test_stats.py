@@ -5,7 +5,7 @@ import collections
 import pytest
 
 import torchmem
-from torchmem import stats
+from torchmem.runtime import stats
 from sim_pool import MiB, make_pool
 
 TORCH_KEYS = (

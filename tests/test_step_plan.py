@@ -7,7 +7,7 @@ served as before; invariants hold throughout."""
 import numpy as np
 import pytest
 
-from torchmem import patterns, replay
+from torchmem.analysis import patterns, replay
 from torchmem._loader import _C
 
 from sim_pool import MiB, make_pool
@@ -167,7 +167,7 @@ def test_step_plan_off_never_plans():
 def test_real_steps_that_repeat_make_no_driver_call_once_planned(name, steps, budget):
     """Two real steps of a bundled H200 trace (different batch and sequence shapes), taking
     turns, ten times: once planned, the last two make no driver call and take no barrier."""
-    from torchmem import trace as trace_io
+    from torchmem.analysis import trace as trace_io
 
     rows = patterns.repeated_steps(trace_io.load(trace_io.bundled_trace(name)).events.tolist(), steps, 10)
     events = np.asarray(rows, dtype=np.int64)

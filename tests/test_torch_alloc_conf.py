@@ -1,8 +1,8 @@
-"""What torchmem takes from PyTorch's own PYTORCH_ALLOC_CONF (torchmem/torch_alloc_conf.py)."""
+"""What torchmem takes from PyTorch's own PYTORCH_ALLOC_CONF (torchmem/runtime/torch_alloc_conf.py)."""
 
 import pytest
 
-from torchmem import torch_alloc_conf
+from torchmem.runtime import torch_alloc_conf
 
 
 def test_pairs_keep_bracketed_lists_whole():

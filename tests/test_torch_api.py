@@ -15,7 +15,7 @@ def _no_cuda_init(*args, **kwargs):
 def test_gpu_check_asks_nvml_and_never_cuda(monkeypatch):
     import importlib
 
-    install_module = importlib.import_module("torchmem.install")
+    install_module = importlib.import_module("torchmem.runtime.installer")
     monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", _no_cuda_init)
     monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: 2, raising=False)
@@ -27,7 +27,7 @@ def test_gpu_check_asks_nvml_and_never_cuda(monkeypatch):
 def test_gpu_check_falls_back_to_cuda_without_nvml(monkeypatch):
     import importlib
 
-    install_module = importlib.import_module("torchmem.install")
+    install_module = importlib.import_module("torchmem.runtime.installer")
     monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
     monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: -1, raising=False)
     calls = []
@@ -38,7 +38,7 @@ def test_gpu_check_falls_back_to_cuda_without_nvml(monkeypatch):
 def test_gpu_check_is_false_for_a_torch_without_cuda(monkeypatch):
     import importlib
 
-    install_module = importlib.import_module("torchmem.install")
+    install_module = importlib.import_module("torchmem.runtime.installer")
     monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_available", _no_cuda_init)
     assert install_module._gpu_present() is False
@@ -49,7 +49,7 @@ def test_installed_stats_take_torchs_own_key_set(monkeypatch):
     torchmem's getDeviceStats) gives the keys, torchmem adds its own under torchmem."""
     import importlib
 
-    stats = importlib.import_module("torchmem.stats")
+    stats = importlib.import_module("torchmem.runtime.stats")
     pool = make_pool()
     pool.allocate(3 * MiB)
     native = {"allocated_bytes": {"all": {"current": 7, "peak": 7, "allocated": 7, "freed": 0}},
@@ -68,7 +68,7 @@ def test_installed_stats_take_torchs_own_key_set(monkeypatch):
 def test_stats_are_built_here_when_torch_cannot_answer(monkeypatch):
     import importlib
 
-    stats = importlib.import_module("torchmem.stats")
+    stats = importlib.import_module("torchmem.runtime.stats")
     pool = make_pool()
     pool.allocate(3 * MiB)
 

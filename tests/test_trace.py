@@ -1,4 +1,4 @@
-"""Reading and writing traces (torchmem/trace.py): the trace format, snapshot
+"""Reading and writing traces (torchmem/analysis/trace.py): the trace format, snapshot
 pickles with their prologue, and clear errors for files that are not traces."""
 
 import gzip
@@ -8,8 +8,8 @@ import pickle
 import numpy as np
 import pytest
 
-from torchmem import trace as trace_io
-from torchmem.trace import ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC, TraceError
+from torchmem.analysis import trace as trace_io
+from torchmem.analysis.trace import ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC, TraceError
 
 MiB = 1 << 20
 

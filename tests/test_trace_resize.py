@@ -129,8 +129,8 @@ class _FakeRuntime:
 def runtime(monkeypatch):
     import importlib
 
-    stats = importlib.import_module("torchmem.stats")
-    importlib.import_module("torchmem.snapshot")
+    stats = importlib.import_module("torchmem.runtime.stats")
+    importlib.import_module("torchmem.runtime.snapshots")
     fake = _FakeRuntime()
     monkeypatch.setattr(stats, "_runtime", lambda: fake)
     return fake
@@ -139,12 +139,12 @@ def runtime(monkeypatch):
 def _torch_history(**kwargs):
     import importlib
 
-    importlib.import_module("torchmem.snapshot").torch_record_memory_history(**kwargs)
+    importlib.import_module("torchmem.runtime.snapshots").torch_record_memory_history(**kwargs)
 
 
 def test_torch_modes_map_onto_ring_and_stacks(runtime):
-    snapshot = sys.modules["torchmem.snapshot"]
-    stacks = sys.modules["torchmem.stacks"]
+    snapshot = sys.modules["torchmem.runtime.snapshots"]
+    stacks = sys.modules["torchmem.runtime.stacks"]
     _torch_history(max_entries=1000)  # torch's defaults: enabled="all", context="all", stacks="all"
     assert runtime.capacity == 1000 and runtime.provider == CPP_GATHERER and runtime.cpp_frames
     _torch_history(max_entries=1000, stacks="python")  # Python and TorchScript frames, gathered in C++ too
@@ -179,7 +179,7 @@ def _core_trace():
 
 
 def _shaped(snapshot):
-    from torchmem.snapshot_format import to_torch_snapshot
+    from torchmem.analysis.snapshot_format import to_torch_snapshot
 
     frames = {i: [{"filename": "t.py", "line": i, "name": name}]
               for i, name in ((1, "thealloc"), (2, "thefree"), (3, "empty_cache"))}
@@ -188,7 +188,7 @@ def _shaped(snapshot):
 
 
 def test_context_picks_which_events_show_stacks(runtime):
-    snapshot = sys.modules["torchmem.snapshot"]
+    snapshot = sys.modules["torchmem.runtime.snapshots"]
     names = lambda events: [e["frames"][0]["name"] if e["frames"] else None for e in events]
     _torch_history(context="all")
     assert names(_shaped(snapshot)) == ["thealloc", "thefree", "thefree", "empty_cache"]
@@ -200,7 +200,7 @@ def test_context_picks_which_events_show_stacks(runtime):
 
 
 def test_skip_actions_leave_events_out(runtime):
-    snapshot = sys.modules["torchmem.snapshot"]
+    snapshot = sys.modules["torchmem.runtime.snapshots"]
     _torch_history(skip_actions=["free_requested", "segment_free"])  # torch's name for an unmap
     assert [e["action"] for e in _shaped(snapshot)] == ["alloc", "free_completed"]
     with pytest.raises(ValueError, match="skip_actions"):
@@ -209,7 +209,7 @@ def test_skip_actions_leave_events_out(runtime):
 
 
 def test_metadata_marks_the_events_after_it(runtime):
-    snapshot = sys.modules["torchmem.snapshot"]
+    snapshot = sys.modules["torchmem.runtime.snapshots"]
     _torch_history()
     runtime.sequences[0] = 1  # set after the alloc (sequence 1), before the free
     snapshot.set_memory_metadata("phase two")
@@ -223,7 +223,7 @@ def test_metadata_marks_the_events_after_it(runtime):
 
 
 def test_torch_defaults_cap_the_ring_and_clear_history_clears(runtime):
-    snapshot = sys.modules["torchmem.snapshot"]
+    snapshot = sys.modules["torchmem.runtime.snapshots"]
     _torch_history(max_entries=sys.maxsize, clear_history=True)
     assert runtime.capacity == snapshot.MAX_TRACE_ENTRIES and runtime.cleared == 1
     _torch_history(enabled=True)  # the legacy boolean form

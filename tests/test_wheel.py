@@ -21,7 +21,7 @@ import zipfile
 import pytest
 
 from support import REPO
-from torchmem.trace import bundled_traces
+from torchmem.analysis.trace import bundled_traces
 
 pytestmark = pytest.mark.slow
 
@@ -35,11 +35,11 @@ CHECK = textwrap.dedent("""
         importlib.import_module(name)
     for name in torchmem.__all__:
         getattr(torchmem, name)
-    from torchmem import trace
+    from torchmem.analysis import trace
     traces = [os.path.basename(p) for p in trace.bundled_traces()]
     assert len(trace.load(trace.bundled_trace(traces[0]))) > 0
-    from torchmem.cli import demo
-    print(json.dumps({"modules": modules, "traces": traces, "anchors": sorted(demo.load_anchors())}))
+    from torchmem.cli import anchors
+    print(json.dumps({"modules": modules, "traces": traces, "anchors": sorted(anchors.load_anchors())}))
 """)
 
 

@@ -17,6 +17,8 @@ this process?"; every other module asks it.
 
 import threading
 
+import torch
+
 REBUILD_HINT = (
     "Rebuild it against the torch in this environment: "
     "`pip install --no-build-isolation -e .` from the torchmem checkout (or `make build`)."
@@ -37,7 +39,7 @@ def _base_version(version):
 def built_for():
     """The torch version the compiled module was built against, read without loading it
     (torchmem/_built_with.py), or None when the build did not record it."""
-    try:
+    try:  # written by setup.py beside the module; absent in a build that did not record it
         from torchmem import _built_with
     except ImportError:
         return None
@@ -53,9 +55,7 @@ def _mismatch(built, installed, detail=""):
 
 def load_extension():
     """Imports torchmem._C and checks it matches the installed torch; raises ExtensionLoadError saying how to fix it."""
-    import torch
-
-    try:
+    try:  # the one import of the compiled module (tests/test_layout.py): loaded on first use only
         from torchmem import _C
     except ImportError as exc:
         reason = " ".join(str(exc).split())
@@ -93,7 +93,6 @@ def build_info():
     """What the compiled module was built against: torch and CUDA versions,
     whether the CUDA backends (vmm, cuda_malloc) and the allocator shim were
     compiled, and compiler flags of note. Safe without a GPU."""
-    import torch
 
     info = dict(extension().build_info())
     info["torch_runtime_version"] = torch.__version__

@@ -1,5 +1,5 @@
 // host_bindings.cpp: torchmem._C.HostPool, the pinned host pool seen from
-// Python (torchmem/host.py), and the sysfs helpers it is tested through.
+// Python (torchmem/host/pool.py), and the sysfs helpers it is tested through.
 //
 // A block leaves the pool as a uint8 CPU tensor whose storage owns it: the
 // tensor's DataPtr deleter frees the block back to the pool, and it holds a

@@ -1,6 +1,6 @@
 // offload_copies_cuda.cpp: torchmem._C.offload_copy_out / offload_copy_in /
 // offload_use: the CUDA work of moving one saved activation to the pinned host
-// pool and back (torchmem/offload.py), one call each.
+// pool and back (torchmem/host/offload.py), one call each.
 //
 // Llama's training step is host-bound on the H200 host: the GPU finishes
 // forward and backward as soon as the host has queued them. Written in Python,

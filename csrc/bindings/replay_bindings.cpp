@@ -1,5 +1,5 @@
 // replay_bindings.cpp: trace replay and the native allocator model, for Python
-// (torchmem/replay.py is the documented API over these).
+// (torchmem/analysis/replay.py is the documented API over these).
 //
 //   _C.replay(events, policy="torchmem", pool_config=None, limit=0,
 //             capacity=140 GiB, stop_at=-1, progress=None, native_config=None,

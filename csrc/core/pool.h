@@ -144,7 +144,7 @@ namespace torchmem {
 
 // PoolConfig's fields, declared once: the struct, its equality, the bindings'
 // dict parsing and torchmem._C.pool_config_fields() all come from this list
-// (torchmem/config.py adds units and checks its options cover it).
+// (torchmem/runtime/config.py adds units and checks its options cover it).
 //   X(type, name, default, doc)
 #define TORCHMEM_POOL_CONFIG(X)                                                                      \
   X(std::size_t, limit_bytes, 0,                                                                     \

@@ -1,7 +1,7 @@
 // replay.h: replays a recorded allocator trace under an allocation policy and
 // measures what that policy would have held.
 //
-// A trace (torchmem/trace.py) is a list of (action, addr, size, stream) rows
+// A trace (torchmem/analysis/trace.py) is a list of (action, addr, size, stream) rows
 // recorded from a real program under PyTorch's native allocator. Replay feeds
 // its allocs (action 0) and frees (action 1) in order to a target, maps each
 // trace address to the address the target returned, and records the peak of

@@ -30,7 +30,7 @@ void set_context_provider(ContextProvider provider);
 // Whether frees and empty_cache take a context from the provider as well
 // (torch's context="all"); off by default: a free then costs no provider call.
 void set_free_context(bool enabled);
-// Note [Compile context] (torchmem/stacks.py, compile_context.cpp): the
+// Note [Compile context] (torchmem/runtime/stacks.py, compile_context.cpp): the
 // torch.compile region a thread runs; each thread keeps its own stack of them.
 // current_compile_context() is the calling thread's innermost region, "" outside any.
 void push_compile_context(const std::string& name);

@@ -1,5 +1,5 @@
 // compile_context.cpp: which torch.compile region each thread runs, for
-// allocation history (Note [Compile context], torchmem/stacks.py).
+// allocation history (Note [Compile context], torchmem/runtime/stacks.py).
 //
 // Compiled code runs inside a RecordFunction named "Torch-Compiled Region:
 // <frame>/<recompile>". torch's own _record_memory_history(compile_context=True)

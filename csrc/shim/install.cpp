@@ -42,7 +42,7 @@ using TorchDeviceStats = c10::cuda::CUDACachingAllocator::DeviceStats;
 
 std::mutex install_mutex;
 
-// The same cap as torchmem/snapshot.py MAX_TRACE_ENTRIES: torch's default
+// The same cap as torchmem/runtime/snapshots.py MAX_TRACE_ENTRIES: torch's default
 // max_entries (SIZE_MAX) would ask for an unbounded ring.
 constexpr size_t kMaxTraceEntries = size_t{1} << 20;
 

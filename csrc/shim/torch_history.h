@@ -5,8 +5,8 @@
 // install.cpp's allocator forwards recordHistory and snapshot here.
 //
 // The Python path (torch.cuda.memory._record_memory_history / _snapshot,
-// patched by torchmem/patch.py) does not come here: it records torchmem's own
-// stack ids (torchmem/stacks.py) and converts the pool's snapshot in Python.
+// patched by torchmem/runtime/patch.py) does not come here: it records torchmem's own
+// stack ids (torchmem/runtime/stacks.py) and converts the pool's snapshot in Python.
 #pragma once
 
 #include <c10/cuda/CUDACachingAllocator.h>

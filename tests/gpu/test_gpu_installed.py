@@ -24,7 +24,7 @@ def test_every_part_sees_the_install_through_one_answer():
         from torchmem._loader import is_installed
         from torchmem.batch.probe import default_probe
         from torchmem.integrations import figures
-        from torchmem import patch
+        from torchmem.runtime import patch
         x = torch.empty(1 << 20, device="cuda")
         after = {
             "is_installed": torchmem.is_installed(),

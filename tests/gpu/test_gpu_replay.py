@@ -1,6 +1,6 @@
 """On a GPU: a real torch memory snapshot (recorded under PyTorch's native
 allocator) reads as a trace, and the native model replays it to the peak the
-real allocator reached. This checks torchmem/trace.py's snapshot reader against
+real allocator reached. This checks torchmem/analysis/trace.py's snapshot reader against
 what torch actually writes (the CPU tests use hand-made snapshots)."""
 
 import json
@@ -35,8 +35,8 @@ def test_dumped_snapshot_replays_like_the_real_allocator(tmp_path):
     )
     measured = json.loads(proc.stdout.strip().splitlines()[-1])
 
-    from torchmem import replay as replay_api
-    from torchmem import trace as trace_io
+    from torchmem.analysis import replay as replay_api
+    from torchmem.analysis import trace as trace_io
 
     trace = trace_io.load(path)
     assert trace.prologue >= 1  # `keep` was allocated before recording and freed in it

@@ -39,7 +39,7 @@ def _last_json(proc):
 
 def test_patched_torch_functions_agree_with_torchmem():
     proc = run_python(PRELUDE + """
-    assert torchmem.patch.is_patched(), "install() patches torch by default"
+    assert torchmem.runtime.patch.is_patched(), "install() patches torch by default"
     xs = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in (1000, 3 * MiB, 40 * MiB + 1)]
     rounded = sum(-(-x.numel() // 512) * 512 for x in xs)
     stats = torch.cuda.memory_stats()

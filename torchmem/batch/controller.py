@@ -41,7 +41,6 @@ import time
 
 import torch
 
-from torchmem import monitor
 from torchmem.batch import distributed
 from torchmem.batch.offload_rung import OffloadRung
 from torchmem.batch.parallel import GradSync, is_compiled, resolve_grad_sync
@@ -53,7 +52,8 @@ from torchmem.batch.sampler import LR_RULES
 from torchmem.batch.split import balanced_sizes, batch_size_of, split_batch, split_sizes
 from torchmem.batch.throughput import ThroughputChooser, micro_steps
 from torchmem.batch.timing import StepTimer
-from torchmem.retry import is_oom_error
+from torchmem.batch.retry import is_oom_error
+from torchmem.runtime.budget import report_micro_batch
 
 __all__ = ["BatchSizeController", "OptimizerStepOOMError", "MicroBatchOOMError"]
 
@@ -272,7 +272,7 @@ class BatchSizeController:
         retries = 0
         while True:
             micro = max(1, min(self._micro, total))
-            monitor.report_micro_batch(micro, total)  # top/metrics; a sharing borrower yields here
+            report_micro_batch(micro, total)  # top/metrics; a sharing borrower yields here
             outcome = self._attempt(step_fn, batch, total, micro, backward)
             if outcome["ok"]:
                 self._note_pace(total, clean=retries == 0)
@@ -400,7 +400,7 @@ class BatchSizeController:
         self._record("shrink", micro, smaller, f"the budget fell to {budget} bytes inside a step; "
                                                f"the {rest} samples left run at {smaller}")
         self._micro = self._proposal = self._bound = smaller
-        monitor.report_micro_batch(smaller, total)  # a sharing borrower gives back what it holds over its grant now
+        report_micro_batch(smaller, total)  # a sharing borrower gives back what it holds over its grant now
         return list(sizes[:index]) + self._split(rest, smaller)
 
     def _budget(self):

@@ -5,7 +5,7 @@ Note [Offload rung]
 - On: when a step at the smallest micro-batch runs out of memory, the
   controller asks engage() instead of raising MicroBatchOOMError. The first
   engage turns offload on for every eligible saved activation (the safe
-  choice, and the step that measures them: torchmem/offload.py Note [What
+  choice, and the step that measures them: torchmem/host/offload.py Note [What
   moves]). A later OOM while a partial plan is in force goes back to moving
   everything; an OOM while everything moves is final (the controller raises).
 - Tuning: after each clean offloaded step, with memory figures, the peak
@@ -23,7 +23,7 @@ Note [Offload rung]
 
 import contextlib
 
-from torchmem.offload import OffloadActivations
+from torchmem.host.offload import OffloadActivations
 
 __all__ = ["OffloadRung"]
 

@@ -50,7 +50,7 @@ __all__ = ["GradSync", "fsdp_roots", "resolve_grad_sync", "is_compiled"]
 
 
 def _fsdp_module_class():
-    try:
+    try:  # torch.distributed pieces load only for a job that uses them (and may be absent)
         from torch.distributed.fsdp import FSDPModule
     except ImportError:
         return None
@@ -98,6 +98,7 @@ def resolve_grad_sync(grad_sync, model, world):
         grad_sync = "controller" if model is not None else "none"
     if grad_sync == "controller" and model is None:
         raise ValueError("BatchSizeController: grad_sync='controller' averages the model's gradients: pass model=...")
+    # torch.distributed pieces load only for a job that uses them
     from torch.nn.parallel import DistributedDataParallel
     if (isinstance(model, DistributedDataParallel) and getattr(model, "broadcast_buffers", False)
             and any(True for _ in model.buffers())):
@@ -154,6 +155,7 @@ class GradSync:
         self._reset_by_hand(root)
 
     def _reset_by_hand(self, root):
+        # torch.distributed pieces load only for a job that uses them
         from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
 
         state = root._get_fsdp_state()

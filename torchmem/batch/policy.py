@@ -42,7 +42,7 @@ Note [Moving the micro-batch]
 
 Note [Shrinking inside a step]
 A budget can fall in the middle of a step: a sharing owner claims its
-memory back (monitor/share.py), or the user lowers the limit. Without
+memory back (share/agent.py), or the user lowers the limit. Without
 a look between micro-steps the next one runs out of memory, and the
 whole batch runs again, its finished micro-steps thrown away; a borrower
 also holds the owner's memory until then. So before each micro-step

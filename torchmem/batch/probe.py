@@ -20,6 +20,7 @@ margin must absorb: that is the "less precision without torchmem".
 import torch
 
 from torchmem._loader import is_installed
+from torchmem.runtime import budget, stats
 
 __all__ = ["MemoryProbe", "NullProbe", "TorchProbe", "TorchmemProbe", "SyntheticMemory", "default_probe"]
 
@@ -113,34 +114,28 @@ class TorchmemProbe(MemoryProbe):
         self.device = _device_index(device)
 
     def _stats(self):
-        import torchmem
-        return torchmem.memory_stats(self.device)
+        return stats.memory_stats(self.device)
 
     def reset(self):
-        import torchmem
-        torchmem.reset_peak_memory_stats(self.device)
+        stats.reset_peak_memory_stats(self.device)
 
     def peak_bytes(self):
-        import torchmem
-        return int(torchmem.max_memory_allocated(self.device))
+        return int(stats.max_memory_allocated(self.device))
 
     def current_bytes(self):
-        import torchmem
-        return int(torchmem.memory_allocated(self.device))
+        return int(stats.memory_allocated(self.device))
 
     def budget_bytes(self):
-        stats = self._stats()
-        limit = int(stats.get("torchmem.limit_bytes", 0) or 0)
-        if limit and _sharing():  # the arbiter's grant: borrowers give it back on demand (docs/sharing.md)
+        figures = self._stats()
+        limit = int(figures.get("torchmem.limit_bytes", 0) or 0)
+        if limit and budget.elastic():  # the arbiter's grant: borrowers give it back on demand (docs/sharing.md)
             return limit
         free, total = torch.cuda.mem_get_info(self.device)
-        reachable = free + int(stats.get("reserved_bytes.all.current", 0))
+        reachable = free + int(figures.get("reserved_bytes.all.current", 0))
         return min(limit, reachable) if limit else reachable
 
     def owned_bytes(self):
-        from torchmem import monitor
-
-        return monitor.share_guarantee_bytes(self.device)
+        return budget.owned_bytes(self.device)
 
 
 class SyntheticMemory(MemoryProbe):
@@ -197,14 +192,6 @@ class SyntheticMemory(MemoryProbe):
 
     def owned_bytes(self):
         return self.owned
-
-
-def _sharing():
-    """True when this process shares its GPU through torchmem's arbiter (share=GROUP)."""
-    from torchmem import monitor
-
-    pub = monitor.publisher()
-    return pub is not None and pub.agent is not None
 
 
 def default_probe(device=None):

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import torch
 
-from torchmem.retry import cleanup_after_oom, is_oom_error
+from torchmem.batch.retry import cleanup_after_oom, is_oom_error
 
 __all__ = ["OptimizerStepOOMError", "MicroBatchOOMError", "loss_of", "discard_attempt", "optimizer_oom_message",
            "optimizer_step"]
@@ -47,7 +47,7 @@ def loss_of(output):
 def reset_scaler(scaler):
     """Forgets the GradScaler's per-optimizer state (found-inf flags, unscale
     status) of the failed attempt, as a fresh step would have it."""
-    try:
+    try:  # a private torch helper: absent in some torch versions, then there is nothing to reset
         from torch.amp.grad_scaler import _refresh_per_optimizer_state
     except ImportError:
         return

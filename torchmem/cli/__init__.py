@@ -78,6 +78,7 @@ def main(argv=None):
               f"inside the clone (cd {os.path.basename(folder)}) or from any other folder; if torchmem is not "
               f"installed yet, install it from the clone (make build).", file=sys.stderr)
         return 2
+    # after the shadowing check: in a clone's folder these modules do not exist
     from torchmem._loader import ExtensionLoadError
     from torchmem.cli.options import CliError
 

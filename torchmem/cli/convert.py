@@ -2,7 +2,7 @@
 
 snapshot -> trace: the snapshot's device trace becomes the shared trace format
 (torchmem/data/traces/README.md), ready for `python -m torchmem replay`
-(torchmem.trace reads it, adding allocs for blocks live before recording began).
+(torchmem.analysis.trace reads it, adding allocs for blocks live before recording began).
 trace -> snapshot: the trace becomes a snapshot's device_traces, and the
 state at its end (segments still allocated, tiled by the allocations still
 live and free gaps) becomes its segments, so PyTorch's memory_viz tools can
@@ -13,7 +13,10 @@ OUT's name is judged, so a file that is neither is blamed, not the output path.
 import os
 import pickle
 
+from torchmem.analysis import plot
+from torchmem.analysis import trace as trace_io
 from torchmem.cli.options import CliError, resolve_trace
+from torchmem.runtime.snapshots import PICKLE_PROTOCOL
 
 HELP = "convert a PyTorch memory-snapshot pickle to a trace (.json.gz) or back"
 _ROUND = 512
@@ -28,9 +31,8 @@ def add_arguments(parser):
 
 
 def trace_to_snapshot(trace, device=0):
-    """A torch-format snapshot from a torchmem.trace.Trace: its events as device_traces, its
+    """A torch-format snapshot from a torchmem.analysis.trace.Trace: its events as device_traces, its
     end state as segments."""
-    from torchmem import trace as trace_io
 
     names = {code: name for name, code in trace_io.ACTIONS.items()}
     grows = (trace_io.SEGMENT_ALLOC, trace_io.SEGMENT_MAP)
@@ -93,10 +95,6 @@ def _is_trace_path(path):
 
 
 def run(args):
-    from torchmem import plot
-    from torchmem import trace as trace_io
-    from torchmem.snapshot import PICKLE_PROTOCOL
-
     out_dir = os.path.dirname(os.path.abspath(args.output))
     if not os.path.isdir(out_dir):
         raise CliError(f"OUT {args.output}: folder {out_dir} does not exist")

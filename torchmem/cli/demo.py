@@ -1,7 +1,7 @@
 """`python -m torchmem demo`: the project's main job in one command.
 
 With a GPU it trains a small GPT-style model with torchmem installed
-(torchmem/demo_train.py). Without one (or with --replay) it replays a real
+(torchmem/cli/demo_train.py). Without one (or with --replay) it replays a real
 training trace recorded on an H200 (GPT-2; with --all the four bundled traces)
 on the CPU, under torchmem's pool and under models of PyTorch's allocator
 (native, and with expandable segments), and prints two small tables:
@@ -18,9 +18,16 @@ same pool code as the GPU, over a simulated device; a few seconds per trace.
 """
 
 import json
-import os
 import sys
 import textwrap
+import time
+
+import torch
+
+from torchmem.analysis import trace as trace_io
+from torchmem.cli import demo_train
+from torchmem.cli.anchors import load_anchors, step_timing
+from torchmem.cli.replay import Progress
 
 HELP = "the main demo: train with torchmem on a GPU, or replay a real trace side by side without one"
 
@@ -67,34 +74,9 @@ def add_arguments(parser):
                         help="skip the budget comparison (the smallest-budget searches; saves a few seconds)")
     parser.add_argument("--json", action="store_true",
                         help="print the replay figures as JSON lines (the budget replays have a nonzero limit)")
-    from torchmem import demo_train
 
     demo_train.add_arguments(parser.add_argument_group(
         "GPU training (used when a GPU is present; without one, or with --replay, these are ignored)"))
-
-
-def load_anchors(path=None):
-    """Rows of torchmem/data/anchors.jsonl: {workload: {conf: row}} (the first row per pair)."""
-    path = path or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "anchors.jsonl")
-    anchors = {}
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"torchmem's measured figures are missing: {path} (a broken install? "
-                                f"reinstall torchmem)")
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                row = json.loads(line)
-                anchors.setdefault(row["workload"], {}).setdefault(row["conf"], row)
-    return anchors
-
-
-def step_timing(anchor_rows):
-    """(steps in the trace, median native step in ms) measured on the H200, or (None, None)."""
-    native = anchor_rows.get("native")
-    if not native or not native.get("n_steps"):
-        return None, None
-    return native["n_steps"], native["median_step_s"] * 1000
 
 
 def gib(nbytes):
@@ -239,11 +221,9 @@ def header_lines(names):
 
 def run_replay(args, out=None):
     """The CPU demo: replay the bundled trace(s) and print the comparison."""
-    import time
 
-    from torchmem import replay as replay_api
-    from torchmem import trace as trace_io
-    from torchmem.cli.replay import Progress
+    # loads the compiled module at import: the CLI builds every parser first, so a bad build still gets its one-line error
+    from torchmem.analysis import replay as replay_api
 
     out = out or sys.stdout
     anchors = load_anchors()
@@ -298,10 +278,6 @@ def run_replay(args, out=None):
 
 def run(args):
     if not getattr(args, "replay", False):
-        import torch
-
         if torch.cuda.is_available():
-            from torchmem.demo_train import main
-
-            return main(args)
+            return demo_train.main(args)
     return run_replay(args)

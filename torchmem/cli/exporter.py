@@ -10,6 +10,8 @@ import signal
 import sys
 import threading
 
+from torchmem.monitor import exporter
+
 HELP = "serve every torchmem process on this node on one Prometheus endpoint (labels pid, device, rank, job)"
 
 
@@ -27,8 +29,6 @@ def add_arguments(parser):
 
 
 def run(args):
-    from torchmem.monitor import exporter
-
     collector = exporter.NodeCollector(args.dir, job=args.job, all_users=args.all_users)
     if args.once:
         sys.stdout.write(exporter.exposition(collector))

@@ -2,6 +2,8 @@
 
 import json
 
+from torchmem import build_info
+
 HELP = "print build information (torch and CUDA versions, compiled backends) as JSON"
 
 
@@ -10,7 +12,5 @@ def add_arguments(parser):
 
 
 def run(args):
-    from torchmem import build_info
-
     print(json.dumps(build_info(), indent=2, sort_keys=True))
     return 0

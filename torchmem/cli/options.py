@@ -12,7 +12,9 @@
 
 import os
 
-from torchmem.config import parse_bytes
+from torchmem.analysis import trace as trace_io
+from torchmem.runtime.config import ENV_VAR, Config
+from torchmem.runtime.config import parse_bytes
 
 GRANULE = 2 << 20
 LIMIT_RULE = ("a fraction of the device (a bare number up to 1: 0.5, or 1 for all of it; or 50%), "
@@ -89,7 +91,6 @@ def parse_config(text, flag="--config"):
     """--config "key=value,..." (the TORCHMEM_CONF syntax) as a torchmem.Config applied over
     TORCHMEM_CONF. Errors name `flag`, unless the environment's value is the one at fault.
     A `limit` given here follows LIMIT_RULE, as --limit does."""
-    from torchmem.config import ENV_VAR, Config
 
     options = {}
     for item in filter(None, (part.strip() for part in (text or "").split(","))):
@@ -109,15 +110,12 @@ def parse_config(text, flag="--config"):
 
 
 def bundled_names():
-    from torchmem import trace as trace_io
-
     return [trace_io.bundled_trace_names(path)[0] for path in trace_io.bundled_traces()]
 
 
 def resolve_trace(name, what="TRACE"):
     """A path for a trace argument: the file if it exists, else the bundled trace of that
     name (`replay --list`); CliError naming `what` when it is neither."""
-    from torchmem import trace as trace_io
 
     if os.path.exists(name):
         return name

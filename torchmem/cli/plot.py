@@ -5,7 +5,7 @@ pickle. A snapshot with history is drawn as a timeline; one without (what
 `replay --snapshot` writes: the layout at one moment) as its segments and
 blocks. For a trace, torchmem's policy is also replayed (unless --no-replay)
 and its reserved curve drawn beside the recorded allocator's.
-The drawing itself is torchmem.plot (plot_timeline, plot_layout); it needs
+The drawing itself is torchmem.analysis.plot (plot_timeline, plot_layout); it needs
 matplotlib, which torchmem does not require, so its absence is one line.
 It prints what it drew in words (--json: as one JSON object).
 """
@@ -13,6 +13,7 @@ It prints what it drew in words (--json: as one JSON object).
 import json
 import os
 
+from torchmem.analysis import plot
 from torchmem.cli.options import CliError, resolve_trace
 
 HELP = ("write a PNG timeline of requested bytes, reserved bytes and their ratio from a trace or snapshot, "
@@ -53,11 +54,10 @@ def run(args):
     if not os.path.isdir(out_dir):
         raise CliError(f"--output: directory {out_dir} does not exist")
     path = resolve_trace(args.file, "FILE")
-    try:
+    try:  # matplotlib is optional (the plot extra): say so in one line
         import matplotlib  # noqa: F401
     except ImportError:
         raise CliError("plot draws with matplotlib, which is not installed: pip install matplotlib") from None
-    from torchmem import plot
 
     if plot.is_snapshot_path(path) and not plot.has_history(path):
         summary = plot.plot_layout(path, args.output, title=args.title)

@@ -21,6 +21,9 @@ import os
 import pickle
 import sys
 
+from torchmem.analysis import trace as trace_io
+from torchmem.analysis.snapshot_format import to_torch_snapshot
+from torchmem.cli.anchors import load_anchors, step_timing
 from torchmem.cli.options import (GRANULE, LIMIT_HELP, CliError, limit_bytes, parse_config, parse_limit,
                                   parse_size, resolve_trace)
 
@@ -239,7 +242,6 @@ def check_snapshot_target(out, policy, traces):
 
 def list_bundled(out=None):
     """Prints the bundled traces: name, events, workload and path."""
-    from torchmem import trace as trace_io
 
     out = out or sys.stdout
     for path in trace_io.bundled_traces():
@@ -269,9 +271,8 @@ def checked(trace, path, lenient):
 
 
 def run(args):
-    from torchmem import replay as replay_api
-    from torchmem import trace as trace_io
-    from torchmem.cli.demo import load_anchors, step_timing
+    # loads the compiled module at import: the CLI builds every parser first, so a bad build still gets its one-line error
+    from torchmem.analysis import replay as replay_api
 
     if args.list:
         list_bundled()
@@ -333,8 +334,8 @@ def run(args):
 
 def _write_snapshot(out, trace, results, limit, config, capacity):
     """Writes the layout at the peak of torchmem's run (or native's, if it alone ran)."""
-    from torchmem import replay as replay_api
-    from torchmem.snapshot_format import to_torch_snapshot
+    # loads the compiled module at import: the CLI builds every parser first, so a bad build still gets its one-line error
+    from torchmem.analysis import replay as replay_api
 
     result = next((r for r in results if r.policy == "torchmem"), results[0])
     event = max(result.peak_reserved_event, 0)

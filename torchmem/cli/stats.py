@@ -13,7 +13,12 @@ torchmem installed (stats.run via the CLI's main), it prints that process's tabl
 
 import json
 
+from torchmem._loader import is_installed
+from torchmem.analysis import plot
+from torchmem.analysis.trace import _DataOnlyUnpickler
 from torchmem.cli.options import CliError, resolve_trace
+from torchmem.runtime import stats
+from torchmem.runtime.stats import format_bytes
 
 HELP = "print a memory table for a snapshot pickle or a trace (a file or a bundled trace's name)"
 NO_FILE = ("no FILE given, and this one-shot CLI process has no torchmem allocator of its own to report on. "
@@ -55,8 +60,6 @@ def snapshot_figures(snapshot):
 
 
 def _print_snapshot_table(path, figures):
-    from torchmem.stats import format_bytes
-
     print(f"snapshot {path}: {figures['all']['segments']} segments, {figures['trace_entries']} trace entries")
     rows = ("reserved_bytes", "allocated_bytes", "active_bytes", "requested_bytes", "free_bytes", "largest_free_block")
     print(f"{'':24}{'all':>14}{'large':>14}{'small':>14}")
@@ -68,8 +71,6 @@ def _print_snapshot_table(path, figures):
 
 
 def _trace_figures(path):
-    from torchmem import plot
-
     trace, description = plot.load_events(path)
     peak_requested = trace.peak_requested()
     peak_reserved = trace.recorded_peak_reserved() or 0
@@ -80,19 +81,13 @@ def _trace_figures(path):
 
 def run(args):
     if args.file is None:
-        from torchmem import stats
-        from torchmem._loader import is_installed
-
         if not is_installed():
             raise CliError(NO_FILE)
         print(json.dumps(stats.memory_stats(), indent=1) if args.json else stats.memory_summary(), end="")
         return 0
-    from torchmem import plot
 
     args.file = resolve_trace(args.file, "FILE")
     if plot.is_snapshot_path(args.file):
-        from torchmem.trace import _DataOnlyUnpickler
-
         try:
             with open(args.file, "rb") as f:
                 snapshot = _DataOnlyUnpickler(f).load()
@@ -112,8 +107,6 @@ def run(args):
     if args.json:
         print(json.dumps(figures))
     else:
-        from torchmem.stats import format_bytes
-
         print(f"trace {figures['trace']}: {figures['events']} events")
         print(f"peak requested           {format_bytes(figures['peak_requested'])}")
         print(f"peak reserved (recorded) {format_bytes(figures['peak_reserved_recorded'])}")

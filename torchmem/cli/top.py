@@ -9,10 +9,14 @@ Processes are sorted by reserved bytes. `--once` prints one frame; `--json`
 prints the figures as one JSON object (for scripts).
 """
 
+import glob
 import json
+import os
 import sys
 import time
 import uuid as _uuid
+
+from torchmem.monitor import record
 
 HELP = "live per-GPU, per-process view of torchmem's figures (with NVML's totals when available)"
 
@@ -29,7 +33,7 @@ def add_arguments(parser):
 def nvml_devices():
     """{uuid bytes: {index, name, total, used, free, processes: {pid: bytes}}} from NVML, or {}
     when nvidia-ml-py or a driver is missing."""
-    try:
+    try:  # nvidia-ml-py is optional: without it `top` shows torchmem's figures only
         import pynvml
     except ImportError:
         return {}
@@ -63,7 +67,6 @@ def nvml_devices():
 def collect(directory=None, use_nvml=True):
     """The figures `top` shows, as one JSON-ready dict: {"time", "devices": [...]}, each device with
     its NVML totals (or null) and its processes sorted by reserved bytes."""
-    from torchmem.monitor import record
 
     nvml = nvml_devices() if use_nvml else {}
     by_device = {}
@@ -91,13 +94,10 @@ def collect(directory=None, use_nvml=True):
 
 
 def share_groups(directory=None):
-    """The sharing groups' latest decisions (monitor/share.py writes one JSON file per group and
+    """The sharing groups' latest decisions (share/agent.py writes one JSON file per group and
     device): [{"file", "capacity", "limits", "borrowers", "trim", ...}]. Unreadable files are
     skipped; a group whose members have all exited is removed."""
-    import glob
-    import os
 
-    from torchmem.monitor import record
 
     groups = []
     for path in sorted(glob.glob(os.path.join(directory or record.default_dir(), "share-*.json"))):
@@ -156,6 +156,7 @@ def _device_title(dev):
 
 def render(snapshot):
     """A rich renderable (a Group of one table per device)."""
+    # rich is optional (the top extra): only `top` needs it
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -196,7 +197,7 @@ def run(args):
     if args.json:
         print(json.dumps(collect(args.dir, use_nvml)))
         return 0
-    try:
+    try:  # rich is optional (the top extra): without it `top` prints plain text
         from rich.console import Console
         from rich.live import Live
     except ImportError:

@@ -14,6 +14,8 @@ Figures come from torchmem's stats when its allocator is installed, else from to
 
 import torch
 
+import torchmem
+from torchmem import monitor
 from torchmem._loader import is_installed as _installed
 
 __all__ = ["memory_figures", "reset_peaks", "new_decisions"]
@@ -21,7 +23,6 @@ __all__ = ["memory_figures", "reset_peaks", "new_decisions"]
 
 def _stats(device):
     if _installed():
-        import torchmem
         return torchmem.memory_stats(device)
     return torch.cuda.memory_stats(device)
 
@@ -37,7 +38,6 @@ def reset_peaks(device=None):
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return
     if _installed():
-        import torchmem
         torchmem.reset_peak_memory_stats(device)
     else:
         torch.cuda.reset_peak_memory_stats(device)
@@ -57,7 +57,6 @@ def memory_figures(device=None, controller=None, prefix="torchmem/"):
         figures["peak_reserved_gib"] = reserved / 2**30
         figures["reserved_over_requested"] = reserved / requested if requested else 0.0
         if _installed():  # live, cached, largest free block, budget, OOMs... (the metrics' names)
-            from torchmem import monitor
             figures.update(monitor.figures(_device_index(device)))
     if controller is not None:
         figures["micro_batch"] = controller.micro_batch

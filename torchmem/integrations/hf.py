@@ -39,11 +39,14 @@ decisions since the last log travel as one text entry, torchmem/decisions
 warning), only in the logs where there are new ones: a few per run.
 """
 
+from torchmem.batch import BatchSizeController, batch_size_of
+from torchmem.integrations.figures import memory_figures, new_decisions, reset_peaks
+
 __all__ = ["TorchmemTrainerCallback", "TorchmemTrainerMixin", "make_trainer_class"]
 
 
 def _transformers():
-    try:
+    try:  # transformers is optional: loaded when a class is first built
         import transformers
     except ImportError:
         raise ImportError("torchmem.integrations.hf needs transformers: `pip install transformers`") from None
@@ -62,7 +65,6 @@ class TorchmemTrainerMixin:
         super().__init__(*args, **kwargs)
 
     def _torchmem_build_controller(self, model, batch_size):
-        from torchmem.batch import BatchSizeController
         if self.args.gradient_accumulation_steps != 1:
             raise ValueError(
                 "TorchmemTrainerMixin: set gradient_accumulation_steps=1 and put the whole per-device batch in "
@@ -78,7 +80,6 @@ class TorchmemTrainerMixin:
         return self.torchmem_controller
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        from torchmem.batch import batch_size_of
         model.train()
         inputs = self._prepare_inputs(inputs)
         controller = self.torchmem_controller
@@ -96,7 +97,6 @@ class TorchmemTrainerMixin:
         return controller.run(micro_step, inputs, backward=False)
 
     def log(self, logs, *args, **kwargs):
-        from torchmem.integrations.figures import memory_figures, new_decisions
         logs = dict(logs)
         logs.update(memory_figures(None, self.torchmem_controller))
         lines, self._torchmem_shown = new_decisions(self.torchmem_controller, self._torchmem_shown)
@@ -112,8 +112,6 @@ def make_trainer_class(base=None):
 
 
 def _build_callback_class():
-    from torchmem.integrations.figures import memory_figures, new_decisions, reset_peaks
-
     class TorchmemTrainerCallback(_transformers().TrainerCallback):
         """Resets peak figures at each step's start and adds torchmem's figures
         (peak requested/reserved, ratio; with a controller given here,

@@ -29,11 +29,14 @@ per micro-batch (so Lightning's precision plugin scales it), recovers from
 OOM, then steps and zeroes the optimizer.
 """
 
+from torchmem.batch import BatchSizeController
+from torchmem.integrations.figures import memory_figures, new_decisions, reset_peaks
+
 __all__ = ["TorchmemCallback", "controller_for", "run_manual_step"]
 
 
 def _callback_base():
-    try:
+    try:  # Lightning is optional: loaded when a callback is first built
         from lightning.pytorch import Callback
     except ImportError:
         try:
@@ -46,8 +49,6 @@ def _callback_base():
 
 
 def _build_callback_class():
-    from torchmem.integrations.figures import memory_figures, new_decisions, reset_peaks
-
     class TorchmemCallback(_callback_base()):
         """Logs torchmem's memory figures every `every_n_steps` training steps:
         torchmem/peak_requested_gib, peak_reserved_gib, reserved_over_requested,
@@ -120,7 +121,6 @@ def controller_for(pl_module, global_batch, **kwargs):
     """A BatchSizeController for a manual-optimization LightningModule: its
     (first) optimizer, the strategy's wrapped model (DDP under a DDP strategy),
     and the controller's own gradient averaging across ranks."""
-    from torchmem.batch import BatchSizeController
     optimizers = pl_module.optimizers()
     optimizer = optimizers[0] if isinstance(optimizers, (list, tuple)) else optimizers
     model = getattr(pl_module.trainer.strategy, "model", None) or pl_module

@@ -122,6 +122,7 @@ class NodeCollector:
         return []  # families vary with the processes: the registry must not describe them once
 
     def collect(self):
+        # prometheus_client is optional (the metrics extra)
         from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 
         try:
@@ -152,6 +153,7 @@ class NodeCollector:
 
 
 def _registry(collector):
+    # prometheus_client is optional (the metrics extra)
     from prometheus_client import CollectorRegistry
 
     registry = CollectorRegistry(auto_describe=False)
@@ -161,6 +163,7 @@ def _registry(collector):
 
 def exposition(collector):
     """One scrape's text (the Prometheus text format)."""
+    # prometheus_client is optional (the metrics extra)
     from prometheus_client import generate_latest
 
     return generate_latest(_registry(collector)).decode("utf-8")
@@ -169,6 +172,7 @@ def exposition(collector):
 def serve(collector, port, host="0.0.0.0"):
     """Serves `collector` on http://host:port/metrics (every path answers); returns the server.
     OSError with the address in its message when the port cannot be bound."""
+    # prometheus_client is optional (the metrics extra)
     from prometheus_client import start_http_server
 
     try:

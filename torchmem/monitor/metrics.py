@@ -56,6 +56,7 @@ def process_labels(rec, default_job=""):
 
 def families(records, default_job=""):
     """prometheus_client metric families for `records` (torchmem.monitor.record.Record)."""
+    # prometheus_client is optional (the metrics extra)
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     out = []
@@ -93,7 +94,7 @@ def serve_metrics(port, records_fn, addr="127.0.0.1"):
     when the port cannot be bound: training goes on without metrics."""
     if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
         raise ValueError(f"torchmem.serve_metrics: port must be an int in [0, 65535], got {port!r}")
-    try:
+    try:  # prometheus_client is optional (the metrics extra)
         from prometheus_client import CollectorRegistry, start_http_server
     except ImportError:
         raise ImportError("torchmem.serve_metrics needs prometheus-client: pip install prometheus-client") from None

@@ -1,10 +1,14 @@
-"""The background thread that publishes this process's figures (and runs its sharing agent).
+"""The background thread that publishes this process's figures (and runs an agent, if given).
 
 One daemon thread per process reads the source's counters every `interval`
-seconds (0.5 by default, 0.1 while sharing: memory must reach an owner within a
-second), writes the record (monitor/record.py) and, when the process shares its
-GPU, runs one arbitration round (monitor/share.py). Nothing here is on the
-allocation path: the allocator never waits for this thread.
+seconds (0.5 by default, 0.1 with an agent: a sharing owner's memory must come
+back within a second) and writes the record (monitor/record.py). An `agent` is
+run on the same thread, in the same order, every tick: `agent.annotate(rows)`
+fills fields of the fresh rows before the record is built, `agent.arbitrate(rows)`
+acts on them before it is written. GPU sharing is the agent (share/agent.py):
+riding on this tick keeps its timing tied to the figures it decides on, and the
+monitor needs no knowledge of it. Nothing here is on the allocation path: the
+allocator never waits for this thread.
 
 Note [Failures do not stop training]
 A full shared-memory filesystem, a directory we may not write, a stats call
@@ -23,26 +27,14 @@ import warnings
 
 from torchmem.monitor import record as _record
 from torchmem.monitor.sources import distributed_identity, process_command, process_identity
+from torchmem.runtime import budget
 
-__all__ = ["Publisher", "report_micro_batch", "current_micro_batch", "identity_now"]
+__all__ = ["Publisher", "identity_now"]
 
 _log = logging.getLogger("torchmem.monitor")
-_micro_batch = {"value": -1, "batch": None}
 # peak_live_bytes is the peak over this window (a sharing member's demand) and
 # recent_ooms the OOMs within it (a member pressed against its limit)
 WINDOW_S = 2.0
-
-
-def report_micro_batch(size, batch=None):
-    """The batch controller's micro-batch (shown by `top`, exported; -1 = none) and the batch it
-    splits: a micro-batch below the batch means more memory would be used (the sharing arbiter
-    counts such a process as wanting to borrow)."""
-    _micro_batch["value"] = int(size)
-    _micro_batch["batch"] = None if batch is None else int(batch)
-
-
-def current_micro_batch():
-    return _micro_batch["value"]
 
 
 def identity_now(base):
@@ -83,8 +75,7 @@ class Publisher:
 
     def _snapshot(self):
         rows = self.source.rows()
-        micro = current_micro_batch()
-        batch = _micro_batch["batch"]
+        micro, batch = budget.micro_batch()  # the batch controller's pick (runtime/budget.py)
         now = time.monotonic()
         for row in rows:
             row.micro_batch = micro

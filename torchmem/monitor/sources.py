@@ -1,10 +1,10 @@
 """Where a publishing process reads its own figures: the installed allocator, or a
 simulated pool.
 
-A source has four methods: `rows()` (a list of DeviceFigures, one per device
-with a pool), `host()` (pinned host bytes: reserved, active), `set_limit(index,
-bytes)`, `empty_cache()` and `release_to(index, keep_bytes)`; the last three are
-the sharing agent's levers.
+A source reads, never acts: `rows()` (a list of DeviceFigures, one per device
+with a pool), `host()` (pinned host bytes: reserved, active) and
+`device_free(index)`. The levers GPU sharing pulls (set a limit, give cached
+memory back) are share/levers.py's, over these same sources.
 `process_identity()` is who the process is among its job's processes (rank,
 local rank, world size, job), from the launcher's environment; the publisher
 writes it into the record for the node exporter's labels.
@@ -18,6 +18,9 @@ import os
 import sys
 import uuid as _uuid
 
+import torch
+
+from torchmem._loader import extension
 from torchmem.monitor.record import DeviceFigures
 
 __all__ = ["figures_from_raw", "RuntimeSource", "PoolSource", "process_command", "process_identity",
@@ -113,15 +116,11 @@ class RuntimeSource:
     """The installed allocator of this process (torchmem.install())."""
 
     def __init__(self):
-        from torchmem._loader import _C
-
-        self._C = _C
+        self._core = extension()
         self._uuids = {}
 
     def _uuid(self, index):
         if index not in self._uuids:
-            import torch
-
             text = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
             try:
                 self._uuids[index] = _uuid.UUID(text.replace("GPU-", "")).bytes
@@ -130,11 +129,9 @@ class RuntimeSource:
         return self._uuids[index]
 
     def rows(self):
-        return [figures_from_raw(self._C.runtime_stats(d), d, self._uuid(d)) for d in self._C.runtime_devices()]
+        return [figures_from_raw(self._core.runtime_stats(d), d, self._uuid(d)) for d in self._core.runtime_devices()]
 
     def host(self):
-        import torch
-
         # host_memory_stats reads torch's host allocator counters: no CUDA call.
         if not (torch.cuda.is_initialized() and hasattr(torch.cuda, "host_memory_stats")):
             return 0, 0
@@ -145,16 +142,7 @@ class RuntimeSource:
         # Through the runtime, whose CUDA calls run in relaxed capture mode: from
         # this background thread, torch.cuda.mem_get_info would invalidate a CUDA
         # graph another thread is capturing in global mode.
-        return int(self._C.runtime_stats(index)["device_free"])
-
-    def set_limit(self, index, limit):
-        self._C.runtime_set_limit(index, int(limit))
-
-    def empty_cache(self):
-        return int(self._C.runtime_empty_cache())
-
-    def release_to(self, index, keep_bytes):
-        return int(self._C.runtime_release_cached_to(index, int(keep_bytes)))
+        return int(self._core.runtime_stats(index)["device_free"])
 
 
 class PoolSource:
@@ -176,12 +164,3 @@ class PoolSource:
 
     def device_free(self, index):
         return self.rows()[0].device_free_bytes
-
-    def set_limit(self, index, limit):
-        self.pool.set_limit(int(limit))
-
-    def empty_cache(self):
-        return int(self.pool.release_cached())
-
-    def release_to(self, index, keep_bytes):
-        return int(self.pool.release_cached_to(int(keep_bytes)))

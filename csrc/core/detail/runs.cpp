@@ -39,7 +39,7 @@
 // Note [Runs under a limit] Under a limit (memory fraction, share grant) the
 // pool grows granule by granule so that every cached granule can be stitched.
 // run_below_limit (default 0) takes runs while held stays under that fraction
-// of the limit, never with runs ahead; torchmem/config.py sets 0.5 with share,
+// of the limit, never with runs ahead; torchmem/runtime/config.py sets 0.5 with share,
 // 0 otherwise.
 // Why: a fixed limit pays its granules once, in the warm-up; a sharing
 // group's limits keep moving, so its growth recurs and 0.5 halves the

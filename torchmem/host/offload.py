@@ -82,7 +82,7 @@ Each unpack makes the current stream wait for its tensor's event and
 record_stream()s the new device tensor on the current stream, so nothing is
 read before it arrived or freed while still in use. Host blocks return to the pinned pool when autograd drops the
 saved tensor, and the pool reuses them only after both copies finished
-(torchmem/host.py). Streams are created once per offloader: fresh streams each
+(torchmem/host/pool.py). Streams are created once per offloader: fresh streams each
 step would make the caching allocator grow pools.
 
 Note [Saved versions]
@@ -121,6 +121,9 @@ import time
 import weakref
 
 import torch
+
+from torchmem import host as pinned_host
+from torchmem._loader import extension
 
 __all__ = ["OffloadActivations", "offload_activations"]
 
@@ -395,8 +398,8 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             # are not (copy_ resolves the flag), nor a subclass's (no data pointer of its own).
             if self._native is not None and type(t) is torch.Tensor and not (t.is_conj() or t.is_neg()):
                 try:
-                    host, view = _C.offload_copy_out(t, self._native, d2h.stream_id, d2h.device_index,
-                                                     d2h.device_type)
+                    host, view = extension().offload_copy_out(t, self._native, d2h.stream_id,
+                                                              d2h.device_index, d2h.device_type)
                 finally:
                     pool._warn_notices()
             else:
@@ -437,7 +440,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             obj.fetched = None
         if out.device.type == "cuda":
             if self._native is not None:
-                _C.offload_use(out, obj.h2d_event.cuda_event)
+                extension().offload_use(out, obj.h2d_event.cuda_event)
             else:
                 current = torch.cuda.current_stream(out.device)
                 current.wait_event(obj.h2d_event)
@@ -453,8 +456,9 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             _, h2d, now = self._streams_for(h.device)
             h2d = now if urgent else h2d  # backward waits for this one: not behind queued fetches
             if self._native is not None:
-                out = _C.offload_copy_in(h.host, h.host_base, self._native, h.device.index, h2d.stream_id,
-                                         h2d.device_index, h2d.device_type, h.d2h_event.cuda_event)
+                out = extension().offload_copy_in(h.host, h.host_base, self._native, h.device.index,
+                                                  h2d.stream_id, h2d.device_index, h2d.device_type,
+                                                  h.d2h_event.cuda_event)
             else:
                 h2d.wait_event(h.d2h_event)
                 with torch.cuda.stream(h2d):
@@ -509,14 +513,12 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
 
     def _host_pool(self):
         if self._pool is None:
-            from torchmem import host
-            self._pool = host.default_pool()
+            self._pool = pinned_host.default_pool()
         if self._native is _UNRESOLVED:  # Note [Offload copies]
             self._native = self._pool._pool if self._pool.device is not None and _native_copies() else None
         return self._pool
 
 
-_C = None
 _UNRESOLVED = object()
 
 
@@ -549,13 +551,9 @@ def _signature(t):
 
 def _native_copies():
     """Whether the hooks may use torchmem._C's one-call copies (Note [Offload copies])."""
-    global _C
     if os.environ.get("TORCHMEM_OFFLOAD_COPIES", "native") == "python":
         return False
-    if _C is None:
-        from torchmem._loader import _C as compiled
-        _C = compiled
-    return hasattr(_C, "offload_copy_out")
+    return hasattr(extension(), "offload_copy_out")
 
 
 def plan_offload(sizes, budget_bytes):

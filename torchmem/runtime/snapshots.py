@@ -7,7 +7,7 @@ the newest the memory_viz page can read. `record_history()` turns on the
 core's trace ring and, with stacks="python" or "all", a context provider that
 the allocator calls before each allocation: it captures the stack and returns
 an integer id that the core stores with the block and the trace entry;
-snapshots turn ids back into frames (torchmem/stacks.py).
+snapshots turn ids back into frames (torchmem/runtime/stacks.py).
 
 Note [Live trace ring]
 record_history() works at any time, as torch's _record_memory_history does:
@@ -28,27 +28,18 @@ snapshot's events ('segment_alloc' / 'segment_free' name torchmem's
 with the pool's operation counter when it is set, and each event shows the
 string in force when it happened (per process, where torch keeps one per
 thread).
-
-Note [Callable module]
-`torchmem.snapshot` names both this module and its snapshot() function (the
-package exports the function lazily). Importing the module, which other parts
-of torchmem do, makes Python set the package attribute to the module, and
-`torchmem.snapshot()` would then fail. So the module is callable: calling it
-calls snapshot(). Code inside torchmem reaches the module with
-importlib.import_module("torchmem.snapshot").
 """
 
 import bisect
 import pickle
 import sys
 import threading
-import types
 import warnings
 
-from torchmem import stacks as _stacks
-from torchmem import stats as _stats
-from torchmem.snapshot_format import to_torch_snapshot
-from torchmem.stacks import capture_stack, stack_frames  # noqa: F401 (the public names)
+from torchmem.runtime import stacks as _stacks
+from torchmem.runtime import stats as _stats
+from torchmem.analysis.snapshot_format import to_torch_snapshot
+from torchmem.runtime.stacks import capture_stack, stack_frames  # noqa: F401 (the public names)
 
 # The trace ring is capped: torch's default max_entries (sys.maxsize) would ask the core
 # for an unbounded ring. ~100 bytes per entry: the cap costs at most ~100 MB.
@@ -235,13 +226,3 @@ def _shape_history(result, core, device_id):
             event["frames"] = []
     result["device_traces"][device_id] = events
     return result
-
-
-class _CallableModule(types.ModuleType):
-    """Note [Callable module]."""
-
-    def __call__(self, *args, **kwargs):
-        return snapshot(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -1,4 +1,4 @@
-"""Elastic budgets on one GPU: the I/O around the arbiter (monitor/arbiter.py).
+"""Elastic budgets on one GPU: the I/O around the arbiter (share/arbiter.py).
 
 Processes that set ``share=GROUP,guarantee=SIZE`` form a group per physical
 device (its UUID). Each member's publisher thread, every tick (0.1 s), takes
@@ -19,8 +19,9 @@ member can decide, the lock makes one decide at a time.
 Note [Owners wait, borrowers yield]
 An owner that grows back into its share may find the device full of a
 borrower's memory. Its allocation then fails in the pool, the pool's own OOM
-ladder finds nothing, and torchmem's OOM hooks run (torchmem/hooks.py): the
-hook here records the bytes the allocation needs (`need`), arbitrates at once
+ladder finds nothing, and the OOM path runs (torchmem/runtime/hooks.py: the
+budget mover's waiter, runtime/budget.py, before the user's hooks): the
+waiter here records the bytes the allocation needs (`need`), arbitrates at once
 (the borrowers' limits fall) and waits, sleeping without the GIL, until the
 device has room, then asks the allocator to retry. Borrowers see the new
 decision within a tick: their cached memory goes back at once, their live
@@ -36,27 +37,16 @@ import fcntl
 import json
 import logging
 import os
-import re
 import threading
 import time
 
-from torchmem.monitor import arbiter, record as _record
+from torchmem.monitor import record as _record
+from torchmem.share import arbiter
 
-__all__ = ["ShareAgent", "parse_group", "group_files"]
+__all__ = ["ShareAgent", "group_files"]
 
 _log = logging.getLogger("torchmem.monitor")
 _GRANULE = 2 << 20  # a request maps whole granules (2 MiB on the GPUs torchmem runs on)
-_GROUP_RE = re.compile(r"^[A-Za-z0-9_.-]{1,31}$")
-
-
-def parse_group(key, value):
-    """A sharing group's name, or None (no sharing)."""
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
-        return None
-    text = str(value).strip()
-    if not _GROUP_RE.match(text):
-        raise ValueError(f"torchmem config {key!r}: a group name is 1-31 letters, digits, '_', '.' or '-', got {value!r}")
-    return text
 
 
 def group_files(directory, group, uuid):

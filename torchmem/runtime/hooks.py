@@ -5,7 +5,10 @@ pool's OOM ladder (release every cache, retry) still finds no memory, the
 allocator shim calls `_run_hooks` OUTSIDE its lock with the GIL held; the hooks
 run in registration order until one returns True ("I freed something, retry").
 The shim retries the allocation at most `oom_hook_retries` times (config), so a
-hook that claims success without freeing cannot loop forever.
+hook that claims success without freeing cannot loop forever. While a budget
+mover is plugged (GPU sharing, runtime/budget.py), its OOM waiter runs first,
+counted as a hook: an owner waits for borrowers to yield before the user's
+hooks drop anything.
 
 Note [Hook errors]
 A hook that raises must not turn an OOM into a silent retry or hide a bug: the
@@ -26,13 +29,16 @@ import threading
 import traceback
 import warnings
 
+from torchmem._loader import extension, is_installed
+from torchmem.runtime import budget
+from torchmem.runtime.stats import count_oom_hook, memory_stats, oom_hook_counters
+
 _log = logging.getLogger("torchmem")
 
 _hooks = {}  # handle id -> fn, in registration order (dicts keep insertion order)
 _ids = itertools.count(1)
 _lock = threading.Lock()
 _state = threading.local()
-_counters = {"oom_hook_calls": 0, "oom_hook_errors": 0, "oom_hook_successes": 0}
 
 
 class OomHookHandle:
@@ -82,15 +88,12 @@ def registered_hooks():
 
 def hook_counters():
     """{'oom_hook_calls', 'oom_hook_successes', 'oom_hook_errors'}: totals for this process."""
-    with _lock:
-        return dict(_counters)
+    return oom_hook_counters()
 
 
 def _attach_runtime():
     """Makes the installed allocator call _run_hooks on OOM. Called by on_oom() and by
     torchmem.install(); a no-op when torchmem's allocator is not installed."""
-    from torchmem._loader import extension, is_installed
-
     if is_installed():
         extension().runtime_set_oom_callback(_run_hooks)
         return True
@@ -99,8 +102,7 @@ def _attach_runtime():
 
 def _report_error(fn, device, requested):
     text = traceback.format_exc()
-    with _lock:
-        _counters["oom_hook_errors"] += 1
+    count_oom_hook("oom_hook_errors")
     message = (
         f"torchmem: OOM hook {fn!r} raised while device {device} needed {requested} bytes; "
         f"treated as 'freed nothing'.\n{text}"
@@ -115,28 +117,27 @@ def _run_hooks(device, requested, pool=None):
     if getattr(_state, "running", False):
         return False  # Note [Re-entrant OOM]
     hooks = registered_hooks()
+    waiter = budget.oom_waiter()
+    if waiter is not None:  # a sharing owner waits for borrowers before the user's hooks drop anything
+        hooks.insert(0, waiter)
     if not hooks:
         return False
     _state.running = True
     try:
-        from torchmem.stats import memory_stats
-
         try:
             stats = memory_stats(device, pool=pool)
         except Exception:  # stats are a courtesy to the hook; never let them block recovery
             _log.exception("torchmem: could not read stats for the OOM hooks")
             stats = {}
         for fn in hooks:
-            with _lock:
-                _counters["oom_hook_calls"] += 1
+            count_oom_hook("oom_hook_calls")
             try:
                 freed = bool(fn(device, requested, stats))
             except Exception:
                 _report_error(fn, device, requested)  # Note [Hook errors]
                 continue
             if freed:
-                with _lock:
-                    _counters["oom_hook_successes"] += 1
+                count_oom_hook("oom_hook_successes")
                 return True
         return False
     finally:

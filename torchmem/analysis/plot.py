@@ -2,7 +2,7 @@
 
 Reads the shared trace format (gzip JSON, torchmem/data/traces/README.md) or a
 PyTorch memory-snapshot pickle (torch.cuda.memory._dump_snapshot or
-torchmem.dump_snapshot) through torchmem.trace, then draws requested bytes (live
+torchmem.dump_snapshot) through torchmem.analysis.trace, then draws requested bytes (live
 bytes the program asked for), the recorded allocator's reserved bytes and the
 reserved bytes torchmem's pool would hold for the same requests (replayed); a second panel shows the fragmentation ratio so far
 (peak reserved / peak requested up to each event), which ends at the headline
@@ -23,7 +23,7 @@ import os
 
 import numpy as np
 
-from torchmem import trace as trace_io
+from torchmem.analysis import trace as trace_io
 
 MAX_POINTS = 4000
 _GROWS = (trace_io.SEGMENT_ALLOC, trace_io.SEGMENT_MAP)
@@ -37,7 +37,7 @@ def is_snapshot_path(path):
 
 
 def load_events(path):
-    """(Trace, description) for a trace file or a snapshot pickle (torchmem.trace.load: a
+    """(Trace, description) for a trace file or a snapshot pickle (torchmem.analysis.trace.load: a
     snapshot's trace gets a prologue for blocks live before recording began)."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such file: {path}")
@@ -48,7 +48,7 @@ def load_events(path):
 
 def curves(trace):
     """Requested bytes (live, as asked for) and the recorded allocator's reserved bytes after
-    each event of `trace` (a torchmem.trace.Trace)."""
+    each event of `trace` (a torchmem.analysis.trace.Trace)."""
     events = trace.events
     actions, addrs, sizes = events[:, 0], events[:, 1], events[:, 2]
     requested_delta = np.zeros(len(events), dtype=np.int64)
@@ -65,8 +65,9 @@ def curves(trace):
 
 
 def replayed_reserved(trace):
-    """Reserved bytes of torchmem's simulated pool after each event (torchmem.replay)."""
-    from torchmem import replay
+    """Reserved bytes of torchmem's simulated pool after each event (torchmem.analysis.replay)."""
+    # loads the compiled module: plotting a recorded trace alone must not need it
+    from torchmem.analysis import replay
 
     return np.asarray(replay.reserved_timeline(trace, policy="torchmem"), dtype=np.int64)
 
@@ -159,6 +160,7 @@ _STATE_COLORS = (("active_allocated", "tab:blue"), ("active_pending_free", "tab:
 def plot_layout(path, output, title=None):
     """Writes a PNG of a snapshot's layout at one moment to `output`: one bar per segment,
     its blocks coloured by state (allocated, pending free, free). Returns the figures drawn."""
+    # matplotlib is optional (the plot extra) and slow to import
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 

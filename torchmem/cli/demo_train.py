@@ -13,6 +13,13 @@ import random
 import textwrap
 import time
 
+import torch
+
+import torchmem
+from torchmem._loader import extension
+from torchmem.cli.options import LIMIT_HELP
+from torchmem.cli.options import parse_limit
+
 WIDTH = 100  # columns of every printed line
 
 
@@ -52,7 +59,6 @@ def parse_args(argv=None):
 
 def add_arguments(parser):
     """Options of the GPU demo (the CLI's `demo` command adds these)."""
-    from torchmem.cli.options import LIMIT_HELP
 
     parser.add_argument("--steps", type=int, default=30, help="training steps (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model and the shapes (default: %(default)s)")
@@ -72,10 +78,7 @@ def _option(args, name, default):
 
 def main(args=None):
     """Trains with torchmem installed; returns a process exit code."""
-    import torch
 
-    import torchmem
-    from torchmem import _C
 
     steps = _option(args, "steps", 30)
     seed = _option(args, "seed", 0)
@@ -88,14 +91,13 @@ def main(args=None):
     if not torch.cuda.is_available():
         print("torchmem demo: no CUDA GPU here; run `python -m torchmem demo` for the trace replay instead")
         return 1
-    from torchmem.cli.options import parse_limit
 
     options = {"warn_unsupported": False}
     if limit is not None:
         options["limit"] = parse_limit(limit)
     config = torchmem.install(**options)
     device = torch.cuda.current_device()
-    print(f"torchmem installed on {torch.cuda.get_device_name(device)}, backend {_C.runtime_backend_name(device)}")
+    print(f"torchmem installed on {torch.cuda.get_device_name(device)}, backend {extension().runtime_backend_name(device)}")
     print(textwrap.fill(f"config: {config!r}", width=WIDTH, subsequent_indent="  "))
 
     rng = random.Random(seed)
@@ -126,7 +128,7 @@ def main(args=None):
         del logits, loss, ids
 
     times.sort()
-    for line in summary_lines(_C.runtime_stats(device), steps, times[len(times) // 2]):
+    for line in summary_lines(extension().runtime_stats(device), steps, times[len(times) // 2]):
         print(line)
     return 0
 

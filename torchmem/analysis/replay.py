@@ -21,9 +21,14 @@ import time
 
 import numpy as np
 
-from torchmem import trace as trace_io
-from torchmem._loader import _C
-from torchmem.config import Config, parse_conf_string
+from torchmem._loader import extension
+from torchmem.analysis import trace as trace_io
+from torchmem.analysis.snapshot_format import to_torch_snapshot
+from torchmem.runtime.config import Config, parse_conf_string
+
+# The core loads, and is checked against the installed torch, when this module loads (as
+# importing torchmem._C here did): a bad build is reported before anything runs.
+_core = extension()
 
 POLICIES = ("torchmem", "native", "expandable")  # expandable: PyTorch with expandable_segments:True (a model)
 # The traces' device: an H200 reports ~140 GiB. A replay fails only past this.
@@ -141,7 +146,7 @@ def replay(source, policy="torchmem", *, limit=0, config=None, capacity=DEFAULT_
     budget = int(limit or core["limit_bytes"])
     label = name or (str(source) if isinstance(source, str) else trace.name)
     started = time.perf_counter()
-    raw = _C.replay(trace.events, policy, pool_config=core, limit=budget, capacity=int(capacity),
+    raw = _core.replay(trace.events, policy, pool_config=core, limit=budget, capacity=int(capacity),
                     stop_at=int(stop_at), progress=_progress_adapter(progress, f"{trace.name} {policy}"),
                     native_config=native_config, costs=costs, event_delay=int(event_delay))
     result = _result_from(raw, label, policy, trace, budget)
@@ -203,7 +208,7 @@ def find_min_cap(source, policy="torchmem", *, config=None, capacity=DEFAULT_CAP
     trace = _as_trace(source, device=device)
     core = pool_config(config, capacity)
     core["limit_bytes"] = 0
-    return dict(_C.min_cap(trace.events, policy, pool_config=core, capacity=int(capacity), precision=int(precision),
+    return dict(_core.min_cap(trace.events, policy, pool_config=core, capacity=int(capacity), precision=int(precision),
                            progress=_progress_adapter(progress, f"{trace.name} {policy} min-cap"),
                            native_config=native_config, costs=costs, event_delay=int(event_delay)))
 
@@ -262,7 +267,7 @@ def snapshot_at(source, event, policy="torchmem", *, limit=0, config=None, capac
     _check_policy(policy)
     trace = _as_trace(source, device=device)
     core = pool_config(config, capacity)
-    raw = _C.replay(trace.events, policy, pool_config=core, limit=int(limit or core["limit_bytes"]),
+    raw = _core.replay(trace.events, policy, pool_config=core, limit=int(limit or core["limit_bytes"]),
                     capacity=int(capacity), stop_at=int(event), native_config=native_config, snapshot=True)
     return raw["snapshot"]
 
@@ -272,7 +277,6 @@ def torch_snapshot_at_peak(source, policy="torchmem", *, limit=0, config=None, c
     """Replays up to the policy's peak-reserved event and returns its layout there in
     PyTorch's memory-snapshot format (what torch.cuda.memory._dump_snapshot pickles),
     plus the ReplayResult of the full replay: (snapshot_dict, result)."""
-    from torchmem.snapshot_format import to_torch_snapshot
 
     trace = _as_trace(source, device=device)
     result = replay(trace, policy, limit=limit, config=config, capacity=capacity)
@@ -288,6 +292,6 @@ def reserved_timeline(source, policy="torchmem", *, limit=0, config=None, capaci
     _check_policy(policy)
     trace = _as_trace(source, device=device)
     core = pool_config(config, capacity)
-    raw = _C.replay(trace.events, policy, pool_config=core, limit=int(limit or core["limit_bytes"]),
+    raw = _core.replay(trace.events, policy, pool_config=core, limit=int(limit or core["limit_bytes"]),
                     capacity=int(capacity), timeline=True)
     return raw["reserved_timeline"]

@@ -9,7 +9,7 @@ thresholds) and mean nothing to torchmem's pool, which has its own options
 same thing to any allocator: ``per_process_memory_fraction``, which torchmem
 applies to every device's pool as if ``torch.cuda.set_per_process_memory_fraction``
 had been called before the first allocation (Note [Memory fraction] in
-csrc/shim/runtime.h).
+csrc/shim/budget.h).
 """
 
 import os

@@ -30,14 +30,18 @@ import warnings
 
 import torch
 
-from torchmem._loader import _C
+from torchmem._loader import extension
+
+# The core loads, and is checked against the installed torch, when this module loads (as
+# importing torchmem._C here did): a bad build is reported before anything runs.
+_core = extension()
 
 __all__ = [
     "HostPool", "HostOutOfMemoryError", "default_pool", "empty", "empty_like", "pin", "record_stream",
     "stats", "reset_peak_stats", "empty_cache", "set_limit", "pin_batch", "pinned", "install_torch_host_allocator",
 ]
 
-HostOutOfMemoryError = _C.HostOutOfMemoryError
+HostOutOfMemoryError = _core.HostOutOfMemoryError
 
 _MiB = 1 << 20
 
@@ -70,7 +74,7 @@ class HostPool:
             raise ValueError(f"torchmem.host: backend must be 'auto', 'cuda' or 'sim', got {backend!r}")
         if not isinstance(chunk_mb, int) or chunk_mb < 2 or chunk_mb % 2:
             raise ValueError(f"torchmem.host: chunk_mb must be an even int >= 2 (whole huge pages), got {chunk_mb!r}")
-        cuda_ok = hasattr(_C.HostPool, "cuda") and torch.cuda.is_available()
+        cuda_ok = hasattr(_core.HostPool, "cuda") and torch.cuda.is_available()
         sim = dict(sim or {})
         self._no_gpu = False
         if backend == "auto":
@@ -92,10 +96,10 @@ class HostPool:
         if backend == "cuda":
             self.device = torch.device("cuda", torch.cuda.current_device() if device is None
                                        else torch.device(device).index or 0)
-            self._pool = _C.HostPool.cuda(self.device.index, chunk_bytes, limit_bytes, require_pinned, huge_pages,
+            self._pool = _core.HostPool.cuda(self.device.index, chunk_bytes, limit_bytes, require_pinned, huge_pages,
                                           numa, touch_threads, sysfs_root)
         else:
-            self._pool = _C.HostPool.sim(chunk_bytes, limit_bytes, require_pinned, huge_pages, sysfs_root, **sim)
+            self._pool = _core.HostPool.sim(chunk_bytes, limit_bytes, require_pinned, huge_pages, sysfs_root, **sim)
         self.backend = backend
 
     # ---------------------------------------------------------------- blocks
@@ -282,19 +286,19 @@ def install_torch_host_allocator(pool=None):
     kernels report to one allocator, so blocks pinned before the swap would
     lose stream safety (csrc/bindings/host_torch_bindings_cuda.cpp, Note [Host
     allocator swap]). It lasts for the life of the process."""
-    if not hasattr(_C, "host_install_torch_allocator"):
+    if not hasattr(_core, "host_install_torch_allocator"):
         raise RuntimeError("torchmem.host: this torchmem build has no CUDA; there is no pinned allocator to replace")
     pool = pool or default_pool()
     if pool.backend != "cuda":
         raise ValueError("torchmem.host: only a pool with backend='cuda' can be torch's pinned allocator")
-    if not _C.host_torch_allocator_installed():
+    if not _core.host_torch_allocator_installed():
         pinned_before = torch.cuda.host_memory_stats().get("num_host_alloc", 0)
         if pinned_before:
             raise RuntimeError(
                 f"torchmem.host: torch already pinned memory {pinned_before} time(s) with its own allocator; "
                 "call install_torch_host_allocator() before anything is pinned (right after import torch), "
                 "or pin through torchmem.host.pin()/empty() instead")
-    _C.host_install_torch_allocator(pool._pool)
+    _core.host_install_torch_allocator(pool._pool)
     pool._routed = True
 
 

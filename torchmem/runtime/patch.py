@@ -26,8 +26,13 @@ wrapped ours keeps theirs).
 """
 
 import functools
-import importlib
 import threading
+
+import torch
+import torch.cuda.memory
+
+from torchmem._loader import is_installed
+from torchmem.runtime import snapshots, stats
 
 _lock = threading.Lock()
 _originals = {}  # (module name, attribute) -> original function
@@ -39,8 +44,6 @@ def _use_torchmem():
     """Whether the wrappers answer from torchmem: a pool given to patch_torch, or the installed allocator."""
     if _source["pool"] is not None:
         return True
-    from torchmem._loader import is_installed
-
     return is_installed()
 
 
@@ -49,61 +52,49 @@ def _device_kwargs(device):
     return {"pool": pool} if pool is not None else {"device": device}
 
 
-def _stats():
-    from torchmem import stats
-
-    return stats
-
-
-def _snapshot_module():
-    # importlib, not `from torchmem import snapshot`: the package's lazy attribute of that
-    # name is the snapshot() function, not the module.
-    return importlib.import_module("torchmem.snapshot")
-
-
 def memory_stats(device=None):
-    return _stats().memory_stats(**_device_kwargs(device))
+    return stats.memory_stats(**_device_kwargs(device))
 
 
 def memory_stats_as_nested_dict(device=None):
-    return _stats().memory_stats_as_nested_dict(**_device_kwargs(device))
+    return stats.memory_stats_as_nested_dict(**_device_kwargs(device))
 
 
 def memory_allocated(device=None):
-    return _stats().memory_allocated(**_device_kwargs(device))
+    return stats.memory_allocated(**_device_kwargs(device))
 
 
 def max_memory_allocated(device=None):
-    return _stats().max_memory_allocated(**_device_kwargs(device))
+    return stats.max_memory_allocated(**_device_kwargs(device))
 
 
 def memory_reserved(device=None):
-    return _stats().memory_reserved(**_device_kwargs(device))
+    return stats.memory_reserved(**_device_kwargs(device))
 
 
 def max_memory_reserved(device=None):
-    return _stats().max_memory_reserved(**_device_kwargs(device))
+    return stats.max_memory_reserved(**_device_kwargs(device))
 
 
 def reset_peak_memory_stats(device=None):
-    _stats().reset_peak_memory_stats(**_device_kwargs(device))
+    stats.reset_peak_memory_stats(**_device_kwargs(device))
 
 
 def reset_max_memory_allocated(device=None):
     # torch's version resets every peak too (with a FutureWarning); same effect here.
-    _stats().reset_peak_memory_stats(**_device_kwargs(device))
+    stats.reset_peak_memory_stats(**_device_kwargs(device))
 
 
 def reset_accumulated_memory_stats(device=None):
-    _stats().reset_accumulated_memory_stats(**_device_kwargs(device))
+    stats.reset_accumulated_memory_stats(**_device_kwargs(device))
 
 
 def memory_summary(device=None, abbreviated=False):
-    return _stats().memory_summary(abbreviated=abbreviated, **_device_kwargs(device))
+    return stats.memory_summary(abbreviated=abbreviated, **_device_kwargs(device))
 
 
 def _snapshot(device=None, augment_with_fx_traces=False):
-    result = _snapshot_module().snapshot(**_device_kwargs(device))
+    result = snapshots.snapshot(**_device_kwargs(device))
     if augment_with_fx_traces:
         # torch's own pass: frames in FX-generated files gain fx_node_* fields (the stacks
         # torchmem records are Python frames, as torch's are)
@@ -112,8 +103,6 @@ def _snapshot(device=None, augment_with_fx_traces=False):
 
 
 def _fx_augmenter():
-    import torch
-
     augment = getattr(torch.cuda.memory, "_augment_memory_snapshot_stack_traces", None)
     if augment is None:
         augment = getattr(torch._utils, "_augment_memory_snapshot_stack_traces", None)
@@ -123,7 +112,7 @@ def _fx_augmenter():
 
 
 def memory_snapshot(mempool_id=None, include_traces=True):
-    segments = _snapshot_module().snapshot(include_traces=include_traces, **_device_kwargs(None))["segments"]
+    segments = snapshots.snapshot(include_traces=include_traces, **_device_kwargs(None))["segments"]
     if mempool_id is None or tuple(mempool_id) == (0, 0):  # torch's (0, 0): every pool
         return segments
     wanted = tuple(mempool_id)
@@ -131,15 +120,15 @@ def memory_snapshot(mempool_id=None, include_traces=True):
 
 
 def _record_memory_history(enabled="all", *args, **kwargs):
-    _snapshot_module().torch_record_memory_history(enabled, *args, **kwargs)
+    snapshots.torch_record_memory_history(enabled, *args, **kwargs)
 
 
 def _set_memory_metadata(metadata):
-    _snapshot_module().set_memory_metadata(metadata)
+    snapshots.set_memory_metadata(metadata)
 
 
 def _get_memory_metadata():
-    return _snapshot_module().get_memory_metadata()
+    return snapshots.get_memory_metadata()
 
 
 # name -> our replacement; each answers from torchmem when _use_torchmem(), else calls torch's.
@@ -175,9 +164,6 @@ def _wrap(original, replacement):
 
 
 def _modules():
-    import torch.cuda
-    import torch.cuda.memory
-
     return (torch.cuda.memory, torch.cuda)
 
 

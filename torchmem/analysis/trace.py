@@ -337,7 +337,7 @@ def save(trace, path):
 
 
 def _bundled_folder():
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "traces")
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "traces")
 
 
 def bundled_traces():

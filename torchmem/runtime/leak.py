@@ -27,7 +27,9 @@ import gc
 import logging
 import warnings
 
-from torchmem.stats import format_bytes
+from torchmem.runtime import stats
+from torchmem.runtime.snapshots import stack_frames
+from torchmem.runtime.stats import format_bytes
 
 _log = logging.getLogger("torchmem")
 
@@ -92,7 +94,6 @@ class LeakReport:
 def _core_snapshot(device, pool):
     if pool is not None:
         return pool.snapshot()
-    from torchmem import stats
 
     return stats._runtime().runtime_snapshot(stats.device_index(device))
 
@@ -166,7 +167,6 @@ class leak_check:  # noqa: N801 (used as a context manager, named like a functio
                 addr for addr, (block, _) in live.items()
                 if self._before.get(addr) != (block["size"], block.get("requested_size"), block.get("context"))
             }
-        from torchmem.snapshot import stack_frames
 
         for addr in sorted(inside & live.keys()):
             block, segment = live[addr]

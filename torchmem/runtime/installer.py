@@ -25,19 +25,22 @@ torchmem's pool for a scoped ``torch.cuda.MemPool``, with PyTorch's own
 allocator left in charge everywhere else.
 """
 
-import importlib
 import threading
 import warnings
 
 import torch
 
-from torchmem import config as _config
-from torchmem import hooks as _hooks
-from torchmem import patch as _patch
-from torchmem import torch_alloc_conf as _torch_alloc_conf
-from torchmem._loader import _C, is_installed
+from torchmem.runtime import config as _config
+from torchmem.runtime import hooks as _hooks
+from torchmem.runtime import patch as _patch
+from torchmem.runtime import torch_alloc_conf as _torch_alloc_conf
+from torchmem._loader import extension, is_installed
 
-__all__ = ["install", "is_installed", "mem_pool_allocator"]
+__all__ = ["install", "is_installed", "mem_pool_allocator", "start_from_config"]
+
+# The core loads, and is checked against the installed torch, when this module loads (as
+# importing torchmem._C here did): a bad build is reported before anything runs.
+_core = extension()
 
 _lock = threading.Lock()
 _installed_config = None
@@ -52,7 +55,7 @@ _INIT_ORDER_HELP = (
 
 
 def _runtime_options(cfg, initial_fraction=None):
-    """The dict _C.runtime_install takes: PoolConfig fields without limit_bytes
+    """The dict _core.runtime_install takes: PoolConfig fields without limit_bytes
     (the limit is resolved per device in C++), plus limit, oom_hook_retries and the
     fraction every pool starts with (torch's per_process_memory_fraction setting)."""
     options = cfg.core_dict(0)
@@ -67,7 +70,7 @@ def _runtime_options(cfg, initial_fraction=None):
 
 def _torch_fraction(cfg):
     """torch's PYTORCH_ALLOC_CONF per_process_memory_fraction, applied to torchmem's pools
-    (torchmem/torch_alloc_conf.py); None when it names none, or when torchmem's own budget
+    (torchmem/runtime/torch_alloc_conf.py); None when it names none, or when torchmem's own budget
     (limit, share) is set, which wins (with a warning)."""
     fraction = _torch_alloc_conf.memory_fraction()  # ValueError for a bad value, before any change
     if fraction is None:
@@ -81,7 +84,7 @@ def _torch_fraction(cfg):
 
 
 def _require_cuda_runtime():
-    if not _C.build_info()["cuda_backends"]:
+    if not _core.build_info()["cuda_backends"]:
         raise RuntimeError(
             "torchmem was built without CUDA (no CUDA toolkit or a CPU-only torch at build time), so it "
             "cannot replace the GPU allocator; rebuild with a CUDA torch and toolkit present "
@@ -126,10 +129,10 @@ def install(**options):
             )
         fraction = _torch_fraction(cfg)
         _require_cuda_runtime()
-        if _C.runtime_allocator_initialized():
+        if _core.runtime_allocator_initialized():
             raise RuntimeError("torchmem.install() came too late. " + _INIT_ORDER_HELP)
         try:
-            _C.runtime_install(_runtime_options(cfg, fraction), cfg.backend)
+            _core.runtime_install(_runtime_options(cfg, fraction), cfg.backend)
         except ValueError as exc:
             if "already configured" in str(exc):  # mem_pool_allocator() made pools with other options
                 raise RuntimeError(f"torchmem.install() failed: {exc}") from None
@@ -139,10 +142,31 @@ def install(**options):
     if cfg.patch_torch:
         _patch.patch_torch()
     if cfg.monitor or cfg.share or cfg.metrics_port:
-        from torchmem import monitor
-
-        monitor.start_from_config(cfg)  # records, sharing, metrics (docs/monitoring.md)
+        start_from_config(cfg)  # records, sharing, metrics (docs/monitoring.md)
     return cfg
+
+
+def start_from_config(cfg):
+    """What install() starts after the swap: the publisher (monitor=true), sharing (share=GROUP)
+    and the metrics server (metrics_port=N). Returns the Publisher, or None."""
+    # Imported here, not at the top: the monitor and sharing load only in a process that asks
+    # for them, and they sit above this module (they read the installed allocator).
+    from torchmem import monitor, share
+
+    pub = None
+    if cfg.monitor or cfg.share:
+        try:
+            if cfg.share:
+                pub = share.start(group=cfg.share, guarantee=cfg.guarantee, wait_s=cfg.share_wait,
+                                  interval=cfg.monitor_interval, job=getattr(cfg, "job", None))
+            else:
+                pub = monitor.start(interval=cfg.monitor_interval, job=getattr(cfg, "job", None))
+        except Exception as exc:  # the allocator is installed already: watching must not stop the job
+            warnings.warn(f"torchmem monitor: could not start publishing ({exc!r}); training goes on without "
+                          f"`top`, metrics{' or sharing' if cfg.share else ''}", RuntimeWarning, stacklevel=3)
+    if cfg.metrics_port:
+        monitor.serve_metrics(cfg.metrics_port)
+    return pub
 
 
 def installed_config():
@@ -165,27 +189,11 @@ def mem_pool_allocator(**options):
     with _lock:
         if _mem_pool_allocator is not None and not options:
             return _mem_pool_allocator
-        if not _C.runtime_is_configured() or options:
+        if not _core.runtime_is_configured() or options:
             cfg = _config.from_env_and_kwargs(**options)
-            _C.runtime_configure(_runtime_options(cfg), cfg.backend)
+            _core.runtime_configure(_runtime_options(cfg), cfg.backend)
         if _mem_pool_allocator is None:
             _mem_pool_allocator = torch.cuda.memory.CUDAPluggableAllocator(
-                _C.__file__, "torchmem_pool_alloc", "torchmem_pool_free"
+                _core.__file__, "torchmem_pool_alloc", "torchmem_pool_free"
             )
         return _mem_pool_allocator
-
-
-class _CallableModule(type(importlib)):
-    """Note [install is both a module and a function]: `torchmem.install` is the
-    function, but importing the submodule (`from torchmem.install import
-    mem_pool_allocator`) makes Python bind the module object to the package's
-    `install` attribute. Calling the module forwards to install(), so
-    `torchmem.install()` works whichever got bound."""
-
-    def __call__(self, **options):
-        return install(**options)
-
-
-import sys as _sys  # noqa: E402
-
-_sys.modules[__name__].__class__ = _CallableModule

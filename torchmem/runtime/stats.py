@@ -28,6 +28,11 @@ float; names such as the backend's go to memory_summary() instead.
 """
 
 import collections
+import threading
+
+import torch
+
+from torchmem._loader import extension, is_installed
 
 # The nine gauges torch breaks down by pool (csrc/core/stats.h TORCHMEM_STAT_ARRAYS).
 STAT_ARRAYS = (
@@ -43,14 +48,31 @@ TORCHMEM_COUNTERS = ("num_reclaims", "num_deferred_frees", "num_cache_releases",
                      "num_device_barriers", "num_plans", "num_plan_hits", "num_plan_misses", "num_plan_drops")
 
 
+# The OOM hooks' counters (runtime/hooks.py counts, memory_stats reports them as
+# torchmem.oom_hook_*). They live here, not in hooks.py, because hooks.py reads
+# memory_stats for its hooks: one direction of import, no cycle.
+_hook_counters = {"oom_hook_calls": 0, "oom_hook_errors": 0, "oom_hook_successes": 0}
+_hook_lock = threading.Lock()
+
+
+def count_oom_hook(name):
+    """Adds one to the OOM-hook counter `name` (a key of oom_hook_counters())."""
+    with _hook_lock:
+        _hook_counters[name] += 1
+
+
+def oom_hook_counters():
+    """{'oom_hook_calls', 'oom_hook_successes', 'oom_hook_errors'}: totals for this process."""
+    with _hook_lock:
+        return dict(_hook_counters)
+
+
 class NotInstalledError(RuntimeError):
     """Raised when a function needs the installed allocator and torchmem is not installed."""
 
 
 def _runtime():
     """torchmem._C when its allocator is installed in this process, else raises."""
-    from torchmem._loader import extension, is_installed
-
     if not is_installed():
         cuda = extension().build_info()["cuda_backends"]
         raise NotInstalledError(
@@ -64,8 +86,6 @@ def _runtime():
 
 def device_index(device=None):
     """The CUDA device ordinal for None (current device), an int, 'cuda:N' or a torch.device."""
-    import torch
-
     if device is None:
         return torch.cuda.current_device()
     if isinstance(device, str):
@@ -109,16 +129,12 @@ def _torchmem_figures(raw):
     for name, value in (raw.get("backend") or {}).items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             figures["backend." + name] = value
-    from torchmem import hooks
-
-    figures.update(hooks.hook_counters())
+    figures.update(oom_hook_counters())
     return figures
 
 
 def _torch_nested_stats(device):
     """torch's own nested stats dict for the installed allocator (Note [Native key set]), or None."""
-    import torch
-
     try:
         return dict(torch._C._cuda_memoryStats(device_index(device)))
     except (AttributeError, RuntimeError):

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The verification run on the GPU machine, in one device call. On two GPUs
+# bench/gpu_run.sh: the one entry point for GPU runs (tests, benchmarks, sanitizers) on the GPU
+# machine, run from the repository root there. The verification run, in one device call. On two GPUs
 # (nvidia-h200-x2) two lanes run side by side, each a list of jobs on its own
 # GPU (on one GPU, one after the other), then DDP
 # across both GPUs (torchrun) if time is left. Logs and JSON are packed into
 # $OUT/run.tgz (the device tool brings back at most 8 files) with table.md.
 #
-#   LANE_A="tests" LANE_B="batch churn probe traces demo memcheck_core" bash tools/final_gpu.sh
+#   LANE_A="tests" LANE_B="batch churn probe traces demo memcheck_core" bash bench/gpu_run.sh
 #
 # Jobs (each with its own timeout; see the functions below):
 #   tests          every GPU test (pytest -m gpu), one pytest per file (TEST_FILES, TEST_K narrow it;
@@ -66,6 +67,10 @@ pack() { tar czf "$FINAL_OUT/run.tgz.part.$BASHPID" -C "$WORK" run 2>/dev/null &
 mkdir -p "$FINAL_OUT"
 export PYTHONUNBUFFERED=1
 R="$OUT/results.jsonl"
+{  # what ran where: the figures mean little without the machine and the versions
+  date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import torch,sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
+} > "$OUT/env.log" 2>&1
 python3 -m pip install -q --no-build-isolation --no-deps --no-index -e . > "$OUT/build.log" 2>&1 \
   || { tail -30 "$OUT/build.log"; exit 1; }
 echo "built in $(( $(date +%s) - START )) s: $(python3 -m torchmem info | tr -d '\n ' | cut -c1-160)"
@@ -116,7 +121,7 @@ job_bench() {
   echo "bench: $(wc -l < "$R") results"
 }
 
-job_churn() {  # CHURN_PATTERNS (torchmem/patterns.py), CHURN_ALLOCATORS, CHURN_ITERS, CHURN_ROUNDS (2); order reversed each round
+job_churn() {  # CHURN_PATTERNS (torchmem/analysis/patterns.py), CHURN_ALLOCATORS, CHURN_ITERS, CHURN_ROUNDS (2); order reversed each round
   local order="${CHURN_ALLOCATORS:-native expandable async torchmem}" round p a
   for round in $(seq 1 "${CHURN_ROUNDS:-2}"); do
     # one unrecorded run first: the first processes of a call have run 1.3-2.3x slower than the

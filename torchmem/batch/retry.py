@@ -41,6 +41,10 @@ import warnings
 
 import torch
 
+from torchmem import _loader
+from torchmem.batch.probe import default_probe
+from torchmem.batch.split import batch_size_of, concat_results, split_batch
+from torchmem.runtime import hooks
 
 __all__ = ["is_oom_error", "oom_retry", "cleanup_after_oom", "free_memory_bytes", "OOMRetryError"]
 
@@ -97,8 +101,6 @@ def requested_bytes_of(message):
 
 
 def _run_torchmem_hooks(device, requested):
-    from torchmem import hooks
-
     try:
         return bool(hooks._run_hooks(device, requested))
     except Exception as hook_error:  # a hook's failure must not hide the OOM being handled
@@ -130,13 +132,10 @@ def _cache_release_helps(device):
     nothing it could not use, and the next step maps it all again: on the H200
     sharing scenario each OOM a batch-size controller recovered from released
     and re-created tens of thousands of granules (bench/share_scenario.py)."""
-    from torchmem import _loader
-
     if not _loader.is_installed():
         return True
-    _C = _loader._C
     try:
-        return _C.runtime_backend_name(device) != "vmm"
+        return _loader.extension().runtime_backend_name(device) != "vmm"
     except Exception:  # no torchmem state for this device: nothing to judge, do what torch would
         return True
 
@@ -146,7 +145,6 @@ def free_memory_bytes(device=None):
     torchmem, device free + cached-but-unused under torch; None on CPU."""
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return None
-    from torchmem.batch.probe import default_probe
     probe = default_probe(device)
     try:
         budget, current = probe.budget_bytes(), probe.current_bytes()
@@ -222,8 +220,6 @@ def oom_retry(function=None, *, mode="split", batch_arg=0, batch_size_arg="batch
 
     def decorate(fn):
         # imported here: torchmem.batch imports this module for is_oom_error
-        from torchmem.batch.split import batch_size_of, concat_results, split_batch
-
         site = f"{fn.__module__}.{fn.__qualname__}"
         cache = _SizeCache()
         signature = inspect.signature(fn)

@@ -57,14 +57,18 @@ import os
 import sys
 import threading
 
+import torch
+
+from torchmem._loader import extension
+
 NO_COMPILE_CONTEXT = "N/A"  # torch's value for an event outside any compiled region
 MAX_FRAMES = 64
 CPP_FLAG = 1 << 62
-TORCH_FLAG = 1 << 61  # the C++ gatherer's ids (kTorchContextFlag in csrc/shim/runtime.h)
+TORCH_FLAG = 1 << 61  # the C++ gatherer's ids (kTorchContextFlag in csrc/shim/callbacks.h)
 KEEP_NEWEST = 1024
 FIRST_PRUNE_AT = 1 << 16
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # torchmem/
 _table_lock = threading.Lock()
 _stack_ids = {}     # tuple((code, line), ..., compile context) -> id
 _stack_frames = {}  # id -> [{"filename", "line", "name"}, ...]
@@ -86,8 +90,6 @@ def record_compile_contexts(enabled, runtime=None):
     if runtime is not None:
         runtime.runtime_set_compile_context_recording(bool(enabled))
     if enabled:
-        from torchmem._loader import extension
-
         _hooks["compile_context"] = extension().runtime_compile_context
     else:
         _hooks["compile_context"] = None
@@ -154,8 +156,6 @@ def capture_stack_with_cpp():
     frames of the calling thread (torch's CapturedTraceback), under a fresh id."""
     gather = _hooks["gather"]
     if gather is None:
-        import torch
-
         gather = _hooks["gather"] = torch._C._profiler.gather_traceback
     traceback = gather(python=True, script=True, cpp=True)
     compile_context = _current_compile_context()
@@ -198,7 +198,6 @@ def _symbolize_gathered(stack_ids):
     wanted = sorted(i for i in set(stack_ids) if i & TORCH_FLAG and not i & CPP_FLAG)
     if not wanted:
         return
-    from torchmem._loader import extension
 
     runtime = extension()
     symbolized = runtime.runtime_symbolize_torch_contexts(wanted)
@@ -216,7 +215,6 @@ def _symbolize_captured(stack_ids):
                    if i & CPP_FLAG and i in _cpp_stacks and not isinstance(_cpp_stacks[i], list)]
     if not pending:
         return
-    import torch
 
     symbolized = torch._C._profiler.symbolize_tracebacks([tb for _, tb in pending])
     with _cpp_lock:

@@ -21,6 +21,10 @@ costing driver calls and device barriers once warm, at any budget it fits.
 import math
 import random
 
+import numpy as np
+
+from torchmem.analysis.trace import ALLOC, FREE_REQUESTED
+
 PATTERNS = ("random", "periodic", "bimodal", "kv_cache")
 MiB = 1 << 20
 
@@ -55,10 +59,9 @@ def sizes_and_slots(pattern, steps, live=64, seed=0):
 
 
 def replay_events(pattern, steps, live=64, seed=0):
-    """The pattern as a trace (rows of action, address, size, stream; torchmem.trace's
+    """The pattern as a trace (rows of action, address, size, stream; torchmem.analysis.trace's
     codes): `live` initial allocations, then per step one alloc and the free of the
     tensor it replaces (freed after the new one exists, as `live[slot] = empty(...)` does)."""
-    from torchmem.trace import ALLOC, FREE_REQUESTED
 
     sizes, slots = sizes_and_slots(pattern, steps + live, live, seed)
     events, owner, next_addr = [], [None] * live, 1
@@ -87,7 +90,6 @@ def training_steps(steps, layers=24, seed=0, side_stream=None, micro_steps=1):
     `side_stream` (a stream id): each layer's gathered weights (twice the parameter)
     are allocated and freed on that stream around its forward and backward, as FSDP
     gathers sharded parameters on a stream of its own."""
-    from torchmem.trace import ALLOC, FREE_REQUESTED
 
     rng = random.Random(seed)
 
@@ -152,7 +154,6 @@ def step_boundaries(events):
     """Indices of a training trace's alloc/free rows (action 0/1 only, in order) where one step
     ends: the live bytes, having risen above 1.3x their floor (parameters and optimizer state,
     the lowest live bytes in the middle 80% of the trace), come back to within 1% of it."""
-    import numpy as np
 
     rows = [e for e in events if e[0] in (0, 1)]
     live, current, curve = {}, 0, np.zeros(len(rows), dtype=np.int64)

@@ -5,7 +5,7 @@ own a guaranteed share of the device and may borrow what the others do not
 use. `decide` turns one snapshot of the members' figures into a limit per
 member (the budget torchmem's pool enforces) and a set of members asked to give
 their cached memory back. It reads no files and no clocks, so every case is a
-unit test; monitor/share.py is the I/O around it.
+unit test; share/agent.py is the I/O around it.
 
 Note [The rule]
 - demand = max(recent peak of live bytes, bytes an allocation waits for).

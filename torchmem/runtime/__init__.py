@@ -1,0 +1,12 @@
+"""torchmem.runtime: the allocator glue around the compiled module torchmem._C.
+
+installer (install(), mem_pool_allocator()), config (the options and their
+parsing), stats and patch (torch.cuda's memory API over torchmem's pool), hooks
+(OOM hooks), snapshots and stacks (what the pool holds, and who allocated it),
+leak (leak checks), torch_alloc_conf (PYTORCH_CUDA_ALLOC_CONF), budget (the
+memory budget the batch controller reads and sharing moves). Every call into
+torchmem._C goes through torchmem._loader, the one module that imports it.
+
+The public names are re-exported by torchmem/__init__.py; this package imports
+nothing itself, so importing one of its modules loads only what that module needs.
+"""
