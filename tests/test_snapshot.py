@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import torchmem
-from torchmem.analysis import snapshot_format
+from torchmem.runtime import snapshot_format
 from torchmem.runtime.snapshots import capture_stack, stack_frames
 from memory_viz_check import undo_like_memory_viz
 from sim_pool import MiB, make_pool

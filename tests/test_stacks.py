@@ -136,7 +136,7 @@ def test_trace_entries_carry_their_compile_context():
     finally:
         stacks.record_compile_contexts(False)
     plain = pool.allocate(1000, 0, 0, capture_stack())
-    from torchmem.analysis.snapshot_format import to_torch_snapshot
+    from torchmem.runtime.snapshot_format import to_torch_snapshot
 
     trace = to_torch_snapshot(pool.snapshot(), frames=stacks.stack_frames,
                               compile_contexts=stacks.compile_context)["device_traces"][0]

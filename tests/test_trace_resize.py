@@ -179,7 +179,7 @@ def _core_trace():
 
 
 def _shaped(snapshot):
-    from torchmem.analysis.snapshot_format import to_torch_snapshot
+    from torchmem.runtime.snapshot_format import to_torch_snapshot
 
     frames = {i: [{"filename": "t.py", "line": i, "name": name}]
               for i, name in ((1, "thealloc"), (2, "thefree"), (3, "empty_cache"))}

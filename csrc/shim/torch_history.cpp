@@ -138,7 +138,7 @@ TorchTrace::Action torch_action(TraceAction action, bool vmm) {
     case TraceAction::kAlloc: return TorchTrace::ALLOC;
     case TraceAction::kFreeRequested: return TorchTrace::FREE_REQUESTED;
     case TraceAction::kFreeCompleted: return TorchTrace::FREE_COMPLETED;
-    // mapped granules read as torch's expandable segments do (torchmem/analysis/snapshot_format.py)
+    // mapped granules read as torch's expandable segments do (torchmem/runtime/snapshot_format.py)
     case TraceAction::kSegmentMap: return vmm ? TorchTrace::SEGMENT_MAP : TorchTrace::SEGMENT_ALLOC;
     case TraceAction::kSegmentUnmap: return vmm ? TorchTrace::SEGMENT_UNMAP : TorchTrace::SEGMENT_FREE;
     case TraceAction::kOom: return TorchTrace::OOM;
@@ -282,7 +282,7 @@ TorchSnapshot torch_snapshot(MempoolKey key, bool include_traces) {
                     torch_key(owner_key), c10::approx_time_t{0},
                     trace_contexts ? context_for(entry.context) : nullptr);
       // torch reads time_.t_ once the allocator converted its clock; the pool has no clock,
-      // and its operation sequence orders events the same way (torchmem/analysis/snapshot_format.py).
+      // and its operation sequence orders events the same way (torchmem/runtime/snapshot_format.py).
       te.time_.t_ = static_cast<time_t>(entry.sequence);
       trace.push_back(std::move(te));
     }

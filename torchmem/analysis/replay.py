@@ -23,7 +23,7 @@ import numpy as np
 
 from torchmem._loader import extension
 from torchmem.analysis import trace as trace_io
-from torchmem.analysis.snapshot_format import to_torch_snapshot
+from torchmem.runtime.snapshot_format import to_torch_snapshot
 from torchmem.runtime.config import Config, parse_conf_string
 
 # The core loads, and is checked against the installed torch, when this module loads (as

@@ -22,7 +22,7 @@ import pickle
 import sys
 
 from torchmem.analysis import trace as trace_io
-from torchmem.analysis.snapshot_format import to_torch_snapshot
+from torchmem.runtime.snapshot_format import to_torch_snapshot
 from torchmem.cli.anchors import load_anchors, step_timing
 from torchmem.cli.options import (GRANULE, LIMIT_HELP, CliError, limit_bytes, parse_config, parse_limit,
                                   parse_size, resolve_trace)

@@ -2,7 +2,8 @@
 
 installer (install(), mem_pool_allocator()), config (the options and their
 parsing), stats and patch (torch.cuda's memory API over torchmem's pool), hooks
-(OOM hooks), snapshots and stacks (what the pool holds, and who allocated it),
+(OOM hooks), snapshots, snapshot_format and stacks (what the pool holds in
+torch's snapshot format, and who allocated it; replays use the same format),
 leak (leak checks), torch_alloc_conf (PYTORCH_CUDA_ALLOC_CONF), budget (the
 memory budget the batch controller reads and sharing moves). Every call into
 torchmem._C goes through torchmem._loader, the one module that imports it.

@@ -38,7 +38,7 @@ import warnings
 
 from torchmem.runtime import stacks as _stacks
 from torchmem.runtime import stats as _stats
-from torchmem.analysis.snapshot_format import to_torch_snapshot
+from torchmem.runtime.snapshot_format import to_torch_snapshot
 from torchmem.runtime.stacks import capture_stack, stack_frames  # noqa: F401 (the public names)
 
 # The trace ring is capped: torch's default max_entries (sys.maxsize) would ask the core
