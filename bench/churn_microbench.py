@@ -83,9 +83,9 @@ def main(argv=None):
         # torchmem only: what the pool asked of the driver, to explain the time.
         if args.allocator != "torchmem":
             return {}
-        from torchmem import _C
+        from torchmem.runtime.stats import raw_stats
 
-        raw = _C.runtime_stats(torch.cuda.current_device())
+        raw = raw_stats()
         calls = {name: raw["backend"][name] for name in ("map_calls", "unmap_calls", "create_calls",
                                                           "release_calls", "event_record_calls")}
         calls["num_reclaims"] = raw["num_reclaims"]
@@ -101,9 +101,9 @@ def main(argv=None):
     per_iter = {name: (after[name] - before[name]) / (args.iters * args.repeats) for name in after}
 
     if args.allocator == "torchmem":
-        from torchmem import _C
+        from torchmem.runtime.stats import raw_stats
 
-        stats = _C.runtime_stats(torch.cuda.current_device())
+        stats = raw_stats()
         peak_alloc, peak_reserved = stats["allocated_bytes"]["all"]["peak"], stats["reserved_bytes"]["all"]["peak"]
     else:
         peak_alloc, peak_reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()

@@ -167,9 +167,9 @@ def main(argv=None):
 
 
 def _driver_calls(torch):
-    from torchmem import _C
+    from torchmem.runtime.stats import raw_stats
 
-    raw = _C.runtime_stats(torch.cuda.current_device())["backend"]
+    raw = raw_stats()["backend"]
     return {k: raw[k] for k in ("create_calls", "release_calls", "map_calls", "unmap_calls", "device_sync_calls")}
 
 

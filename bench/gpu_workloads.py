@@ -126,9 +126,9 @@ def allocator_label(args):
 
 def memory_figures(torch, allocator):
     if allocator == "torchmem":
-        from torchmem import _C
+        from torchmem.runtime.stats import raw_stats
 
-        stats = _C.runtime_stats(torch.cuda.current_device())
+        stats = raw_stats()
         return {
             "peak_allocated": stats["allocated_bytes"]["all"]["peak"],
             "peak_requested": stats["requested_bytes"]["all"]["peak"],
@@ -190,9 +190,9 @@ def allocation_count(torch):
 
 def reset_peaks(torch, allocator):
     if allocator == "torchmem":
-        from torchmem import _C
+        import torchmem
 
-        _C.runtime_reset_peak_stats(torch.cuda.current_device())
+        torchmem.reset_peak_memory_stats()
     else:
         torch.cuda.reset_peak_memory_stats()
 
