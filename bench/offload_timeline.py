@@ -41,6 +41,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import environment  # noqa: E402  (bench/common.py)
 from offload_bench import build_model  # noqa: E402 (the same models)
 
 MS = 1e3
@@ -213,7 +214,7 @@ def main(argv=None):
     step(offload, [])  # the measuring step
     saved = offload.last_step["saved_bytes"]
     modes = [("none", None)] + [(f"keep {k:.2f}", k) for k in args.keep]
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
+    result = {**environment(torch), "model": args.model,
               "batch": args.batch, "seq": args.seq, "saved_bytes": saved, "modes": {}}
     for name, keep in modes:
         if keep is not None:
