@@ -37,6 +37,8 @@ import subprocess
 import sys
 import time
 
+from common import append_jsonl  # bench/common.py, beside this file
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
 
@@ -292,8 +294,7 @@ def main(argv=None):
             results[method] = json.loads(lines[-1][len("RESULT "):])
         print(json.dumps(results[method]), flush=True)
         if args.out:
-            with open(args.out, "a") as f:
-                f.write(json.dumps(results[method]) + "\n")
+            append_jsonl(args.out, results[method])
     best = results.get("sweep", {}).get("tokens_per_s")
     print(f"\n{'method':<12}{'steps to converge':>18}{'OOMs':>6}{'final micro':>12}{'tokens/s':>12}{'vs best fixed':>14}")
     for method, r in results.items():

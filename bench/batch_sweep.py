@@ -49,6 +49,8 @@ import subprocess
 import sys
 import time
 
+from common import append_jsonl  # bench/common.py, beside this file
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 METHODS = ("sweep", "throughput", "largest", "accelerate", "lightning")
 GPT2_ONLY = ("accelerate", "lightning")
@@ -180,8 +182,7 @@ def main(argv=None):
                   f"FAILED {result['model']}/{result['allocator']}/{result['method']}: {result['error'][-800:]}",
                   flush=True)
             if args.out:
-                with open(args.out, "a") as f:
-                    f.write(line + "\n")
+                append_jsonl(args.out, result)
     text = tables(results) + f"\n{len(results)} runs in {time.perf_counter() - start:.0f} s\n"
     print("\n" + text)
     if args.table:

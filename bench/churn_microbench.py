@@ -22,7 +22,7 @@ import statistics
 import sys
 import time
 
-ALLOC_CONF = {"expandable": "expandable_segments:True", "async": "backend:cudaMallocAsync"}
+from common import append_jsonl, environment, install_allocator  # noqa: E402  (bench/common.py)
 
 
 def placement():
@@ -62,14 +62,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     from torchmem.analysis.patterns import sizes_and_slots
 
-    if args.allocator in ALLOC_CONF:
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ALLOC_CONF[args.allocator]
-    import torch
-
-    if args.allocator == "torchmem":
-        import torchmem
-
-        torchmem.install(patch_torch=False, warn_unsupported=False)
+    torch = install_allocator(args.allocator)
 
     sizes, slots = sizes_and_slots(args.pattern, args.iters, args.live, args.seed)
     empty, device, dtype = torch.empty, torch.device("cuda"), torch.uint8
@@ -83,9 +76,9 @@ def main(argv=None):
         # torchmem only: what the pool asked of the driver, to explain the time.
         if args.allocator != "torchmem":
             return {}
-        from torchmem import _C
+        from torchmem.runtime.stats import raw_stats
 
-        raw = _C.runtime_stats(torch.cuda.current_device())
+        raw = raw_stats()
         calls = {name: raw["backend"][name] for name in ("map_calls", "unmap_calls", "create_calls",
                                                           "release_calls", "event_record_calls")}
         calls["num_reclaims"] = raw["num_reclaims"]
@@ -101,16 +94,15 @@ def main(argv=None):
     per_iter = {name: (after[name] - before[name]) / (args.iters * args.repeats) for name in after}
 
     if args.allocator == "torchmem":
-        from torchmem import _C
+        from torchmem.runtime.stats import raw_stats
 
-        stats = _C.runtime_stats(torch.cuda.current_device())
+        stats = raw_stats()
         peak_alloc, peak_reserved = stats["allocated_bytes"]["all"]["peak"], stats["reserved_bytes"]["all"]["peak"]
     else:
         peak_alloc, peak_reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
     result = {
         "workload": "microbench", "pattern": args.pattern, "seed": args.seed, "allocator": args.allocator,
-        "torch": torch.__version__,
-        "device": torch.cuda.get_device_name(), "iters": args.iters, "repeats": args.repeats,
+        **environment(torch), "iters": args.iters, "repeats": args.repeats,
         "mean_s_per_alloc": statistics.median(rounds), "rounds_s_per_alloc": rounds,
         "spread_s": max(rounds) - min(rounds),
         "meta_s_per_alloc": statistics.median(meta_rounds), "placement": placement(),
@@ -119,8 +111,7 @@ def main(argv=None):
         "driver_calls_per_alloc": per_iter,
     }
     if args.out:
-        with open(args.out, "a") as f:
-            f.write(json.dumps(result) + "\n")
+        append_jsonl(args.out, result)
     print(json.dumps({k: result[k] for k in ("pattern", "allocator", "mean_s_per_alloc", "spread_s",
                                              "meta_s_per_alloc", "placement", "ratio", "driver_calls_per_alloc")}))
     return 0

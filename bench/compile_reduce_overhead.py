@@ -29,6 +29,7 @@ import time
 # that pool, as in PyTorch); torchmem_park: park_private_frees=True (kept until the pool's release)
 MODES = ("native", "torchmem", "torchmem_park")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # torchmem from this checkout
+from common import environment  # noqa: E402  (bench/common.py, beside this file)
 
 
 def parse_args(argv=None):
@@ -96,8 +97,7 @@ def run_child(args):
     manager = trees.get_manager(torch.cuda.current_device(), create_if_none_exists=False)
     result = {
         "mode": args.child,
-        "torch": torch.__version__,
-        "device": torch.cuda.get_device_name(),
+        **environment(torch),
         "batch": args.batch,
         "seq": args.seq,
         "train_step_s": train_s,

@@ -22,7 +22,7 @@ import random
 import sys
 import time
 
-ALLOC_CONF = {"expandable": "expandable_segments:True"}
+from common import append_jsonl, set_native_conf  # noqa: E402  (bench/common.py)
 MiB = 1 << 20
 
 
@@ -73,8 +73,7 @@ def emit(row, out):
     line = json.dumps(row)
     print(line, flush=True)
     if out:
-        with open(out, "a") as f:
-            f.write(line + "\n")
+        append_jsonl(out, row)
 
 
 def fuzz(torch, actions, seed, check):
@@ -134,8 +133,7 @@ def main(argv=None):
     # The load starts before this process sets its allocator or touches CUDA: the tenants
     # inherit the environment as it was (the native allocator).
     with busy_gpu(args.load):
-        if args.allocator in ALLOC_CONF:
-            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ALLOC_CONF[args.allocator]
+        set_native_conf(args.allocator)
         import torch
 
         if args.allocator == "torchmem":
@@ -167,9 +165,9 @@ def main(argv=None):
 
 
 def _driver_calls(torch):
-    from torchmem import _C
+    from torchmem.runtime.stats import raw_stats
 
-    raw = _C.runtime_stats(torch.cuda.current_device())["backend"]
+    raw = raw_stats()["backend"]
     return {k: raw[k] for k in ("create_calls", "release_calls", "map_calls", "unmap_calls", "device_sync_calls")}
 
 

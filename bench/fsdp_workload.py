@@ -36,6 +36,8 @@ import subprocess
 import sys
 import time
 
+from common import set_native_conf  # bench/common.py, beside this file
+
 ALLOCATORS = ("native", "expandable", "torchmem")
 
 
@@ -69,7 +71,7 @@ def _prepare_environment(args):
     """Before torch is imported: the allocator's settings and a one-process rendezvous when
     torchrun did not start us."""
     if args.allocator == "expandable":
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        set_native_conf(args.allocator)
     if "RANK" not in os.environ:
         import socket
 

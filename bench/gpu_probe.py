@@ -16,6 +16,8 @@ import argparse
 import json
 import sys
 
+from common import environment  # bench/common.py, beside this file
+
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -33,7 +35,7 @@ def main(argv=None):
         print("gpu_probe: no CUDA GPU here", file=sys.stderr)
         return 2
     torch.cuda.init()
-    result = {"device": torch.cuda.get_device_name(args.device), "torch": torch.__version__, "runs": []}
+    result = {**environment(torch, args.device), "runs": []}
     for granules in args.granules:
         figures = _C.runtime_probe_backend(args.device, args.repeats, granules)
         result["runs"].append(figures)

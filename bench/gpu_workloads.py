@@ -57,11 +57,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from churn_microbench import placement, timed_rounds  # noqa: E402  (the churn bench's loop, beside this file)
+from common import append_jsonl, environment, install_allocator  # noqa: E402
 from lockstep import Gate  # noqa: E402
 
 ALLOCATORS = ("native", "expandable", "async", "torchmem")
 WORKLOADS = ("gpt2", "llama_ckpt", "kv_generate", "vision", "fsdp", "compile")
-ALLOC_CONF = {"expandable": "expandable_segments:True", "async": "backend:cudaMallocAsync"}
 TRACE_ACTIONS = {"alloc": 0, "free_requested": 1, "free_completed": 2, "segment_alloc": 3, "segment_free": 4,
                  "segment_map": 5, "segment_unmap": 6, "oom": 7}
 
@@ -103,18 +103,12 @@ def parse_args(argv=None):
 
 def setup_allocator(args):
     """Chooses the allocator; must run before torch initializes CUDA."""
-    if args.allocator in ALLOC_CONF:
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ALLOC_CONF[args.allocator]
-    else:
-        os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    import torch
-
+    options = {}
     if args.allocator == "torchmem":
-        import torchmem
         from torchmem.runtime.config import parse_conf_string
 
-        torchmem.install(patch_torch=False, warn_unsupported=False, **parse_conf_string(args.torchmem_conf))
-    return torch
+        options = parse_conf_string(args.torchmem_conf)
+    return install_allocator(args.allocator, **options)
 
 
 def allocator_label(args):
@@ -126,9 +120,9 @@ def allocator_label(args):
 
 def memory_figures(torch, allocator):
     if allocator == "torchmem":
-        from torchmem import _C
+        from torchmem.runtime.stats import raw_stats
 
-        stats = _C.runtime_stats(torch.cuda.current_device())
+        stats = raw_stats()
         return {
             "peak_allocated": stats["allocated_bytes"]["all"]["peak"],
             "peak_requested": stats["requested_bytes"]["all"]["peak"],
@@ -190,9 +184,9 @@ def allocation_count(torch):
 
 def reset_peaks(torch, allocator):
     if allocator == "torchmem":
-        from torchmem import _C
+        import torchmem
 
-        _C.runtime_reset_peak_stats(torch.cuda.current_device())
+        torchmem.reset_peak_memory_stats()
     else:
         torch.cuda.reset_peak_memory_stats()
 
@@ -589,7 +583,7 @@ def main(argv=None):
     result = {
         "workload": args.workload, "allocator": allocator_label(args), "seed": args.seed, "steps": args.steps,
         "warmup": args.warmup, "shapes": args.shapes,
-        "memory_fraction": args.memory_fraction, "torch": torch.__version__, "device": torch.cuda.get_device_name(),
+        "memory_fraction": args.memory_fraction, **environment(torch),
         **figures,
         # under --lockstep the device also holds the other processes' memory, which grows while this one waits
         "device_used_peak": None if args.lockstep else device_used_peak,
@@ -610,8 +604,7 @@ def main(argv=None):
     if args.record_trace:
         result["trace_events"] = write_trace(torch, args.record_trace, args.workload)
         torch.cuda.memory._record_memory_history(enabled=None)
-    with open(args.out, "a") as f:
-        f.write(json.dumps(result) + "\n")
+    append_jsonl(args.out, result)
     print(json.dumps({k: result[k] for k in ("workload", "allocator", "peak_allocated", "peak_reserved", "ratio",
                                               "device_used_peak", "median_step_s", "host_speed")}))
     return 0

@@ -27,6 +27,7 @@ import time
 
 # This checkout's torchmem, not whichever one is installed.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import environment  # noqa: E402  (bench/common.py, beside this file)
 
 MiB = 1 << 20
 
@@ -190,7 +191,7 @@ def main(argv=None):
         print("host_bench: no CUDA GPU here", file=sys.stderr)
         return 2
     torch.empty(1, device="cuda")  # the context's start-up is not part of any figure
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    result = {**environment(torch),
               "copies": copy_figures(torch, host, [s * MiB for s in args.sizes_mib], args.repeats),
               "fresh_pinning": fresh_pinning(torch, host, int(args.pin_gib * (1 << 30)), args.pin_repeats),
               "cached_request": cached_latency(torch, host, [k * 1024 for k in args.latency_kib], args.latency_iters)}

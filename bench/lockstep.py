@@ -39,6 +39,8 @@ import subprocess
 import sys
 import tempfile
 
+from common import append_jsonl  # bench/common.py, beside this file
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -263,8 +265,7 @@ def run_group(args, seed, budget=None, fraction=None):
             row["lockstep"] = {"group": f"{args.workload}/{seed}/{budget_label(budget)}", "process": name,
                                "start_rank": index}
             rows.append(row)
-    with open(args.out, "a") as f:  # after each group: a call cut at its limit keeps what finished
-        f.writelines(json.dumps(row) + "\n" for row in rows)
+    append_jsonl(args.out, *rows)  # after each group: a call cut at its limit keeps what finished
     return rows, failed
 
 

@@ -46,6 +46,7 @@ import time
 
 # This checkout's torchmem, not whichever one is installed.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import environment  # noqa: E402  (bench/common.py, beside this file)
 
 GiB = 1 << 30
 
@@ -257,7 +258,7 @@ def main(argv=None):
     for row in rows:
         row["vs_none"] = row["step_s"] / base
         row["save_on_cpu_over_this"] = soc["step_s"] / row["step_s"]
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
+    result = {**environment(torch), "model": args.model,
               "batch": args.batch,
               "seq": args.seq, "rounds": args.rounds, "steps": args.steps, "rows": rows, "host_pool": torchmem.host.stats(),
               "t_fwd_ms": split["t_fwd_s"] * 1e3, "t_bwd_ms": split["t_bwd_s"] * 1e3,

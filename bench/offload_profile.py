@@ -154,7 +154,7 @@ def main(argv=None):
     step(offload)  # the measuring step
     saved = offload.last_step["saved_bytes"]
     offload.set_budget(int(args.keep * saved))
-    pack, unpack = offload._pack, offload._unpack
+    pack, unpack = offload.pack_hook, offload.unpack_hook  # torch's saved_tensors_hooks attributes
 
     def timed_pack(t):
         with record_function("tm_pack"):

@@ -41,6 +41,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import environment  # noqa: E402  (bench/common.py)
 from offload_bench import build_model  # noqa: E402 (the same models)
 
 MS = 1e3
@@ -91,7 +92,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("offload_timeline: no CUDA GPU here", file=sys.stderr)
         return 2
-    from torchmem.host.offload import OffloadActivations, _Offloaded
+    from torchmem.host.offload import OffloadActivations
 
     compute = torch.cuda.current_stream()  # the benches never change it
 
@@ -103,46 +104,48 @@ def main(argv=None):
         return e
 
     class TimedOffload(OffloadActivations):
-        """Records, for each moved tensor, events and host times (see the module's text)."""
+        """Records, for each moved tensor, events and host times (see the module's text): the
+        offloader's observer for the moved tensors, perf_counter around its hooks."""
 
         def __init__(self, *a, **kw):
-            super().__init__(*a, **kw)
-            self.records = {}  # id(_Offloaded) -> events and host times
+            super().__init__(*a, observer=self.observe, **kw)
+            self.records = {}  # id(OffloadedTensor) -> events and host times
             self.hook_s = {"pack": 0.0, "unpack": 0.0}
+            pack, unpack = self.pack_hook, self.unpack_hook  # torch's saved_tensors_hooks attributes
 
-        def _pack(self, t):
-            h0 = time.perf_counter()
-            out = super()._pack(t)
-            if isinstance(out, _Offloaded) and id(out) not in self.records:  # a new copy, not a shared save
-                d2h = self._streams_for(t.device)[0]
+            def timed_pack(t):
+                h0 = time.perf_counter()
+                out = pack(t)
+                self.hook_s["pack"] += time.perf_counter() - h0
+                return out
+
+            def timed_unpack(obj):
+                h0 = time.perf_counter()
+                out = unpack(obj)
+                self.hook_s["unpack"] += time.perf_counter() - h0
+                return out
+
+            self.pack_hook, self.unpack_hook = timed_pack, timed_unpack
+
+        def observe(self, what, h, stream):
+            if what == "out":  # a new copy, not a shared save
                 out_end = torch.cuda.Event(enable_timing=True)
-                out_end.record(d2h)
-                self.records[id(out)] = {"bytes": out.nbytes, "save": event(), "out_end": out_end,
-                                         "what": f"{str(t.dtype)[6:]}{list(t.shape)}"}
-            self.hook_s["pack"] += time.perf_counter() - h0
-            return out
-
-        def _fetch(self, h, urgent=False):
-            fresh = h.fetched is None
-            super()._fetch(h, urgent)
+                out_end.record(stream)
+                self.records[id(h)] = {"bytes": h.nbytes, "save": event(), "out_end": out_end,
+                                       "what": f"{str(h.dtype)[6:]}{list(h.shape)}"}
+                return
             rec = self.records.get(id(h))
-            if fresh and rec is not None:
-                streams = self._streams_for(h.device)
+            if rec is None:
+                return
+            if what in ("in", "urgent"):
                 in_end = torch.cuda.Event(enable_timing=True)
-                in_end.record(streams[2] if urgent else streams[1])
+                in_end.record(stream)
                 rec.update(fetch_issue_host=time.perf_counter(), fetch_issue_gpu=event(), in_end=in_end,
-                           urgent=urgent)
-
-        def _unpack(self, obj):
-            h0 = time.perf_counter()
-            rec = self.records.get(id(obj)) if isinstance(obj, _Offloaded) else None
-            if rec is not None:
+                           urgent=what == "urgent")
+            elif what == "need":
                 rec["need"] = event()
-            out = super()._unpack(obj)
-            if rec is not None:
+            elif what == "used":
                 rec["resume"] = event()
-            self.hook_s["unpack"] += time.perf_counter() - h0
-            return out
 
     model = build_model(torch, args.model, args.seq)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -193,7 +196,7 @@ def main(argv=None):
             row["pack_host_ms"] = offload.hook_s["pack"] * MS
             row["unpack_host_ms"] = offload.hook_s["unpack"] * MS
             # the offloader's own count: a later save of a storage counts 0 (Note [Shared storages])
-            row["saves_of_a_shared_storage"] = offload._sizes.count(0)
+            row["saves_of_a_shared_storage"] = offload.last_step["shared_saves"]
             records = []
             for rec in offload.records.values():
                 r = {"bytes": rec["bytes"], "urgent": rec.get("urgent", False), "what": rec["what"]}
@@ -211,7 +214,7 @@ def main(argv=None):
     step(offload, [])  # the measuring step
     saved = offload.last_step["saved_bytes"]
     modes = [("none", None)] + [(f"keep {k:.2f}", k) for k in args.keep]
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
+    result = {**environment(torch), "model": args.model,
               "batch": args.batch, "seq": args.seq, "saved_bytes": saved, "modes": {}}
     for name, keep in modes:
         if keep is not None:

@@ -59,7 +59,11 @@ def run_both(body, env=None):
 
 def load_bench(name):
     """bench/<name>.py as a module: the benches are scripts, not a package (each imports
-    torch only in main(), so loading one is cheap and needs no GPU)."""
+    torch only in main(), so loading one is cheap and needs no GPU). bench/ goes on sys.path
+    as it does when the script runs, for the helpers it imports beside it (bench/common.py)."""
+    bench = os.path.join(REPO, "bench")
+    if bench not in sys.path:
+        sys.path.append(bench)
     spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(REPO, "bench", f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -85,16 +85,22 @@ def test_workload_script_validates_arguments():
 
 
 def test_workloads_cycle_through_shapes_and_warm_up_on_each():
-    workloads = load_bench("gpu_workloads")
-    args = workloads.parse_args(["--workload", "gpt2", "--allocator", "native", "--out", "x", "--steps", "12"])
-    assert args.shapes == 4 and args.warmup == 4  # the warm-up covers every shape once
-    args = workloads.parse_args(["--workload", "gpt2", "--allocator", "native", "--out", "x", "--shapes", "0"])
-    assert args.warmup == 3  # a fresh shape every step, as before --shapes
-    assert args.memory_fraction is None  # no limit unless asked
-    args = workloads.parse_args(["--workload", "gpt2", "--allocator", "native", "--out", "x", "--memory-fraction", "0.5"])
-    assert args.memory_fraction == 0.5
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "gpu_workloads.py"), "--workload", "gpt2",
-                           "--allocator", "native", "--out", "x", "--memory-fraction", "1.5"], capture_output=True, text=True)
+    """The warm-up defaults to one step per shape (every shape warmed once), 3 with a fresh shape
+    each step; --steps must exceed it. Seen through the script's own argument errors (exit 2);
+    a command line that parses goes on to CUDA, which it is not shown."""
+    script = os.path.join(REPO, "bench", "gpu_workloads.py")
+
+    def run(*extra):
+        return subprocess.run([sys.executable, script, "--workload", "gpt2", "--allocator", "native", "--out", "x",
+                               *extra], capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))  # no workload runs, GPU or not
+
+    too_few = "--steps must exceed --warmup"
+    assert too_few in run("--steps", "4").stderr  # 4 shapes: 4 warm-up steps
+    assert too_few in run("--shapes", "0", "--steps", "3").stderr  # a fresh shape every step, as before --shapes
+    fine = run("--shapes", "0", "--steps", "4", "--memory-fraction", "0.5")
+    assert too_few not in fine.stderr and "--memory-fraction" not in fine.stderr
+    proc = run("--memory-fraction", "1.5")
     assert proc.returncode == 2 and "--memory-fraction must be in (0, 1]" in proc.stderr
 
 

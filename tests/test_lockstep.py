@@ -4,6 +4,8 @@ of its segments, the turn order rotates, a failing or stuck worker is reported, 
 step-by-step pairing divides the right steps."""
 
 import json
+import os
+import subprocess
 import sys
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from support import REPO, load_bench
 
 lockstep = load_bench("lockstep")
+SCRIPT = os.path.join(REPO, "bench", "lockstep.py")
 
 # A worker: start-up, then SEGMENTS segments each behind a gate, logging when each ran.
 WORKER = """
@@ -78,24 +81,29 @@ def result(allocator, seed, steps, process):
             "total_s": sum(steps), "lockstep": {"group": f"llama_ckpt/{seed}", "process": process}}
 
 
-def test_paired_steps_divides_medians_of_the_same_step_within_a_group():
+def tables(tmp_path, rows):
+    """The tables `python bench/lockstep.py table FILE` prints for `rows`, as its lines."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = subprocess.run([sys.executable, SCRIPT, "table", str(path)], capture_output=True, text=True, check=True)
+    return proc.stdout.splitlines()
+
+
+def test_paired_steps_divides_medians_of_the_same_step_within_a_group(tmp_path):
     rows = [result("native", 1, [1.0, 2.0], "native#0"), result("native", 1, [3.0, 2.0], "native#1"),
             result("torchmem", 1, [1.0, 1.0], "torchmem#0"), result("torchmem", 1, [3.0, 3.0], "torchmem#1"),
             result("native", 2, [4.0], "native#0"), result("torchmem", 2, [2.0], "torchmem#0"),
             result("expandable", 3, [1.0], "expandable#0")]  # no native in its group: not paired
-    paired = lockstep.paired_steps(rows)
-    # group 1: medians native [2, 2], torchmem [2, 2] -> 1, 1; group 2: 0.5
-    entry = paired[(("llama_ckpt", None), "torchmem")]
-    assert entry["steps"] == 3 and entry["processes"] == 3
-    assert entry["geomean"] == pytest.approx(0.5 ** (1 / 3))
-    assert (entry["low"], entry["high"]) == (0.5, 1.0)
-    assert set(paired) == {(("llama_ckpt", None), "torchmem")}
-    table = lockstep.paired_table(rows)
-    assert "| llama_ckpt none | torchmem | 3 | 3 | 0.794 (0.50-1.00) |" in table
-    assert "| llama_ckpt | none | native | 3 | 0 |" in lockstep.process_table(rows)
+    lines = tables(tmp_path, rows)
+    # group 1: medians native [2, 2], torchmem [2, 2] -> 1, 1; group 2: 0.5: 3 steps of 3 processes,
+    # geomean 0.5 ** (1/3)
+    assert "| llama_ckpt none | torchmem | 3 | 3 | 0.794 (0.50-1.00) |" in lines
+    paired = [line for line in lines if line.startswith("| llama_ckpt none |")]
+    assert len(paired) == 1  # expandable had no native to pair with
+    assert "| llama_ckpt | none | native | 3 | 0 |" in "\n".join(lines)
 
 
-def test_steady_table_compares_the_last_whole_cycles_with_native_unconstrained():
+def test_steady_table_compares_the_last_whole_cycles_with_native_unconstrained(tmp_path):
     """At a budget the warm-up (where the pool learns its layout) is left out: the last third of the
     timed steps, in whole shape cycles, against the same steps of native with no budget."""
     native = dict(result("native", 1, [1.0] * 12, "native#0"), shapes=2)
@@ -103,8 +111,8 @@ def test_steady_table_compares_the_last_whole_cycles_with_native_unconstrained()
     torchmem = dict(result("torchmem", 1, warm, "torchmem#0"), shapes=2, budget=1.05,
                     driver_calls_per_step=[900] * 6 + [0] * 6, barriers_per_step=[1] * 6 + [0] * 6)
     ran_out = dict(result("native", 1, [], "native#1"), budget=1.05, oom_at_step=3)
-    assert lockstep.steady_steps(torchmem) == 4  # 12 steps, 2 shapes: two whole cycles
-    table = lockstep.steady_table([native, torchmem, ran_out])
+    table = "\n".join(tables(tmp_path, [native, torchmem, ran_out]))
+    # 12 steps, 2 shapes: the last two whole cycles, 4 steps
     assert "| llama_ckpt | 1.05x | torchmem | 4 | 0 | 0 | 1.100 |" in table
     assert "| llama_ckpt | 1.05x | native | OOM | - | - | - |" in table
     assert "native | 4" not in table  # the unconstrained group is the baseline, not a row

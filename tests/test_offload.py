@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from torchmem import host
-from torchmem.host.offload import OffloadActivations, _Offloaded, offload_activations, plan_offload
+from torchmem.host.offload import OffloadActivations, OffloadedTensor, offload_activations, plan_offload
 
 
 def test_plan_moves_largest_and_longest_lived_first():
@@ -112,7 +112,7 @@ class SpyOffload(OffloadActivations):
 
     def _pack(self, t):
         out = super()._pack(t)
-        if isinstance(out, _Offloaded):
+        if isinstance(out, OffloadedTensor):
             self.moved_ids.append(id(t))
         return out
 
@@ -499,3 +499,23 @@ def test_a_second_forward_in_one_context_does_not_inherit_the_first_backwards_ro
         assert step.freed == step.fetched               # nothing carried over
     out.sum().backward()
     assert all(p.grad is not None for layer in layers for p in layer.parameters())
+
+
+def test_an_observer_sees_each_moved_tensor_go_out_come_in_and_be_used():
+    events = []
+    offload = OffloadActivations(None, min_bytes=0, pool=sim_pool(), devices=("cpu",),
+                                 observer=lambda what, h, stream: events.append((what, h, stream)))
+    w = torch.randn(64, 64, requires_grad=True)
+    with offload:
+        x = torch.randn(32, 64) @ w
+        loss = (x * x).sum()  # x saved twice: one copy out, the second save shares it
+    loss.backward()
+    outs = [h for what, h, _ in events if what == "out"]
+    assert len(outs) == offload.last_step["offloaded_count"] and outs
+    assert all(isinstance(h, OffloadedTensor) and stream is None for _, h, stream in events)
+    assert offload.last_step["shared_saves"] == 1
+    for h in outs:  # in once (ahead or urgent), needed and used once per save, in that order
+        mine = [what for what, other, _ in events if other is h]
+        assert mine[0] == "out" and sum(w in ("in", "urgent") for w in mine) == 1
+        assert mine.count("need") == mine.count("used") >= 1
+        assert mine.index("need") < mine.index("used")

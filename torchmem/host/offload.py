@@ -125,7 +125,7 @@ import torch
 from torchmem import host as pinned_host
 from torchmem._loader import extension
 
-__all__ = ["OffloadActivations", "offload_activations"]
+__all__ = ["OffloadActivations", "OffloadedTensor", "offload_activations"]
 
 
 def offload_activations(budget_bytes=None, **kwargs):
@@ -133,8 +133,11 @@ def offload_activations(budget_bytes=None, **kwargs):
     return OffloadActivations(budget_bytes, **kwargs)
 
 
-class _Offloaded:
-    """One saved tensor living in host memory."""
+class OffloadedTensor:
+    """One saved tensor living in host memory: what the pack hook returns for a moved
+    tensor, and what an OffloadActivations observer is handed. Read-only for users:
+    shape, stride, dtype, device and nbytes describe the tensor; d2h_event and h2d_event
+    are the CUDA events after its copy out and its latest fetch (None on the CPU)."""
 
     __slots__ = ("host", "host_base", "shape", "stride", "dtype", "device", "step", "nbytes", "d2h_event", "h2d_event",
                  "fetched", "used", "unpacks", "source", "version", "__weakref__")
@@ -241,13 +244,23 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
       prefetch      offloaded tensors fetched ahead in backward (3).
       devices       device types whose tensors may move (("cuda",); tests use
                     ("cpu",) to run the logic on CPU tensors).
+      observer      None, or observer(what, handle, stream), told of each moved
+                    tensor (an OffloadedTensor) for instrumentation
+                    (bench/offload_timeline.py): "out" after its copy to the host
+                    was queued on `stream`; "in" or "urgent" after its fetch was
+                    queued on `stream` (urgent: backward was already waiting for
+                    it); "need" when backward asks for it; "used" when backward
+                    has it. `stream` is None except for "out", "in" and "urgent"
+                    on CUDA tensors. It runs inside autograd's hooks: keep it short.
 
     Use it as a context around forward, once per step (also around several
     micro-steps). After a step, `last_step` holds saved_bytes, offloaded_bytes,
-    offloaded_count, kept_bytes; `plan` the indices moved.
+    offloaded_count, kept_bytes and shared_saves (later saves of a storage saved
+    before in the step: Note [Shared storages]); `plan` the indices moved.
     """
 
-    def __init__(self, budget_bytes=None, *, min_bytes=1 << 20, pool=None, prefetch=3, devices=("cuda",)):
+    def __init__(self, budget_bytes=None, *, min_bytes=1 << 20, pool=None, prefetch=3, devices=("cuda",),
+                 observer=None):
         if budget_bytes is not None and (not isinstance(budget_bytes, int) or budget_bytes < 0):
             raise ValueError(f"offload_activations: budget_bytes must be None or an int >= 0, got {budget_bytes!r}")
         if not isinstance(prefetch, int) or prefetch < 0:
@@ -257,6 +270,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         self.min_bytes = int(min_bytes)
         self.prefetch = prefetch
         self.devices = tuple(devices)
+        self.observer = observer
         self._cuda_only = self.devices == ("cuda",)
         self._pool = pool
         self.measured = None   # sizes of the eligible saved tensors of the measured step
@@ -278,7 +292,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
 
     def _begin_step(self):
         self._sizes = []
-        self._offloaded = _Step()  # this forward's _Offloaded
+        self._offloaded = _Step()  # this forward's OffloadedTensor
         self._moved_bytes = 0  # copied to the host (later views of a moved storage too)
         self._kept_bytes = 0   # the saves kept on the device, each storage once
 
@@ -293,6 +307,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             "offloaded_bytes": self._moved_bytes,
             "offloaded_count": len(self._offloaded.refs),
             "kept_bytes": self._kept_bytes,
+            "shared_saves": self._sizes.count(0),  # Note [Shared storages]: a later save counts 0
         }
         if exc[0] is not None:
             return result  # (an OOM?) fetch nothing more; the graph is dropped
@@ -384,9 +399,9 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         return self._move(t, nbytes, self._offloaded)  # another view of a moved storage moves too
 
     def _move(self, t, nbytes, step):
-        """Starts copying `t` to the host pool; returns its _Offloaded."""
+        """Starts copying `t` to the host pool; returns its OffloadedTensor."""
         pool = self._host_pool()
-        h = _Offloaded()
+        h = OffloadedTensor()
         h.shape, h.stride, h.dtype, h.device = t.shape, t.stride(), t.dtype, t.device
         h.step = step
         h.nbytes = nbytes
@@ -411,6 +426,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
                 t.record_stream(d2h)
             h.d2h_event = d2h.record_event()
         else:
+            d2h = None
             host = pool.empty(t.numel(), t.dtype)
             view = host.as_strided(t.shape, t.stride())
             view.copy_(t)
@@ -418,6 +434,8 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         h.host, h.host_base = view, host
         step.refs.append(weakref.ref(h))
         self._moved_bytes += nbytes
+        if self.observer is not None:
+            self.observer("out", h, d2h)
         return h
 
     def _unpack(self, obj):
@@ -432,6 +450,8 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         source = obj.source()
         if source is not None and source._version != obj.version:
             raise _modified_in_place(source, obj.version)
+        if self.observer is not None:
+            self.observer("need", obj, None)
         self._fetch(obj, urgent=True)
         self._fetch_ahead(obj.step)
         out, obj.used = obj.fetched, True
@@ -445,6 +465,8 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
                 current = torch.cuda.current_stream(out.device)
                 current.wait_event(obj.h2d_event)
                 out.record_stream(current)
+        if self.observer is not None:
+            self.observer("used", obj, None)
         return out
 
     # ------------------------------------------------------------- fetching
@@ -467,10 +489,13 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
                 self._host_pool().record_stream(h.host_base, h2d)
             h.h2d_event = h2d.record_event()
         else:
+            h2d = None
             out = torch.empty_strided(h.shape, h.stride, dtype=h.dtype, device=h.device)
             out.copy_(h.host)
         h.step.track_fetched(out, h.nbytes)
         h.fetched = out
+        if self.observer is not None:
+            self.observer("urgent" if urgent else "in", h, h2d)
 
     def _fetch_ahead(self, step):
         """Starts fetching `step`'s offloaded tensors whose copy out finished, latest-saved
