@@ -126,7 +126,7 @@ def test_install_hands_the_resolved_run_below_limit_to_the_runtime(monkeypatch):
     # torchmem.install() builds the runtime's options from core_dict: the shim never sees None
     import importlib
 
-    install = importlib.import_module("torchmem.runtime.installer")  # the module; torchmem.install is the function
+    install = importlib.import_module("torchmem.installer")  # the module; torchmem.install is the function
 
     monkeypatch.delenv(config.ENV_VAR, raising=False)
     shared = install._runtime_options(config.Config(share="team", guarantee="30GiB"))

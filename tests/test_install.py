@@ -26,7 +26,7 @@ def test_no_gpu_is_a_clear_runtime_error():
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         torchmem.install()
     assert not torchmem.is_installed()
-    from torchmem.runtime.installer import mem_pool_allocator
+    from torchmem.installer import mem_pool_allocator
 
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         mem_pool_allocator()
@@ -36,7 +36,7 @@ def test_install_module_stays_callable_after_submodule_import():
     proc = run_python(
         """
         import torchmem
-        from torchmem.runtime.installer import is_installed  # binds the module to torchmem.install
+        from torchmem.installer import is_installed  # binds the module to torchmem.install
         try:
             torchmem.install(limit=-5)
         except ValueError as exc:

@@ -13,7 +13,8 @@ import pytest
 
 from support import REPO
 from torchmem import monitor
-from torchmem.runtime import config, installer
+from torchmem import installer
+from torchmem.runtime import config
 from torchmem.monitor import metrics, record
 
 PUBLISHER = r"""

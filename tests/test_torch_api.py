@@ -15,7 +15,7 @@ def _no_cuda_init(*args, **kwargs):
 def test_gpu_check_asks_nvml_and_never_cuda(monkeypatch):
     import importlib
 
-    install_module = importlib.import_module("torchmem.runtime.installer")
+    install_module = importlib.import_module("torchmem.installer")
     monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", _no_cuda_init)
     monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: 2, raising=False)
@@ -27,7 +27,7 @@ def test_gpu_check_asks_nvml_and_never_cuda(monkeypatch):
 def test_gpu_check_falls_back_to_cuda_without_nvml(monkeypatch):
     import importlib
 
-    install_module = importlib.import_module("torchmem.runtime.installer")
+    install_module = importlib.import_module("torchmem.installer")
     monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
     monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: -1, raising=False)
     calls = []
@@ -38,7 +38,7 @@ def test_gpu_check_falls_back_to_cuda_without_nvml(monkeypatch):
 def test_gpu_check_is_false_for_a_torch_without_cuda(monkeypatch):
     import importlib
 
-    install_module = importlib.import_module("torchmem.runtime.installer")
+    install_module = importlib.import_module("torchmem.installer")
     monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_available", _no_cuda_init)
     assert install_module._gpu_present() is False

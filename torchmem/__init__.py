@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _LAZY = {
     # allocator
-    "install": "torchmem.runtime.installer",
+    "install": "torchmem.installer",
     "is_installed": "torchmem._loader",
     "build_info": "torchmem._loader",
     "Config": "torchmem.runtime.config",

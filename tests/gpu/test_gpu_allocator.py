@@ -195,7 +195,7 @@ def test_cuda_graph_capture_and_replay():
 def test_scoped_mem_pool_uses_torchmem():
     proc = run(
         """
-        from torchmem.runtime.installer import mem_pool_allocator
+        from torchmem.installer import mem_pool_allocator
         allocator = mem_pool_allocator()
         assert not torchmem.is_installed()
         pool = torch.cuda.MemPool(allocator.allocator())

@@ -1,7 +1,7 @@
 """torchmem.runtime: the allocator glue around the compiled module torchmem._C.
 
-installer (install(), mem_pool_allocator()), config (the options and their
-parsing), stats and patch (torch.cuda's memory API over torchmem's pool), hooks
+config (the options and their parsing; torchmem/installer.py, above this
+package, installs them), stats and patch (torch.cuda's memory API over torchmem's pool), hooks
 (OOM hooks), snapshots, snapshot_format and stacks (what the pool holds in
 torch's snapshot format, and who allocated it; replays use the same format),
 leak (leak checks), torch_alloc_conf (PYTORCH_CUDA_ALLOC_CONF), budget (the

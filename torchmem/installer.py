@@ -1,4 +1,8 @@
-"""Swapping PyTorch's CUDA caching allocator for torchmem's pool.
+"""Swapping PyTorch's CUDA caching allocator for torchmem's pool: the front door.
+
+It sits above runtime/ (the allocator glue it installs), monitor/ and share/
+(what it starts after the swap when the config asks), so every package below
+it stays free of the others.
 
 ``torchmem.install()`` is the one line a user adds, right after ``import torch``.
 The swap itself happens in C++ (csrc/shim/install.cpp) because torch's
