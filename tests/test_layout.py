@@ -132,3 +132,27 @@ if __name__ == "__main__":
     for name, path in module_files().items():
         if name != GATE and imports_compiled(path):
             print("imports _C:", name)
+
+
+def test_module_paths_from_before_the_subpackages_still_import():
+    """Scripts and harnesses name the old flat paths (PyTorch's peer-suite runner calls
+    importlib.import_module("torchmem.install").installed_config()): each loads its new module,
+    and where a path and a public function share a name the attribute stays the function."""
+    import importlib
+
+    import torchmem
+
+    for old, new in torchmem._MOVED.items():
+        alias = importlib.import_module(f"torchmem.{old}")
+        target = importlib.import_module(new)
+        public = [n for n in dir(target) if not n.startswith("_") and callable(getattr(target, n))]
+        assert public, new
+        assert getattr(alias, public[0]) is getattr(target, public[0]), old
+    assert importlib.import_module("torchmem.install").installed_config is importlib.import_module(
+        "torchmem.installer").installed_config
+    import torchmem.install  # noqa: F401  (binds no attribute: torchmem.install stays the function)
+    import torchmem.snapshot  # noqa: F401
+    assert callable(torchmem.install) and torchmem.install.__name__ == "install"
+    assert torchmem.snapshot.__name__ == "snapshot"
+    from torchmem import patch
+    assert patch.is_patched is importlib.import_module("torchmem.runtime.patch").is_patched
