@@ -259,7 +259,7 @@ def test_bundled_traces_by_name_and_list(capsys):
 def test_a_device_wait_costs_a_third_of_the_step_in_the_time_model():
     """Note [Barrier cost]: the replay's step figures charge each wait for the whole device the
     pipeline it drains, a third of the workload's step, on top of the simulated driver calls."""
-    from torchmem.cli.replay import BARRIER_DRAIN_STEPS, step_cost_us
+    from torchmem.cli.anchors import BARRIER_DRAIN_STEPS, step_cost_us
 
     assert BARRIER_DRAIN_STEPS == pytest.approx(1 / 3)
     assert step_cost_us(5_000.0, 0, step_ms=90.0) == 5_000.0

@@ -3,7 +3,8 @@
 torchmem/data/anchors.jsonl holds, per bundled workload and allocator setting,
 what the training run behind each bundled trace measured on the H200 (steps,
 median step time, driver calls). The demo and `replay` read them here, one
-module below both, so neither command imports the other.
+module below both, so neither command imports the other; step_cost_us turns a
+replay's driver time and device waits into host time on such a step.
 """
 
 import json
@@ -32,3 +33,20 @@ def step_timing(anchor_rows):
     if not native or not native.get("n_steps"):
         return None, None
     return native["n_steps"], native["median_step_s"] * 1000
+
+
+# Note [Barrier cost] A wait for the whole device costs the host more than the
+# call: the kernels queued ahead of it drain first, and the GPU then idles
+# while the host queues the next ones. The simulator charges the call alone
+# (device_sync_us); the replay's step figures add BARRIER_DRAIN_STEPS of the
+# workload's measured step per wait. Why a third: on the H200's warm-up steps
+# at 1.05x, the simulator's call costs plus a third of a step per wait come
+# within 15-25% of the time the GPU added, where the calls alone come within
+# 34-49% (BENCHMARKS.md, Budget regime: the replay's time model).
+BARRIER_DRAIN_STEPS = 1 / 3
+
+
+def step_cost_us(driver_us, barriers, step_ms):
+    """Modeled host time of the driver calls plus the pipeline drained by `barriers` device waits
+    (Note [Barrier cost]), in microseconds."""
+    return driver_us + barriers * BARRIER_DRAIN_STEPS * step_ms * 1000

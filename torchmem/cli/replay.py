@@ -23,7 +23,7 @@ import sys
 
 from torchmem.analysis import trace as trace_io
 from torchmem.runtime.snapshot_format import to_torch_snapshot
-from torchmem.cli.anchors import load_anchors, step_timing
+from torchmem.cli.anchors import load_anchors, step_cost_us, step_timing
 from torchmem.cli.options import (GRANULE, LIMIT_HELP, CliError, limit_bytes, parse_config, parse_limit,
                                   parse_size, resolve_trace)
 
@@ -173,23 +173,6 @@ def format_table(trace, results, requested=None, steps=None, step_ms=None):
                          f"a budget of {budget}; the trace does not fit, so no ratio is given (its peaks count only "
                          f"the allocations that succeeded). --min-cap finds the smallest budget that fits.")
     return "\n".join(lines)
-
-
-# Note [Barrier cost] A wait for the whole device costs the host more than the
-# call: the kernels queued ahead of it drain first, and the GPU then idles
-# while the host queues the next ones. The simulator charges the call alone
-# (device_sync_us); the replay's step figures add BARRIER_DRAIN_STEPS of the
-# workload's measured step per wait. Why a third: on the H200's warm-up steps
-# at 1.05x, the simulator's call costs plus a third of a step per wait come
-# within 15-25% of the time the GPU added, where the calls alone come within
-# 34-49% (BENCHMARKS.md, Budget regime: the replay's time model).
-BARRIER_DRAIN_STEPS = 1 / 3
-
-
-def step_cost_us(driver_us, barriers, step_ms):
-    """Modeled host time of the driver calls plus the pipeline drained by `barriers` device waits
-    (Note [Barrier cost]), in microseconds."""
-    return driver_us + barriers * BARRIER_DRAIN_STEPS * step_ms * 1000
 
 
 def _per_step(total_us, steps, step_ms):
