@@ -123,7 +123,7 @@ def test_run_below_limit_is_auto_by_default_and_follows_share(monkeypatch):
 
 
 def test_install_hands_the_resolved_run_below_limit_to_the_runtime(monkeypatch):
-    # torchmem.install() builds the runtime's options from core_dict: the shim never sees None
+    # torchmem.install() builds the runtime's options from pool_options: the shim never sees None
     import importlib
 
     install = importlib.import_module("torchmem.installer")  # the module; torchmem.install is the function
@@ -132,3 +132,16 @@ def test_install_hands_the_resolved_run_below_limit_to_the_runtime(monkeypatch):
     shared = install._runtime_options(config.Config(share="team", guarantee="30GiB"))
     assert shared["run_below_limit"] == 0.5 and shared["limit"] == 30 << 30
     assert install._runtime_options(config.Config(limit="20GiB"))["run_below_limit"] == 0.0
+
+
+def test_the_limit_reaches_the_runtime_once_as_given():
+    # The limit goes config -> runtime -> each device's Budget, which resolves it (csrc/shim/budget.h):
+    # no resolved limit_bytes travels beside it, and a fraction stays a fraction.
+    import importlib
+
+    install = importlib.import_module("torchmem.installer")
+    for limit, given in (("20GiB", 20 << 30), (0.25, 0.25), (None, None)):
+        options = install._runtime_options(config.Config(limit=limit))
+        assert "limit_bytes" not in options and options["limit"] == given
+    cfg = config.Config(limit=0.5)
+    assert cfg.core_dict(80 << 30) == {"limit_bytes": 40 << 30, **cfg.pool_options()}

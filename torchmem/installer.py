@@ -59,11 +59,10 @@ _INIT_ORDER_HELP = (
 
 
 def _runtime_options(cfg, initial_fraction=None):
-    """The dict _core.runtime_install takes: PoolConfig fields without limit_bytes
-    (the limit is resolved per device in C++), plus limit, oom_hook_retries and the
+    """The dict _core.runtime_install takes: the PoolConfig fields but the limit, the limit as
+    given (each device's Budget resolves it: csrc/shim/budget.h), oom_hook_retries and the
     fraction every pool starts with (torch's per_process_memory_fraction setting)."""
-    options = cfg.core_dict(0)
-    del options["limit_bytes"]
+    options = cfg.pool_options()
     # A sharing process starts at its guarantee until the arbiter's first round (docs/sharing.md).
     options["limit"] = cfg.guarantee if cfg.share else cfg.limit
     options["oom_hook_retries"] = int(cfg.oom_hook_retries)

@@ -341,15 +341,21 @@ class Config:
             return int(self.limit * total_bytes)
         return self.limit
 
-    def core_dict(self, total_bytes):
-        """The PoolConfig fields (csrc/core/pool.h) for a device of `total_bytes`."""
-        limit = self.limit_bytes(total_bytes)
-        if limit and self.reserve > limit:
-            raise ValueError(f"torchmem config 'reserve' ({self.reserve}) exceeds the limit ({limit} bytes)")
+    def pool_options(self):
+        """The PoolConfig fields (csrc/core/pool.h) but the limit: the installed allocator gives the
+        limit to each device's Budget (csrc/shim/budget.h), which resolves and sets it."""
         fields = {option.core: getattr(self, option.name) for option in OPTIONS if option.core}
         if self.run_below_limit is None:  # auto
             fields["run_below_limit"] = SHARE_RUN_BELOW_LIMIT if self.share else 0.0
-        return {"limit_bytes": limit, **fields}
+        return fields
+
+    def core_dict(self, total_bytes):
+        """Every PoolConfig field for a pool of its own on a device of `total_bytes` (a replay's
+        simulated pool): pool_options() and the limit resolved in bytes."""
+        limit = self.limit_bytes(total_bytes)
+        if limit and self.reserve > limit:
+            raise ValueError(f"torchmem config 'reserve' ({self.reserve}) exceeds the limit ({limit} bytes)")
+        return {"limit_bytes": limit, **self.pool_options()}
 
     def __eq__(self, other):
         return isinstance(other, Config) and self.as_dict() == other.as_dict()
