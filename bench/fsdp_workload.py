@@ -19,7 +19,7 @@ BatchSizeController picks the micro-batch on every rank (grad_sync="none":
 FSDP2 reduce-scatters the gradients in each backward itself), else
 --micro-batch is fixed and every micro-step but the last runs without gradient
 sync (set_requires_gradient_sync). --device cpu runs it over gloo on the CPU
-(tests/test_fsdp_workload.py), where only native applies.
+(bench/tests/test_fsdp_workload.py), where only native applies.
 Each rank prints one JSON line: step times, peak memory, driver calls
 (num_device_alloc/free; torchmem's backend calls and reclaims under torchmem),
 the micro-batch per step and the losses. `sweep` runs torchrun once per

@@ -1,10 +1,9 @@
-"""Test helpers: run a body of Python in a fresh interpreter, load a bench script.
+"""Test helpers: run a body of Python in a fresh interpreter, and run gloo ranks.
 
 The CUDA allocator can be swapped only once per process and only before CUDA
 initializes, so every test that installs torchmem runs its body in a subprocess.
 """
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -55,19 +54,6 @@ def run_snippet(mode, body, env=None, check=True):
 def run_both(body, env=None):
     """(native result, torchmem result) of the same snippet (run_snippet)."""
     return run_snippet("native", body, env), run_snippet("torchmem", body, env)
-
-
-def load_bench(name):
-    """bench/<name>.py as a module: the benches are scripts, not a package (each imports
-    torch only in main(), so loading one is cheap and needs no GPU). bench/ goes on sys.path
-    as it does when the script runs, for the helpers it imports beside it (bench/common.py)."""
-    bench = os.path.join(REPO, "bench")
-    if bench not in sys.path:
-        sys.path.append(bench)
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(REPO, "bench", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def gloo_rank(rank, out_dir, port, world, train, modes):

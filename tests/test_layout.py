@@ -156,3 +156,21 @@ def test_module_paths_from_before_the_subpackages_still_import():
     assert torchmem.snapshot.__name__ == "snapshot"
     from torchmem import patch
     assert patch.is_patched is importlib.import_module("torchmem.runtime.patch").is_patched
+
+
+def test_torchmems_tests_do_not_load_bench():
+    """bench/ is run by hand and tested by its own tests (bench/tests/): torchmem's tests neither
+    import a bench script nor put bench/ on sys.path."""
+    import pathlib
+
+    here = pathlib.Path(__file__).parent
+    for path in sorted(here.rglob("*.py")):
+        if path.resolve() == pathlib.Path(__file__).resolve():
+            continue
+        text = path.read_text()
+        assert "load_bench" not in text, path
+        assert not [line for line in text.splitlines() if "sys.path" in line and "bench" in line], path
+        tree = ast.parse(text)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("bench", "common"):
+                raise AssertionError(f"{path}: imports {node.module}")

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from support import REPO, load_bench
+from bench_support import REPO, load_bench
 
 lockstep = load_bench("lockstep")
 SCRIPT = os.path.join(REPO, "bench", "lockstep.py")

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from support import REPO
+from bench_support import REPO
 
 
 def test_smoke_sweep_runs_every_method_and_writes_the_tables(tmp_path):

@@ -4,7 +4,7 @@ not a package module, so it is imported by path; it imports torch only in main()
 
 import pytest
 
-from support import load_bench
+from bench_support import load_bench
 
 GiB = 1 << 30
 bench = load_bench("offload_bench")

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from support import REPO, load_bench
+from bench_support import REPO, load_bench
 
 
 def row(workload, allocator, step, alloc=1000 << 20, reserved=1100 << 20):
