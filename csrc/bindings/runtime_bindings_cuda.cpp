@@ -87,12 +87,11 @@ RuntimeConfig runtime_config_from(const py::dict& options, const std::string& ba
       } else if (py::isinstance<py::int_>(value) && !py::isinstance<py::bool_>(value)) {
         const long long bytes = value.cast<long long>();
         config.limit.kind = LimitSpec::Kind::kBytes;
-        config.limit.bytes = bytes > 0 ? static_cast<std::size_t>(bytes) : 0;  // 0: refused by check_limit
+        config.limit.bytes = bytes > 0 ? static_cast<std::size_t>(bytes) : 0;  // 0: refused by check_config
       } else {
         throw py::value_error("torchmem config 'limit': expected None, a fraction (float) or bytes (int), got " +
                               std::string(py::str(py::repr(value))));
       }
-      Budget::check_limit(config.limit);  // std::invalid_argument: a ValueError in Python
     } else if (key == "oom_hook_retries") {
       if (!py::isinstance<py::int_>(value) || value.cast<long long>() < 0) {
         throw py::value_error("torchmem config 'oom_hook_retries': expected an int >= 0");
@@ -104,9 +103,7 @@ RuntimeConfig runtime_config_from(const py::dict& options, const std::string& ba
       }
       config.park_private_frees = value.cast<bool>();
     } else if (key == "initial_fraction") {
-      const double fraction = value.is_none() ? -1.0 : value.cast<double>();
-      if (!value.is_none()) Budget::check_initial_fraction(fraction);
-      config.initial_fraction = fraction;
+      config.initial_fraction = value.is_none() ? -1.0 : value.cast<double>();  // checked by check_config
     } else if (key == "limit_bytes") {
       throw py::value_error("torchmem runtime config: give 'limit' (None, fraction or bytes), not 'limit_bytes'");
     } else {
@@ -114,7 +111,6 @@ RuntimeConfig runtime_config_from(const py::dict& options, const std::string& ba
     }
   }
   config.pool = config_from_dict(rest);
-  config.pool.limit_bytes = 0;
   config.backend = backend;
   return config;
 }

@@ -278,6 +278,7 @@ bool torch_allocator_initialized() {
 }
 
 void install(const RuntimeConfig& config) {
+  check_config(config);  // a bad value is named before any other error
   std::lock_guard<std::mutex> lock(install_mutex);
   if (is_installed()) {
     configure(config);  // throws if the config differs from the one in force

@@ -273,7 +273,7 @@ void notify_oom_observers(DeviceState& state, std::size_t size, const MemInfo& m
 
 // ---- configuration -------------------------------------------------------------
 
-void configure(const RuntimeConfig& config) {
+void check_config(const RuntimeConfig& config) {
   if (config.backend != "auto" && config.backend != "vmm" && config.backend != "cuda_malloc") {
     throw std::invalid_argument("torchmem: unknown backend '" + config.backend +
                                 "'; expected auto, vmm or cuda_malloc");
@@ -284,6 +284,10 @@ void configure(const RuntimeConfig& config) {
   }
   Budget::check_limit(config.limit);
   if (config.initial_fraction >= 0.0) Budget::check_initial_fraction(config.initial_fraction);
+}
+
+void configure(const RuntimeConfig& config) {
+  check_config(config);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   if (r.configured) {

@@ -64,6 +64,11 @@ struct RuntimeConfig {
 };
 
 // ---- configuration and install ----------------------------------------------
+// The one check of a RuntimeConfig's values (backend, limit, starting
+// fraction): throws std::invalid_argument naming the bad value and the fix.
+// configure() and install() run it first, before anything else can fail.
+void check_config(const RuntimeConfig& config);
+
 // Sets the config for pools made from now on. Throws std::invalid_argument if a
 // pool exists already and `config` differs from the one in force (pools are
 // never rebuilt: they own live memory).

@@ -72,7 +72,7 @@ def _own_records():
     source = RuntimeSource()
     rows = source.rows()
     for row in rows:
-        row.micro_batch = budget.current_micro_batch()
+        row.micro_batch = budget.micro_batch()[0]
     return [Record(pid=os.getpid(), start_ticks=0, devices=rows, **identity_now(process_identity()))]
 
 

@@ -26,7 +26,7 @@ has step_boundary(), owned_bytes(device) and an `oom_waiter` attribute.
 
 import threading
 
-__all__ = ["record_micro_batch", "report_micro_batch", "micro_batch", "current_micro_batch", "owned_bytes", "elastic", "oom_waiter",
+__all__ = ["record_micro_batch", "report_micro_batch", "micro_batch", "owned_bytes", "elastic", "oom_waiter",
            "plug", "unplug"]
 
 _lock = threading.Lock()
@@ -55,10 +55,6 @@ def report_micro_batch(size, batch=None):
 def micro_batch():
     """(micro-batch, batch) last reported; (-1, None) before the controller's first pick."""
     return _micro_batch["value"], _micro_batch["batch"]
-
-
-def current_micro_batch():
-    return _micro_batch["value"]
 
 
 def owned_bytes(device=None):
