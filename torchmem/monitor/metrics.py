@@ -16,8 +16,6 @@ exporter` (monitor/exporter.py) is the node's endpoint for a cluster.
 import logging
 import warnings
 
-from torchmem.monitor import record as _record
-
 __all__ = ["GAUGES", "COUNTERS", "LABELS", "families", "process_labels", "serve_metrics", "flat_figures"]
 
 _log = logging.getLogger("torchmem.monitor")
