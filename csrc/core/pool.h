@@ -169,6 +169,9 @@ namespace torchmem {
     "Under a limit, grow by one handle per run of missing granules while held stays under "        \
     "run_below_limit x the budget (Note [Runs under a limit]); 0 = a handle per granule, "         \
     "packing as tightly as the pool can.")                                                           \
+  X(std::size_t, limit_run_granules, 0,                                                              \
+    "Under a limit, a run handle covers at most this many granules (Note [Runs under a limit]); "   \
+    "0 = a run covers the whole hole.")                                                              \
   X(bool, alias_reclaim, true,                                                                       \
     "Stitch granules freed on the requesting stream before their fences complete, by mapping the " \
     "handle at a second address (Note [Alias reclaim]).")                                            \

@@ -322,7 +322,8 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
     // cached granules stay reclaimable for the requests after it.
     const bool huge = missing >= kHugeRunGranules;
     if (huge || roomy(missing)) {
-      const std::vector<Hole> holes = unmapped_holes(heap, addr, size);
+      std::vector<Hole> holes = unmapped_holes(heap, addr, size);
+      if (limited && config.limit_run_granules > 0) holes = cut_holes(holes, config.limit_run_granules);
       // Note [Runs ahead]: far from every limit, a large heap's run maps on past the block.
       std::size_t ahead = 0;
       if (!huge && !limited && !heap.small) {

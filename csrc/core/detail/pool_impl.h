@@ -193,6 +193,8 @@ struct Pool::Impl {
     std::size_t first, count;
   };
   std::vector<Hole> unmapped_holes(const detail::Heap& heap, Addr addr, std::size_t size) const;
+  // Holes cut into pieces of at most `most` granules (PoolConfig.limit_run_granules).
+  static std::vector<Hole> cut_holes(const std::vector<Hole>& holes, std::size_t most);
   // Unmaps the pending places (Note [Pending unmaps]) inside `hole` before
   // anything is mapped there.
   void clear_pending_places(detail::Heap& heap, const Hole& hole);

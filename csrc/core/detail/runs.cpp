@@ -44,8 +44,13 @@
 // Why: a fixed limit pays its granules once, in the warm-up; a sharing
 // group's limits keep moving, so its growth recurs and 0.5 halves the
 // granules created, for a min-cap up to 1.0166 x peak requested.
-// Benchmarks: BENCHMARKS.md, Budget regime (growth under a limit); Sharing
-// and monitoring.
+// limit_run_granules (default 0: off) caps such a run's length: a short run
+// goes back whole as soon as its few granules are free, so less memory is
+// stranded in runs partly in use when the pool reaches the limit.
+// Benchmarks: BENCHMARKS.md, Budget regime (growth under a limit; replay at
+// the budget with shapes that vary); Sharing and monitoring.
+#include <algorithm>
+
 #include "core/detail/pool_impl.h"
 
 namespace torchmem {
@@ -57,6 +62,16 @@ namespace {
 // The smallest run: a hole of one granule is a plain granule handle (Note [Run handles]).
 constexpr std::size_t kMinRunGranules = 2;
 }  // namespace
+
+std::vector<Pool::Impl::Hole> Pool::Impl::cut_holes(const std::vector<Hole>& holes, std::size_t most) {
+  std::vector<Hole> cut;
+  for (const Hole& h : holes) {
+    for (std::size_t first = 0; first < h.count; first += most) {
+      cut.push_back(Hole{h.first + first, std::min(most, h.count - first)});
+    }
+  }
+  return cut;
+}
 
 std::size_t Pool::Impl::run_ahead(const Heap& heap, const Hole& last, std::size_t block_end, std::size_t most) const {
   // Only a hole that reaches the block's last granule can go on past it.
