@@ -18,21 +18,33 @@ TINY = ["--device", "cpu", "--allocator", "native", "--steps", "2", "--layers", 
         "--seq", "16", "--vocab", "256", "--global-batch", "8"]
 
 
-def test_two_ranks_train_under_fsdp2_with_the_controller():
+def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-               PYTHONWARNINGS="ignore")
-    procs = [subprocess.Popen([sys.executable, SCRIPT, *TINY, "--controller", "--micro-batch", "2"], cwd=REPO,
-                              env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)), text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for rank in range(2)]
-    reports = []
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=300)
-        assert proc.returncode == 0, stderr[-4000:]
-        reports.append(json.loads(stdout.strip().splitlines()[-1]))
+        return s.getsockname()[1]
+
+
+def launch_two_ranks(args):
+    """Each rank's last stdout line (its JSON report). The port is found free, then released
+    before rank 0 binds it; if another process took it meanwhile, launch again on a new one."""
+    for _attempt in range(3):
+        env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                   OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+        procs = [subprocess.Popen([sys.executable, SCRIPT, *args], cwd=REPO,
+                                  env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)), text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                 for rank in range(2)]
+        outputs = [proc.communicate(timeout=300) for proc in procs]
+        if any("address already in use" in err.lower() for _, err in outputs):
+            continue
+        for proc, (_, stderr) in zip(procs, outputs):
+            assert proc.returncode == 0, stderr[-4000:]
+        return [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs]
+    pytest.fail("three ports in a row were taken before rank 0 bound them")
+
+
+def test_two_ranks_train_under_fsdp2_with_the_controller():
+    reports = launch_two_ranks([*TINY, "--controller", "--micro-batch", "2"])
     r0, r1 = reports
     assert (r0["rank"], r1["rank"], r0["world"]) == (0, 1, 2)
     assert len(r0["losses"]) == 2 and r0["losses"] == r1["losses"]  # all-reduced: one number per step
