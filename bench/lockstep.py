@@ -190,38 +190,58 @@ def paired_table(rows, baseline="native"):
     return "\n".join(lines)
 
 
-def steady_steps(row):
-    """The timed steps left once warm: the last third, rounded to whole shape cycles (at least one)."""
+def steady_steps(row, quiet=None):
+    """The timed steps left once warm, in whole shape cycles (at least one): every step from `quiet`
+    (the first of the steps that made no driver call nor barrier) when that spans a cycle, else the
+    last third."""
     shapes = max(1, row.get("shapes") or 1)
+    if quiet is not None and (len(row["step_s"]) - quiet) // shapes >= 1:
+        return (len(row["step_s"]) - quiet) // shapes * shapes
     cycles = max(1, len(row["step_s"]) // shapes // 3)
     return cycles * shapes
 
 
+def quiet_from(row):
+    """The first timed step from which no step made a driver call or a device barrier (None: the
+    last step still did). Says whether the steady steps are warm, or the run ended too soon."""
+    calls = row.get("driver_calls_per_step") or []
+    waits = row.get("barriers_per_step") or [0] * len(calls)
+    quiet = len(calls)
+    while quiet > 0 and calls[quiet - 1] == 0 and waits[quiet - 1] == 0:
+        quiet -= 1
+    return quiet if quiet < len(calls) else None
+
+
 def steady_table(rows, baseline="native"):
-    """Each group at a budget once warm: the last third of its timed steps (whole shape cycles), with
+    """Each group at a budget once warm: its timed steps from the one it went quiet (no driver call, no
+    barrier after it) in whole shape cycles, or the last third if it never did, with
     their driver calls and device barriers, and their time against the unconstrained `baseline`
     group's same steps (same workload and seed). The process total mixes in the warm-up, where a
-    pool at the budget learns its layout; this is the step a long run repeats."""
-    free = {}
+    pool at the budget learns its layout; this is the step a long run repeats. "Quiet from" is the
+    first timed step after which no step made a driver call or a barrier: a run that ends before it
+    settles shows "never" there, and its steady steps are warm-up still."""
+    free = {}  # (workload, seed) -> the baseline's step times, per step the median over its processes
     for row in rows:
         if row.get("budget") is None and row["allocator"] == baseline and row.get("oom_at_step") is None:
-            free[(row["workload"], row["seed"])] = row
-    lines = [f"| workload | budget | allocator | steady steps | driver calls | barriers | time / {baseline} unconstrained |",
-             "|---|---|---|---|---|---|---|"]
+            free.setdefault((row["workload"], row["seed"]), []).append(row["step_s"])
+    free = {key: [statistics.median(step) for step in zip(*runs)] for key, runs in free.items()}
+    lines = [f"| workload | budget | allocator | quiet from step | steady steps | driver calls | barriers | "
+             f"time / {baseline} unconstrained |",
+             "|---|---|---|---|---|---|---|---|"]
     for row in sorted(rows, key=lambda r: (r["workload"], r.get("budget") or 0, r["allocator"], r["seed"])):
         if row.get("budget") is None:
             continue
         if row.get("oom_at_step") is not None:
-            lines.append(f"| {row['workload']} | {budget_label(row['budget'])} | {row['allocator']} | OOM | - | - | - |")
+            lines.append(f"| {row['workload']} | {budget_label(row['budget'])} | {row['allocator']} | OOM | - | - | - | - |")
             continue
-        n = steady_steps(row)
+        quiet = quiet_from(row)
+        n = steady_steps(row, quiet)
         base = free.get((row["workload"], row["seed"]))
-        ratio = (f"{sum(row['step_s'][-n:]) / sum(base['step_s'][-n:]):.3f}"
-                 if base and len(base["step_s"]) >= n else "-")
+        ratio = f"{sum(row['step_s'][-n:]) / sum(base[-n:]):.3f}" if base and len(base) >= n else "-"
         calls = sum((row.get("driver_calls_per_step") or [])[-n:])
         waits = sum((row.get("barriers_per_step") or [])[-n:])
-        lines.append(f"| {row['workload']} | {budget_label(row['budget'])} | {row['allocator']} | {n} | {calls} | "
-                     f"{waits} | {ratio} |")
+        lines.append(f"| {row['workload']} | {budget_label(row['budget'])} | {row['allocator']} | "
+                     f"{'never' if quiet is None else quiet} | {n} | {calls} | {waits} | {ratio} |")
     return "\n".join(lines)
 
 

@@ -104,17 +104,18 @@ def test_paired_steps_divides_medians_of_the_same_step_within_a_group(tmp_path):
 
 
 def test_steady_table_compares_the_last_whole_cycles_with_native_unconstrained(tmp_path):
-    """At a budget the warm-up (where the pool learns its layout) is left out: the last third of the
-    timed steps, in whole shape cycles, against the same steps of native with no budget."""
+    """At a budget the warm-up (where the pool learns its layout) is left out: the timed steps from
+    the first that made no driver call, in whole shape cycles, against the same steps of native
+    with no budget."""
     native = dict(result("native", 1, [1.0] * 12, "native#0"), shapes=2)
     warm = [3.0] * 6 + [1.1] * 6  # slow while it learns, then 10% over native
     torchmem = dict(result("torchmem", 1, warm, "torchmem#0"), shapes=2, budget=1.05,
                     driver_calls_per_step=[900] * 6 + [0] * 6, barriers_per_step=[1] * 6 + [0] * 6)
     ran_out = dict(result("native", 1, [], "native#1"), budget=1.05, oom_at_step=3)
     table = "\n".join(tables(tmp_path, [native, torchmem, ran_out]))
-    # 12 steps, 2 shapes: the last two whole cycles, 4 steps
-    assert "| llama_ckpt | 1.05x | torchmem | 4 | 0 | 0 | 1.100 |" in table
-    assert "| llama_ckpt | 1.05x | native | OOM | - | - | - |" in table
+    # quiet from timed step 6: its last 6 steps, three whole cycles of 2 shapes
+    assert "| llama_ckpt | 1.05x | torchmem | 6 | 6 | 0 | 0 | 1.100 |" in table
+    assert "| llama_ckpt | 1.05x | native | OOM | - | - | - | - |" in table
     assert "native | 4" not in table  # the unconstrained group is the baseline, not a row
 
 
@@ -171,3 +172,13 @@ with open(value("--out"), "w") as f:
     assert (("gpt2", 1.02), "torchmem") not in paired  # native did not fit: nothing to pair with
     assert paired[(("gpt2", 1.5), "torchmem")]["geomean"] == pytest.approx(0.9)
     assert "| gpt2 | 1.02x | native | 1 | 1 | - |" in lockstep.process_table(rows)
+
+
+def test_a_run_that_ends_before_it_settles_says_so(tmp_path):
+    """Its last steps still make driver calls: the steady figures are warm-up, and the table says
+    "never" rather than passing them off as the step a long run repeats."""
+    native = dict(result("native", 1, [1.0] * 8, "native#0"), shapes=4)
+    torchmem = dict(result("torchmem", 1, [2.0] * 8, "torchmem#0"), shapes=4, budget=1.05,
+                    driver_calls_per_step=[0, 900, 0, 0, 0, 0, 0, 14000], barriers_per_step=[0] * 8)
+    table = "\n".join(tables(tmp_path, [native, torchmem]))
+    assert "| llama_ckpt | 1.05x | torchmem | never | 4 | 14000 | 0 | 2.000 |" in table
