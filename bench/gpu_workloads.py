@@ -5,7 +5,7 @@
 
 Why one process per run: an allocator can be chosen only once per process (and
 PYTORCH_CUDA_ALLOC_CONF is read when CUDA initializes), so every (workload,
-allocator) pair runs fresh; bench/run_gpu_bench.sh drives the matrix.
+allocator) pair runs fresh; bench/gpu_run.sh (jobs `bench`, `rounds`) and bench/lockstep.py drive it.
 
 Figures per run (each allocator's own where it has one):
   peak_allocated   torchmem allocated_bytes.all.peak / torch.cuda.max_memory_allocated
