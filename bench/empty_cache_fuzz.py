@@ -145,10 +145,10 @@ def main(argv=None):
             before = _driver_calls(torch)
         torch.zeros(1, device="cuda")
         if args.probe:
-            from torchmem import _C
+            from torchmem.runtime import probe
 
             emit({"bench": "vmm_probe", "load": args.load,
-                  "runs": [dict(_C.runtime_probe_backend(torch.cuda.current_device(), 20, g)) for g in (1, 8)]},
+                  "runs": [probe.driver_costs(torch.cuda.current_device(), 20, g) for g in (1, 8)]},
                  args.out)
             return 0
         t0 = time.perf_counter()

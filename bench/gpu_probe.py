@@ -7,7 +7,7 @@ microbenchmark to see what torch's CUDAPluggableAllocator adds).
 
     python bench/gpu_probe.py [--device 0] [--repeats 20] [--granules 1 16] [--out probe.json]
 
-The timing loop is C++ (torchmem._C.runtime_probe_backend) on fresh backends,
+The timing loop is C++ (torchmem.runtime.probe.driver_costs) on fresh backends,
 outside any pool, so the figures are the driver's, not torchmem's policy's.
 torchmem is NOT installed as the allocator here; the probe needs no torch tensors.
 """
@@ -29,7 +29,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     import torch
-    from torchmem import _C
+    from torchmem.runtime import probe
 
     if not torch.cuda.is_available():
         print("gpu_probe: no CUDA GPU here", file=sys.stderr)
@@ -37,7 +37,7 @@ def main(argv=None):
     torch.cuda.init()
     result = {**environment(torch, args.device), "runs": []}
     for granules in args.granules:
-        figures = _C.runtime_probe_backend(args.device, args.repeats, granules)
+        figures = probe.driver_costs(args.device, args.repeats, granules)
         result["runs"].append(figures)
         print(f"-- {granules} granule(s) per map/unmap call, mean of {args.repeats}")
         for name, value in figures.items():
@@ -45,7 +45,7 @@ def main(argv=None):
             if name.endswith("_per_call") and granules > 1:
                 per = f"   ({value / granules:.2f} us per granule)"
             print(f"{name:40s} {value:12.2f}{per}")
-    pair_ns = _C.runtime_probe_pool_pair(args.device, 200_000)
+    pair_ns = probe.allocation_pair_ns(args.device, 200_000)
     result["shim_pair_ns"] = pair_ns
     print(f"{'torchmem free+allocate pair (C++, ns)':40s} {pair_ns:12.1f}")
     if args.out:

@@ -369,7 +369,7 @@ void bind_runtime(py::module_& m) {
         return out;
       },
       py::arg("device"), py::arg("repeats") = 20, py::arg("granules") = 1,
-      "Mean microseconds of each backend primitive on the device (for bench/gpu_probe.py)");
+      "Mean microseconds of each backend primitive on the device (torchmem.runtime.probe.driver_costs)");
   m.def("runtime_probe_pool_pair", &shim::probe_pool_pair_ns, py::arg("device"), py::arg("iterations") = 200000,
         py::call_guard<py::gil_scoped_release>(),
         "Nanoseconds per free + allocate pair through torchmem's allocation path, without torch's wrapper");

@@ -1,5 +1,5 @@
 // diagnostics.cpp: times the CUDA backends' primitives on a real device, for
-// bench/gpu_probe.py and BENCHMARKS.md (Growth and driver calls) (diagnostics.h).
+// torchmem.runtime.probe (bench/gpu_probe.py, BENCHMARKS.md: Growth and driver calls) (diagnostics.h).
 //
 // probe_backend_costs runs on fresh backends outside every pool, so it measures
 // the driver, not torchmem's policy (memory used: `granules` granules and one

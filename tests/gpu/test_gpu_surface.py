@@ -265,3 +265,25 @@ def test_record_history_cost_per_allocation():
           {mode: round(r["us_per_alloc"], 3) for mode, r in results.items()})
     assert results["off"]["entries"] == 0
     assert results["events"]["entries"] > 0 and results["python_stacks"]["entries"] > 0
+
+
+def test_probe_measures_the_driver_and_the_allocation_path():
+    """torchmem.runtime.probe: the driver's costs on fresh memory outside every pool, and the
+    allocation path's pair time through the installed pool, which keeps its memory whole."""
+    proc = run_python("""
+import json, torch
+import torchmem
+torchmem.install()
+from torchmem.runtime import probe
+x = torch.ones(1 << 20, device="cuda")
+costs = probe.driver_costs(0, repeats=3, granules=4)
+pair = probe.allocation_pair_ns(iterations=2000)
+print(json.dumps({"costs": costs, "pair": pair, "x": float(x.sum()),
+                  "allocated": torchmem.memory_allocated()}))
+""")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = _last_json(proc)
+    assert out["costs"] and all(isinstance(v, float) and v >= 0 for v in out["costs"].values())
+    assert any(name.startswith("map") for name in out["costs"]), sorted(out["costs"])
+    assert 0 < out["pair"] < 1e6
+    assert out["x"] == float(1 << 20) and out["allocated"] == 4 << 20  # the pairs left nothing behind

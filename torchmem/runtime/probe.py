@@ -1,0 +1,42 @@
+"""What the driver and torchmem's allocation path cost on this GPU, measured in place.
+
+torchmem's choices between handles per granule and handles per run, and the
+replay's simulated costs (csrc/backend/sim_backend.h), rest on what a CUDA
+virtual-memory call costs on the machine at hand. These two functions measure
+it on fresh memory of one device, in C++ (the timing loop must not include
+Python), and hand back plain numbers: for checking a new machine or driver, and
+for bench/gpu_probe.py and bench/empty_cache_fuzz.py.
+
+Both need a CUDA build of torchmem and a GPU, and neither needs torchmem
+installed as the allocator. driver_costs works on fresh backends outside every
+pool. allocation_pair_ns churns blocks through the device's torchmem pool: the
+installed allocator's when torchmem is installed (its counters then include
+the pairs; every block is freed before it returns).
+"""
+
+from torchmem._loader import extension
+
+
+def _device_index(device):
+    import torch
+
+    if device is None:
+        return torch.cuda.current_device()
+    return torch.device("cuda", device).index if isinstance(device, int) else torch.device(device).index
+
+
+def driver_costs(device=None, repeats=20, granules=1):
+    """Mean microseconds of each virtual-memory primitive (reserve, create, map, set access, unmap,
+    release, ...) on `device`, `repeats` times over, mapping `granules` 2 MiB granules per call.
+    Keys ending in `_per_call` are per call; divide by `granules` for a granule's share."""
+    if repeats < 1 or granules < 1:
+        raise ValueError(f"driver_costs: repeats ({repeats}) and granules ({granules}) must be at least 1")
+    return dict(extension().runtime_probe_backend(_device_index(device), int(repeats), int(granules)))
+
+
+def allocation_pair_ns(device=None, iterations=200_000):
+    """Nanoseconds per free + allocate pair through torchmem's own allocation path on `device`
+    (a cached block served again: the hot path, without torch's wrapper around it)."""
+    if iterations < 1:
+        raise ValueError(f"allocation_pair_ns: iterations ({iterations}) must be at least 1")
+    return float(extension().runtime_probe_pool_pair(_device_index(device), int(iterations)))
