@@ -298,6 +298,19 @@ def test_a_huge_hole_takes_one_handle_under_a_limit_too():
     assert calls(sim)["release_calls"] == 1 + 32
 
 
+def test_capped_runs_under_a_limit_leave_a_huge_hole_whole():
+    # limit_run_granules caps growth near the limit, not Note [Huge holes]: the 9 GiB request is
+    # still one handle, and ordinary growth under the limit comes in runs of at most 10 granules
+    sim, pool = make(limit=40 << 30, capacity=64 << 30, run_below_limit=0.95, limit_run_granules=10)
+    a = pool.allocate(9 << 30)
+    assert calls(sim)["create_calls"] == 1
+    b = pool.allocate(64 * MiB)  # 32 granules: runs of 10, 10, 10 and 2
+    assert calls(sim)["create_calls"] == 1 + 4
+    pool.free(a)
+    pool.free(b)
+    pool.check_invariants()
+
+
 def test_a_wholly_free_huge_run_makes_room_under_a_limit():
     # The run cannot be stitched, but once wholly free it goes back whole when a request
     # needs its room under the budget

@@ -17,6 +17,7 @@ import torch
 import torchmem
 from torchmem import monitor
 from torchmem._loader import is_installed as _installed
+from torchmem.runtime.stats import device_index
 
 __all__ = ["memory_figures", "reset_peaks", "new_decisions"]
 
@@ -25,12 +26,6 @@ def _stats(device):
     if _installed():
         return torchmem.memory_stats(device)
     return torch.cuda.memory_stats(device)
-
-
-def _device_index(device):
-    if device is None:
-        return torch.cuda.current_device()
-    return torch.device(device).index if not isinstance(device, int) else device
 
 
 def reset_peaks(device=None):
@@ -57,7 +52,7 @@ def memory_figures(device=None, controller=None, prefix="torchmem/"):
         figures["peak_reserved_gib"] = reserved / 2**30
         figures["reserved_over_requested"] = reserved / requested if requested else 0.0
         if _installed():  # live, cached, largest free block, budget, OOMs... (the metrics' names)
-            figures.update(monitor.figures(_device_index(device)))
+            figures.update(monitor.figures(device_index(device)))
     if controller is not None:
         figures["micro_batch"] = controller.micro_batch
         figures["accumulation_steps"] = controller.accumulation_steps

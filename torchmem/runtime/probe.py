@@ -15,14 +15,7 @@ the pairs; every block is freed before it returns).
 """
 
 from torchmem._loader import extension
-
-
-def _device_index(device):
-    import torch
-
-    if device is None:
-        return torch.cuda.current_device()
-    return torch.device("cuda", device).index if isinstance(device, int) else torch.device(device).index
+from torchmem.runtime.stats import device_index
 
 
 def driver_costs(device=None, repeats=20, granules=1):
@@ -31,7 +24,7 @@ def driver_costs(device=None, repeats=20, granules=1):
     Keys ending in `_per_call` are per call; divide by `granules` for a granule's share."""
     if repeats < 1 or granules < 1:
         raise ValueError(f"driver_costs: repeats ({repeats}) and granules ({granules}) must be at least 1")
-    return dict(extension().runtime_probe_backend(_device_index(device), int(repeats), int(granules)))
+    return dict(extension().runtime_probe_backend(device_index(device), int(repeats), int(granules)))
 
 
 def allocation_pair_ns(device=None, iterations=200_000):
@@ -39,4 +32,4 @@ def allocation_pair_ns(device=None, iterations=200_000):
     (a cached block served again: the hot path, without torch's wrapper around it)."""
     if iterations < 1:
         raise ValueError(f"allocation_pair_ns: iterations ({iterations}) must be at least 1")
-    return float(extension().runtime_probe_pool_pair(_device_index(device), int(iterations)))
+    return float(extension().runtime_probe_pool_pair(device_index(device), int(iterations)))

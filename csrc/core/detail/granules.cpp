@@ -323,7 +323,9 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
     const bool huge = missing >= kHugeRunGranules;
     if (huge || roomy(missing)) {
       std::vector<Hole> holes = unmapped_holes(heap, addr, size);
-      if (limited && config.limit_run_granules > 0) holes = cut_holes(holes, config.limit_run_granules);
+      // Note [Runs under a limit]: the cap is for growth near the limit; a huge
+      // hole stays one handle (Note [Huge holes]).
+      if (limited && !huge && config.limit_run_granules > 0) holes = cut_holes(holes, config.limit_run_granules);
       // Note [Runs ahead]: far from every limit, a large heap's run maps on past the block.
       std::size_t ahead = 0;
       if (!huge && !limited && !heap.small) {

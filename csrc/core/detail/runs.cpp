@@ -44,7 +44,8 @@
 // Why: a fixed limit pays its granules once, in the warm-up; a sharing
 // group's limits keep moving, so its growth recurs and 0.5 halves the
 // granules created, for a min-cap up to 1.0166 x peak requested.
-// limit_run_granules (default 0: off) caps such a run's length: a short run
+// limit_run_granules (default 0: off) caps such a run's length (a huge hole
+// stays one handle, Note [Huge holes]): a short run
 // goes back whole as soon as its few granules are free, so less memory is
 // stranded in runs partly in use when the pool reaches the limit.
 // Benchmarks: BENCHMARKS.md, Budget regime (growth under a limit; replay at
