@@ -47,7 +47,8 @@
 #   ddp            bench/ddp_batch.py on both GPUs (torchrun, NCCL)
 #   cusparse       one peer test (PEER_ONE) alone, 3x default, 3x stitch_above=0, once under memcheck
 #   share          bench/share_scenario.py (elastic vs static, SHARE_PHASE_S per phase)
-#   compile        bench/compile_reduce_overhead.py (reduce-overhead, native vs torchmem)
+#   compile        bench/compile_reduce_overhead.py (reduce-overhead, native vs torchmem; COMPILE_MODES,
+#                  COMPILE_BUDGETS="1.05 1.10": also under those multiples of the peak request)
 #   fuzz           bench/empty_cache_fuzz.py (test_allocator_fuzz: churn with empty_cache), alone and under load
 #   peer_one       the peer tests in PEER_TESTS, each once under torchmem, with durations
 #   peer_order     the peer tests in PEER_TESTS in this order in ONE pytest process, natively
@@ -357,7 +358,8 @@ job_fsdp() {  # bench/fsdp_workload.py sweep, one rank (FSDP_ARGS: its options)
 }
 
 job_compile() {
-  timeout "$(bounded 300)" python3 bench/compile_reduce_overhead.py --rounds "${COMPILE_ROUNDS:-2}" --out "$OUT/compile.json" \
+  timeout "$(bounded ${T_COMPILE:-300})" python3 bench/compile_reduce_overhead.py --rounds "${COMPILE_ROUNDS:-2}" \
+    ${COMPILE_MODES:+--modes $COMPILE_MODES} ${COMPILE_BUDGETS:+--budgets $COMPILE_BUDGETS} --out "$OUT/compile.json" \
     > "$OUT/compile.log" 2>&1
   echo "compile rc=$?"; tail -8 "$OUT/compile.log"
 }
