@@ -145,7 +145,8 @@ def memory_figures(torch, allocator):
 
 
 PLAN_KEYS = ("torchmem.num_plans", "torchmem.num_plan_hits", "torchmem.num_plan_misses", "torchmem.num_plan_drops",
-             "torchmem.num_reclaims", "num_ooms", "num_alloc_retries")
+             "torchmem.num_plan_passes", "torchmem.plan_pass_us", "torchmem.num_reclaims", "num_ooms",
+             "num_alloc_retries")
 
 
 def allocator_stats(torch):

@@ -196,3 +196,18 @@ def test_a_cycle_of_four_real_shapes_is_planned_whole(name, steps):
     before, after = run(events, limit, stop_at=start - 1), run(events, limit)
     assert after["ooms"] == 0 and after["plans"] >= 1
     assert (driver_calls(after) - driver_calls(before), after["device_barriers"] - before["device_barriers"]) == (0, 0)
+
+
+def test_every_planning_pass_is_counted_with_its_host_time():
+    """Note [Planning pass cost]: a pass shows in the stats whether or not its plan was adopted."""
+    events = events_of(seed=0)
+    limit = int(replay.find_min_cap(events, "torchmem", event_delay=LAG)["min_cap"] * 1.02)
+    whole = run(events, limit)
+    assert whole["plans"] >= 1
+    assert whole["plan_passes"] >= whole["plans"]
+    assert whole["plan_pass_us"] > 0  # a window of ~10 steps of 24 layers takes milliseconds to plan
+    # No pressure, no recording, no pass.
+    assert run(events)["plan_passes"] == 0
+    # The pool's own stats carry both counters (torchmem.memory_stats() reads them).
+    pool = make_pool(limit=64 * MiB)
+    assert {"num_plan_passes", "plan_pass_us"} <= set(pool.stats())

@@ -129,6 +129,8 @@ py::dict result_to_dict(const ReplayResult& r, ReplayPolicy policy) {
   d["plans"] = r.plans;
   d["plan_hits"] = r.plan_hits;
   d["plan_misses"] = r.plan_misses;
+  d["plan_passes"] = r.plan_passes;
+  d["plan_pass_us"] = r.plan_pass_us;
   d["backend_calls"] = backend_counters_to_dict(r.backend_calls);
   d["modeled_backend_us"] = r.modeled_backend_us;
   d["steady_backend_us"] = r.steady_backend_us;

@@ -76,6 +76,8 @@ enum StatKind : int { kStatAll = 0, kStatSmallPool = 1, kStatLargePool = 2, kSta
 //   num_plan_hits         allocations placed where the plan in force said
 //   num_plan_misses       allocations a plan in force could not place (served as before)
 //   num_plan_drops        plans ended (misses, OOM, empty_cache, a lower budget)
+//   num_plan_passes       planning passes run, adopted or not (a plan over the budget is not)
+//   plan_pass_us          host microseconds those passes took (Note [Planning pass cost])
 #define TORCHMEM_COUNTERS(X) \
   X(num_alloc_retries)       \
   X(num_ooms)                \
@@ -91,7 +93,9 @@ enum StatKind : int { kStatAll = 0, kStatSmallPool = 1, kStatLargePool = 2, kSta
   X(num_plans)               \
   X(num_plan_hits)           \
   X(num_plan_misses)         \
-  X(num_plan_drops)
+  X(num_plan_drops)          \
+  X(num_plan_passes)         \
+  X(plan_pass_us)
 
 struct PoolStats {
 #define TORCHMEM_DECLARE_STAT_ARRAY(name) Stat name[kStatKinds];

@@ -99,6 +99,9 @@ struct ReplayResult {
   // pool) and step plans (Note [Step plan]): put in force, allocations placed
   // by one, allocations one could not place.
   std::uint64_t device_barriers = 0, plans = 0, plan_hits = 0, plan_misses = 0;
+  // torchmem: planning passes run (adopted or not) and their host time on this
+  // machine (Note [Planning pass cost]).
+  std::uint64_t plan_passes = 0, plan_pass_us = 0;
   std::uint64_t steady_barriers = 0;  // device barriers in the second half of the walk
   BackendCounters backend_calls;    // native: segment_alloc/free calls only; expandable: a create and a
                                     // map per page mapped, an unmap and a release per page unmapped

@@ -63,6 +63,8 @@ class ReplayResult:
     plans: int = 0             # torchmem: step plans put in force (Note [Step plan])
     plan_hits: int = 0         # allocations a plan placed
     plan_misses: int = 0       # allocations a plan in force could not place
+    plan_passes: int = 0       # planning passes run, adopted or not (Note [Planning pass cost])
+    plan_pass_us: int = 0      # their host time on this machine, microseconds
     alloc_retries: int = 0
     final_reserved: int = 0
     skipped_frees: int = 0     # frees of allocations that failed
@@ -186,6 +188,8 @@ def _result_from(raw, label, policy, trace, limit):
         plans=raw["plans"],
         plan_hits=raw["plan_hits"],
         plan_misses=raw["plan_misses"],
+        plan_passes=raw["plan_passes"],
+        plan_pass_us=raw["plan_pass_us"],
         alloc_retries=raw["alloc_retries"],
         final_reserved=raw["final_reserved"],
         skipped_frees=raw["skipped_frees"],

@@ -45,7 +45,8 @@ STAT_FIELDS = ("current", "peak", "allocated", "freed")
 TORCH_COUNTERS = ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc", "num_device_free")
 # Counters only torchmem has (csrc/core/stats.h TORCHMEM_COUNTERS minus torch's).
 TORCHMEM_COUNTERS = ("num_reclaims", "num_deferred_frees", "num_cache_releases", "num_allocs", "num_frees",
-                     "num_device_barriers", "num_plans", "num_plan_hits", "num_plan_misses", "num_plan_drops")
+                     "num_device_barriers", "num_plans", "num_plan_hits", "num_plan_misses", "num_plan_drops",
+                     "num_plan_passes", "plan_pass_us")
 
 
 # The OOM hooks' counters (runtime/hooks.py counts, memory_stats reports them as

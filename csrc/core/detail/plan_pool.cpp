@@ -29,6 +29,7 @@
 // A dropped arena thaws: its cached granules become reclaimable, its live
 // blocks are freed as usual, and the heap goes once it holds nothing.
 #include <algorithm>
+#include <chrono>
 
 #include "core/detail/pool_impl.h"
 
@@ -99,7 +100,15 @@ void Pool::Impl::plan_adopt() {
     return;
   }
   const std::uint64_t window = plan.allocs_recorded();
+  // Note [Planning pass cost] The pass runs on the host inside one allocation
+  // and grows with the square of the window; a pass whose plan does not fit
+  // the budget is thrown away and leaves no other trace. Both counters let a
+  // step's host time be told apart from its driver calls and barriers.
+  const auto pass_start = std::chrono::steady_clock::now();
   const std::size_t footprint = plan.plan(gran);
+  ++stats_.num_plan_passes;
+  stats_.plan_pass_us += static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - pass_start).count());
   // What the plan does not cover stays where it is: the granules live blocks
   // hold now, less the named ones, which move into the arena as they recur.
   std::size_t pinned = 0;
