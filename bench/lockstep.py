@@ -245,6 +245,41 @@ def steady_table(rows, baseline="native"):
     return "\n".join(lines)
 
 
+def warmup_table(rows):
+    """Where a group at a budget spent its warm-up: the timed steps before it went quiet, their
+    driver calls, device barriers and planning passes (Note [Planning pass cost]), and the time they
+    took over the same shape once quiet (per step: minus the median of that shape's quiet steps in
+    the same process). "Per call" is what is left of that time once the passes and a third of a
+    step per barrier (Note [Barrier cost]) are taken out, divided by the calls: the in-situ cost of
+    a driver call that the replay's time model has to match."""
+    lines = ["| workload | budget | allocator | process | warm-up steps | driver calls | barriers | "
+             "planning passes: ms | time added, ms | per call, us |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in sorted(rows, key=lambda r: (r["workload"], r.get("budget") or 0, r["allocator"], r["seed"])):
+        quiet = quiet_from(row)
+        if row.get("budget") is None or row.get("oom_at_step") is not None or not quiet:
+            continue
+        steps, shapes = row["step_s"], max(1, row.get("shapes") or 1)
+        if (len(steps) - quiet) < shapes:
+            continue  # no whole quiet cycle: no warm time for every shape
+        warm = {k: statistics.median(steps[i] for i in range(quiet, len(steps)) if i % shapes == k)
+                for k in range(shapes)}
+        calls = (row.get("driver_calls_per_step") or [])[:quiet]
+        waits = (row.get("barriers_per_step") or [0] * quiet)[:quiet]
+        plans = row.get("plan_per_step") or []
+        plans = plans[len(plans) - len(steps):][:quiet]  # the counters cover the untimed warm-up too
+        passes = sum(p.get("num_plan_passes", 0) for p in plans)
+        pass_ms = sum(p.get("plan_pass_us", 0) for p in plans) / 1e3
+        added_ms = sum(steps[i] - warm[i % shapes] for i in range(quiet)) * 1e3
+        drain_ms = sum(waits[i] * warm[i % shapes] / 3 for i in range(quiet)) * 1e3
+        per_call = f"{(added_ms - pass_ms - drain_ms) * 1e3 / sum(calls):.1f}" if sum(calls) else "-"
+        process = (row.get("lockstep") or {}).get("process", "")
+        lines.append(f"| {row['workload']} | {budget_label(row['budget'])} | {row['allocator']} | {process} | "
+                     f"{quiet} | {sum(calls):,} | {sum(waits)} | {passes}: {pass_ms:.0f} | {added_ms:.0f} | "
+                     f"{per_call} |")
+    return "\n".join(lines)
+
+
 def worker_argv(workload, allocator, seed, args, out, fraction=None):
     name, _, conf = allocator.partition(":")  # "torchmem:OPTIONS" is torchmem with those options
     argv = [sys.executable, os.path.join(HERE, "gpu_workloads.py"), "--workload", workload, "--allocator", name,
@@ -296,6 +331,8 @@ def print_tables(rows):
     if any(row.get("budget") is not None for row in rows):
         print()
         print(steady_table(rows))
+        print()
+        print(warmup_table(rows))
 
 
 def main(argv=None):

@@ -119,6 +119,22 @@ def test_steady_table_compares_the_last_whole_cycles_with_native_unconstrained(t
     assert "native | 4" not in table  # the unconstrained group is the baseline, not a row
 
 
+def test_warmup_table_takes_out_planning_passes_and_barriers_before_pricing_a_call(tmp_path):
+    """The warm-up's time over the same shapes once quiet, split: planning passes (their own
+    counter), a third of a step per barrier, and the rest over the driver calls."""
+    steps = [0.2, 0.1, 0.5] + [0.05] + [0.1, 0.05] * 2  # quiet from step 3: shape 0 takes 0.1 s, shape 1 0.05 s
+    plan = [{"num_plan_passes": 0, "plan_pass_us": 0}] * 2  # two untimed warm-up steps come first
+    plan += [{"num_plan_passes": 0, "plan_pass_us": 0}, {}, {"num_plan_passes": 1, "plan_pass_us": 300_000}, {}]
+    plan += [{}] * 4
+    torchmem = dict(result("torchmem", 1, steps, "torchmem#0"), shapes=2, budget=1.05,
+                    driver_calls_per_step=[1000, 0, 500, 0, 0, 0, 0, 0], barriers_per_step=[1, 0, 0, 0, 0, 0, 0, 0],
+                    plan_per_step=plan)
+    table = "\n".join(tables(tmp_path, [torchmem]))
+    # added: (0.2-0.1) + (0.1-0.05) + (0.5-0.1) = 0.55 s; pass 300 ms; barrier 0.1/3 s
+    # per call: (550 - 300 - 33.3) ms / 1,500 calls = 144.4 us
+    assert "| llama_ckpt | 1.05x | torchmem | torchmem#0 | 3 | 1,500 | 1 | 1: 300 | 550 | 144.4 |" in table
+
+
 def test_main_tags_each_result_with_its_group(tmp_path, monkeypatch):
     """main() end to end with a stand-in for gpu_workloads.py that writes a result line."""
     stand_in = tmp_path / "stand_in.py"
