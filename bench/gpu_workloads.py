@@ -146,7 +146,11 @@ def memory_figures(torch, allocator):
 
 PLAN_KEYS = ("torchmem.num_plans", "torchmem.num_plan_hits", "torchmem.num_plan_misses", "torchmem.num_plan_drops",
              "torchmem.num_plan_passes", "torchmem.plan_pass_us", "torchmem.num_reclaims", "num_ooms",
-             "num_alloc_retries")
+             "num_alloc_retries",
+             # the driver calls by kind: what a step's calls cost depends on the mix (an unmap waits
+             # for more than a map does)
+             "torchmem.backend.create_calls", "torchmem.backend.map_calls", "torchmem.backend.unmap_calls",
+             "torchmem.backend.release_calls")
 
 
 def allocator_stats(torch):

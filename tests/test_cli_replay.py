@@ -3,6 +3,7 @@ output, JSON fields, --snapshot, and errors."""
 
 import json
 import pickle
+import re
 import subprocess
 import sys
 
@@ -264,3 +265,19 @@ def test_a_device_wait_costs_a_third_of_the_step_in_the_time_model():
     assert BARRIER_DRAIN_STEPS == pytest.approx(1 / 3)
     assert step_cost_us(5_000.0, 0, step_ms=90.0) == 5_000.0
     assert step_cost_us(5_000.0, 2, step_ms=90.0) == pytest.approx(5_000.0 + 2 * 30_000.0)
+
+
+def test_planning_passes_are_shown_beside_the_driver_time(tmp_path, capsys):
+    """Note [Planning pass cost]: a repeating step under a tight budget is planned, and the table
+    says how many passes ran and what host time they took, apart from the driver time."""
+    import numpy as np
+
+    from torchmem.analysis import patterns
+
+    events = np.asarray(patterns.training_steps(10, seed=0), dtype=np.int64)
+    path = trace_io.save(trace_io.Trace(events=events, workload="steps"), tmp_path / "steps.json.gz")
+    assert main(["replay", str(path), "--limit", "1.02x", "--policy", "torchmem", "--event-delay", "10"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("planning passes (host)"))
+    found = re.fullmatch(r"planning passes \(host\)\s+(\d+) \(([\d,]+) ms\)", row.strip())
+    assert found, row
+    assert int(found[1]) >= 1

@@ -103,7 +103,7 @@ def test_paired_steps_divides_medians_of_the_same_step_within_a_group(tmp_path):
     assert "| llama_ckpt | none | native | 3 | 0 |" in "\n".join(lines)
 
 
-def test_steady_table_compares_the_last_whole_cycles_with_native_unconstrained(tmp_path):
+def test_steady_table_compares_the_last_whole_cycles_with_native_in_the_fairest_group(tmp_path):
     """At a budget the warm-up (where the pool learns its layout) is left out: the timed steps from
     the first that made no driver call, in whole shape cycles, against the same steps of native
     with no budget."""
@@ -117,6 +117,12 @@ def test_steady_table_compares_the_last_whole_cycles_with_native_unconstrained(t
     assert "| llama_ckpt | 1.05x | torchmem | 6 | 6 | 0 | 0 | 1.100 |" in table
     assert "| llama_ckpt | 1.05x | native | OOM | - | - | - | - |" in table
     assert "native | 4" not in table  # the unconstrained group is the baseline, not a row
+    assert "| 1.100 | no budget (another group) |" in table
+    # Where native fits the budget too, its own group (same pace, steps taken in turn) is the baseline.
+    native_fits = dict(result("native", 1, [1.2] * 12, "native#1"), shapes=2, budget=1.05)
+    (tmp_path / "fits").mkdir()
+    table = "\n".join(tables(tmp_path / "fits", [native, torchmem, native_fits]))
+    assert "| llama_ckpt | 1.05x | torchmem | 6 | 6 | 0 | 0 | 0.917 | the same budget |" in table
 
 
 def test_warmup_table_takes_out_planning_passes_and_barriers_before_pricing_a_call(tmp_path):

@@ -39,10 +39,13 @@ def step_timing(anchor_rows):
 # call: the kernels queued ahead of it drain first, and the GPU then idles
 # while the host queues the next ones. The simulator charges the call alone
 # (device_sync_us); the replay's step figures add BARRIER_DRAIN_STEPS of the
-# workload's measured step per wait. Why a third: on the H200's warm-up steps
-# at 1.05x, the simulator's call costs plus a third of a step per wait come
-# within 15-25% of the time the GPU added, where the calls alone come within
-# 34-49% (BENCHMARKS.md, Budget regime: the replay's time model).
+# workload's measured step per wait. Why a third: a least-squares fit of the
+# H200's warm-up steps under a budget gives about a third of a step per wait.
+# The model leaves out the planning pass (host time, reported apart:
+# Note [Planning pass cost]) and what a call costs inside a busy training
+# process, which depends on the budget: close to the simulator's price at
+# 1.10x the peak request, about two to three times it at 1.05x
+# (BENCHMARKS.md, Budget regime: the replay's time model).
 BARRIER_DRAIN_STEPS = 1 / 3
 
 

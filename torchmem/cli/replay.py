@@ -157,6 +157,10 @@ def format_table(trace, results, requested=None, steps=None, step_ms=None):
     if any(r.plans for r in results):
         row("step plans (placed / missed)", [f"{r.plans} ({r.plan_hits:,} / {r.plan_misses:,})"
                                              if r.policy == "torchmem" else "-" for r in results])
+    if any(r.plan_passes for r in results):
+        # Host time on this machine, not in the driver time above (Note [Planning pass cost]).
+        row("planning passes (host)", [f"{r.plan_passes} ({r.plan_pass_us / 1000:,.0f} ms)"
+                                       if r.policy == "torchmem" else "-" for r in results])
     row("replay wall time", [f"{r.seconds:.2f} s" for r in results])
 
     header = [""] + columns
