@@ -259,9 +259,9 @@ def warmup_table(rows):
     the same process). "Per call" is what is left of that time once the passes and a third of a
     step per barrier (Note [Barrier cost]) are taken out, divided by the calls: the in-situ cost of
     a driver call that the replay's time model has to match."""
-    lines = ["| workload | budget | allocator | process | warm-up steps | driver calls | barriers | "
+    lines = ["| workload | budget | allocator | process | warm-up steps | driver calls | of them unmaps | barriers | "
              "planning passes: ms | time added, ms | per call, us |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in sorted(rows, key=lambda r: (r["workload"], r.get("budget") or 0, r["allocator"], r["seed"])):
         quiet = quiet_from(row)
         if row.get("budget") is None or row.get("oom_at_step") is not None or not quiet:
@@ -276,13 +276,15 @@ def warmup_table(rows):
         plans = row.get("plan_per_step") or []
         plans = plans[len(plans) - len(steps):][:quiet]  # the counters cover the untimed warm-up too
         passes = sum(p.get("num_plan_passes", 0) for p in plans)
+        # The backend's unmap calls per step, where the run recorded calls by kind ("-": it did not).
+        unmaps = f"{sum(p['unmap_calls'] for p in plans):,}" if plans and all("unmap_calls" in p for p in plans) else "-"
         pass_ms = sum(p.get("plan_pass_us", 0) for p in plans) / 1e3
         added_ms = sum(steps[i] - warm[i % shapes] for i in range(quiet)) * 1e3
         drain_ms = sum(waits[i] * warm[i % shapes] / 3 for i in range(quiet)) * 1e3
         per_call = f"{(added_ms - pass_ms - drain_ms) * 1e3 / sum(calls):.1f}" if sum(calls) else "-"
         process = (row.get("lockstep") or {}).get("process", "")
         lines.append(f"| {row['workload']} | {budget_label(row['budget'])} | {row['allocator']} | {process} | "
-                     f"{quiet} | {sum(calls):,} | {sum(waits)} | {passes}: {pass_ms:.0f} | {added_ms:.0f} | "
+                     f"{quiet} | {sum(calls):,} | {unmaps} | {sum(waits)} | {passes}: {pass_ms:.0f} | {added_ms:.0f} | "
                      f"{per_call} |")
     return "\n".join(lines)
 
