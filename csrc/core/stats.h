@@ -76,7 +76,7 @@ enum StatKind : int { kStatAll = 0, kStatSmallPool = 1, kStatLargePool = 2, kSta
 //   num_plan_hits         allocations placed where the plan in force said
 //   num_plan_misses       allocations a plan in force could not place (served as before)
 //   num_plan_drops        plans ended (misses, OOM, empty_cache, a lower budget)
-//   num_plan_passes       planning passes run, adopted or not (a plan over the budget is not)
+//   num_plan_passes       planning passes run, whether or not their plan was put in force
 //   plan_pass_us          host microseconds those passes took (Note [Planning pass cost])
 #define TORCHMEM_COUNTERS(X) \
   X(num_alloc_retries)       \
