@@ -221,9 +221,9 @@ def steady_table(rows, baseline="native"):
     budget learns its layout; this is the step a long run repeats. "Quiet from" is the first timed
     step after which no step made a driver call or a barrier: a run that ends before it settles
     shows "never" there, and its steady steps are warm-up still.
-    Note: only the same group's baseline is a fair one. Processes of one group take turns step by
-    step, so they share the machine's pace; two groups run one after the other, and on this machine
-    the pace moves by 10-20% between them."""
+    Only the same group's baseline is a fair one: processes of one group take turns step by step and
+    so share the machine's pace, while two groups run one after the other, and the pace can move
+    between them by more than the differences being measured (BENCHMARKS.md, Budget regime)."""
     runs = {}  # (workload, seed, budget) -> the baseline's step times, per process
     for row in rows:
         if row["allocator"] == baseline and row.get("oom_at_step") is None:
@@ -233,7 +233,7 @@ def steady_table(rows, baseline="native"):
              f"time / {baseline}, same steps | {baseline} of |",
              "|---|---|---|---|---|---|---|---|---|"]
     for row in sorted(rows, key=lambda r: (r["workload"], r.get("budget") or 0, r["allocator"], r["seed"])):
-        if row.get("budget") is None or row["allocator"] == baseline and row.get("oom_at_step") is None:
+        if row.get("budget") is None or (row["allocator"] == baseline and row.get("oom_at_step") is None):
             continue
         label = f"| {row['workload']} | {budget_label(row['budget'])} | {row['allocator']} |"
         if row.get("oom_at_step") is not None:
