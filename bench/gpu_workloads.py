@@ -144,7 +144,7 @@ def memory_figures(torch, allocator):
     }
 
 
-PLAN_KEYS = ("torchmem.num_plans", "torchmem.num_plan_hits", "torchmem.num_plan_misses", "torchmem.num_plan_drops",
+STEP_COUNTER_KEYS = ("torchmem.num_plans", "torchmem.num_plan_hits", "torchmem.num_plan_misses", "torchmem.num_plan_drops",
              "torchmem.num_plan_passes", "torchmem.plan_pass_us", "torchmem.num_reclaims", "num_ooms",
              "num_alloc_retries",
              # the driver calls by kind: what a step's calls cost depends on the mix (an unmap waits
@@ -162,10 +162,11 @@ def allocator_stats(torch):
     return torch.cuda.memory_stats()
 
 
-def plan_counters(torch):
-    """torchmem's step-plan counters and OOMs so far (Note [Step plan]), {} for other allocators."""
+def step_counters(torch):
+    """torchmem's counters a step's deltas are taken of (STEP_COUNTER_KEYS: the step plan's
+    (Note [Step plan]), OOMs, and the driver calls by kind) so far, {} for other allocators."""
     stats = allocator_stats(torch)
-    return {k.split(".")[-1]: stats.get(k, 0) for k in PLAN_KEYS} if "torchmem.num_plans" in stats else {}
+    return {k.split(".")[-1]: stats.get(k, 0) for k in STEP_COUNTER_KEYS} if "torchmem.num_plans" in stats else {}
 
 
 def cost_counters(torch):
@@ -548,7 +549,7 @@ def main(argv=None):
     reset_peaks(torch, args.allocator)
     times, enqueue_times, allocs, device_used_peak, info = [], [], [], 0, {}
     driver_calls, barriers, oom_at, plan_steps = [], [], None, []
-    plan_before = plan_counters(torch)
+    plan_before = step_counters(torch)
     allocated = allocation_count(torch)  # nothing allocates between one step's end and the next's start
     costs = cost_counters(torch)
     wall_start = time.perf_counter()
@@ -574,7 +575,7 @@ def main(argv=None):
             allocs.append(allocated - before)
             driver_calls.append(costs[0] - costs_before[0])
             barriers.append(costs[1] - costs_before[1])
-        plan_now = plan_counters(torch)
+        plan_now = step_counters(torch)
         if plan_now:
             plan_steps.append({k: plan_now[k] - plan_before.get(k, 0) for k in plan_now})
             plan_before = plan_now
@@ -600,7 +601,7 @@ def main(argv=None):
         "total_s": sum(times), "wall_s": None if args.lockstep else wall,  # lockstep: mostly waiting
         "oom_at_step": oom_at, "device_total": total,
         "driver_calls_per_step": driver_calls, "barriers_per_step": barriers,
-        "plan_per_step": plan_steps,  # every step, warm-up included: torchmem's plan counters' deltas
+        "plan_per_step": plan_steps,  # every step, warm-up included: deltas of step_counters()
         "step_s": times, "host_speed": speed,
         "enqueue_s": enqueue_times, "allocs_per_step": allocs, "kernel_ms": kernel_ms,
         "host_ops": host_ops,

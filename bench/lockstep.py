@@ -259,6 +259,8 @@ def warmup_table(rows):
     the same process). "Per call" is what is left of that time once the passes and a third of a
     step per barrier (Note [Barrier cost]) are taken out, divided by the calls: the in-situ cost of
     a driver call that the replay's time model has to match."""
+    from torchmem.cli.anchors import step_cost_us  # the replay's own barrier price (imports torch: here only)
+
     lines = ["| workload | budget | allocator | process | warm-up steps | driver calls | of them unmaps | barriers | "
              "planning passes: ms | time added, ms | per call, us |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -280,7 +282,7 @@ def warmup_table(rows):
         unmaps = f"{sum(p['unmap_calls'] for p in plans):,}" if plans and all("unmap_calls" in p for p in plans) else "-"
         pass_ms = sum(p.get("plan_pass_us", 0) for p in plans) / 1e3
         added_ms = sum(steps[i] - warm[i % shapes] for i in range(quiet)) * 1e3
-        drain_ms = sum(waits[i] * warm[i % shapes] / 3 for i in range(quiet)) * 1e3
+        drain_ms = sum(step_cost_us(0.0, waits[i], warm[i % shapes] * 1e3) for i in range(quiet)) / 1e3
         per_call = f"{(added_ms - pass_ms - drain_ms) * 1e3 / sum(calls):.1f}" if sum(calls) else "-"
         process = (row.get("lockstep") or {}).get("process", "")
         lines.append(f"| {row['workload']} | {budget_label(row['budget'])} | {row['allocator']} | {process} | "
