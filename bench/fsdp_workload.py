@@ -3,6 +3,7 @@
     torchrun --standalone --nproc-per-node=2 bench/fsdp_workload.py --allocator torchmem --limit-frac 0.17 --controller
     torchrun --standalone --nproc-per-node=1 bench/fsdp_workload.py --allocator native --micro-batch 8
     python bench/fsdp_workload.py sweep --nproc 2 --limit-fracs 1.0 0.17 --out fsdp.jsonl   (every allocator, a table)
+    python bench/fsdp_workload.py sweep --budgets 1.05 1.10 --micro-batch 8 --out fsdp.jsonl  (x the peak request)
 
 Why: people who outgrow one GPU train with FSDP2 (`fully_shard` per decoder
 layer, bf16 MixedPrecisionPolicy), and torchmem must hold there what it holds on
@@ -24,7 +25,10 @@ Each rank prints one JSON line: step times, peak memory, driver calls
 (num_device_alloc/free; torchmem's backend calls and reclaims under torchmem),
 the micro-batch per step and the losses. `sweep` runs torchrun once per
 allocator and budget, one after the other, and prints a table with each run's
-losses against native's at the same budget.
+losses against native's at the same budget. Its budgets are fractions of the
+device (--limit-fracs) or multiples of the workload's own peak request
+(--budgets, for a fixed --micro-batch: a native run without a limit measures
+the peak first), the regime where an allocator's packing decides what fits.
 """
 
 import argparse
@@ -224,42 +228,71 @@ def sweep(argv):
                                      description="every allocator and budget in turn; one JSON line per rank and run")
     parser.add_argument("--nproc", type=int, default=1)
     parser.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=list(ALLOCATORS))
-    parser.add_argument("--limit-fracs", nargs="+", type=float, default=[1.0])
+    parser.add_argument("--limit-fracs", nargs="+", type=float, default=[],
+                        help="budgets as fractions of the device (1.0: no limit); default 1.0 without --budgets")
+    parser.add_argument("--budgets", nargs="+", type=float, default=[],
+                        help="budgets as multiples of the workload's own peak request, which a native run "
+                             "without a limit measures first (max_memory_allocated, the largest rank's)")
     parser.add_argument("--out", default="fsdp_workload.jsonl")
     parser.add_argument("--timeout-s", type=int, default=1200, help="per run")
     args, rest = parser.parse_known_args(argv)
+    if not args.limit_fracs and not args.budgets:
+        args.limit_fracs = [1.0]
     runs = []
     with open(args.out, "a") as out:
+        def run(label, frac, allocator):
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+                   os.path.abspath(__file__), "--allocator", allocator, "--limit-frac", f"{frac:.6f}"] + rest
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s)
+            reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+            for report in reports:
+                out.write(json.dumps(dict(report, returncode=proc.returncode, budget=label)) + "\n")
+            if not reports:
+                print(f"{allocator} at {label}: exit {proc.returncode}, no report\n{proc.stderr[-3000:]}",
+                      file=sys.stderr)
+            runs.append((label, allocator, sorted(reports, key=lambda r: r["rank"])))
+            return reports
+
         for frac in args.limit_fracs:
             for allocator in args.allocators:
-                cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-                       os.path.abspath(__file__), "--allocator", allocator, "--limit-frac", str(frac)] + rest
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s)
-                reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-                for report in reports:
-                    out.write(json.dumps(dict(report, returncode=proc.returncode)) + "\n")
-                if not reports:
-                    print(f"{allocator} at {frac}: exit {proc.returncode}, no report\n{proc.stderr[-3000:]}",
-                          file=sys.stderr)
-                runs.append((frac, allocator, sorted(reports, key=lambda r: r["rank"])))
+                run(f"{frac:g}", frac, allocator)
+        if args.budgets:
+            fracs = budget_fractions(run("peak", 1.0, "native"), args.budgets)
+            for budget, frac in zip(args.budgets, fracs):
+                for allocator in args.allocators:
+                    run(f"{budget:g}x", frac, allocator)
     print(table(runs))
     return 0
+
+
+def budget_fractions(peak_reports, budgets):
+    """Each budget (a multiple of the peak request) as a fraction of the device: the largest
+    rank's max_memory_allocated times the budget, over the device's memory."""
+    if not peak_reports or any(r.get("oom") for r in peak_reports):
+        raise SystemExit("fsdp_workload sweep: the native run without a limit gave no peak request "
+                         "(no report or an OOM): pick a smaller --micro-batch or model")
+    peak = max(r["peak_allocated"] for r in peak_reports)
+    total = peak_reports[0]["device_total"]
+    fracs = [min(1.0, b * peak / total) for b in budgets]
+    print("peak request " + f"{peak / 2**30:.2f} GiB of {total / 2**30:.1f} GiB; budgets "
+          + ", ".join(f"{b:g}x = {f:.4f} of the device" for b, f in zip(budgets, fracs)), flush=True)
+    return fracs
 
 
 def table(runs):
     """One line per run: step time, tokens/s, micro-batches, peak memory per rank, driver calls,
     and the largest relative loss difference against native at the same budget."""
-    native = {frac: reports for frac, allocator, reports in runs if allocator == "native" and reports}
+    native = {label: reports for label, allocator, reports in runs if allocator == "native" and reports}
     lines = [f"{'budget':>6} {'allocator':>10} {'step s':>7} {'tok/s':>8} {'micro':>8} "
              f"{'peak reserved GiB/rank':>24} {'dev alloc':>9} {'OOM':>4} {'loss vs native':>14}"]
-    for frac, allocator, reports in runs:
+    for label, allocator, reports in runs:
         if not reports:
-            lines.append(f"{frac:>6} {allocator:>10}  (no report)")
+            lines.append(f"{label:>6} {allocator:>10}  (no report)")
             continue
         r0 = reports[0]
         peaks = "/".join(f"{r.get('peak_reserved', 0) / 2**30:.2f}" for r in reports)
         diff = "-"
-        base = native.get(frac)
+        base = native.get(label)
         if base and allocator != "native" and base[0]["losses"] and r0["losses"]:
             pairs = list(zip(base[0]["losses"], r0["losses"]))
             diff = f"{max(abs(a - b) / max(abs(a), 1e-9) for a, b in pairs):.2e}"
@@ -267,7 +300,7 @@ def table(runs):
         step = f"{r0['median_step_s']:.3f}" if r0.get("median_step_s") else "-"
         tps = f"{r0['tokens_per_s']:.0f}" if r0.get("tokens_per_s") else "-"
         oom = "yes" if any(r["oom"] for r in reports) else "no"
-        lines.append(f"{frac:>6} {allocator:>10} {step:>7} {tps:>8} {str(micro):>8} {peaks:>24} "
+        lines.append(f"{label:>6} {allocator:>10} {step:>7} {tps:>8} {str(micro):>8} {peaks:>24} "
                      f"{r0['counters'].get('num_device_alloc', '-'):>9} {oom:>4} {diff:>14}")
     return "\n".join(lines)
 

@@ -351,10 +351,15 @@ job_peer_order() {
   echo "peer_order ${PEER_ORDER_MODE:-native} rc=$? :: $(grep -E '^(FAILED|ERROR)|passed|failed' "$OUT/peer_order.log" | tr '\n' ' ' | cut -c1-400)"
 }
 
-job_fsdp() {  # bench/fsdp_workload.py sweep, one rank (FSDP_ARGS: its options)
+job_fsdp() {  # bench/fsdp_workload.py sweep, one rank (FSDP_ARGS: its options; FSDP_BUDGET_ARGS: a second sweep)
   timeout "$(bounded ${T_FSDP:-240})" python3 bench/fsdp_workload.py sweep --nproc 1 ${FSDP_ARGS:-} \
     --out "$OUT/fsdp.jsonl" > "$OUT/fsdp.log" 2>&1
   echo "fsdp rc=$?"; tail -12 "$OUT/fsdp.log"
+  if [ -n "${FSDP_BUDGET_ARGS:-}" ]; then  # a second sweep: x the peak request at a fixed micro-batch
+    timeout "$(bounded ${T_FSDP:-240})" python3 bench/fsdp_workload.py sweep --nproc 1 $FSDP_BUDGET_ARGS \
+      --out "$OUT/fsdp.jsonl" > "$OUT/fsdp_budget.log" 2>&1
+    echo "fsdp budgets rc=$?"; tail -12 "$OUT/fsdp_budget.log"
+  fi
 }
 
 job_compile() {

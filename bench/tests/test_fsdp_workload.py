@@ -63,3 +63,12 @@ def test_sweep_table_compares_losses_with_native():
     native, mine, missing = text.splitlines()[1:]
     assert native.split()[-1] == "-" and "2.00" in native
     assert mine.split()[-1] == "1.00e-03" and "no report" in missing
+
+
+def test_budgets_are_multiples_of_the_largest_ranks_peak_request():
+    bench = load_bench("fsdp_workload")
+    ranks = [{"peak_allocated": 10 << 30, "device_total": 100 << 30, "oom": None},
+             {"peak_allocated": 12 << 30, "device_total": 100 << 30, "oom": None}]
+    assert bench.budget_fractions(ranks, [1.05, 1.10, 20.0]) == pytest.approx([0.126, 0.132, 1.0])
+    with pytest.raises(SystemExit, match="no peak request"):
+        bench.budget_fractions([dict(ranks[0], oom="CUDA out of memory")], [1.05])
