@@ -22,7 +22,8 @@ FSDP2 reduce-scatters the gradients in each backward itself), else
 sync (set_requires_gradient_sync). --device cpu runs it over gloo on the CPU
 (bench/tests/test_fsdp_workload.py), where only native applies.
 Each rank prints one JSON line: step times, peak memory, driver calls
-(num_device_alloc/free; torchmem's backend calls and reclaims under torchmem),
+(num_device_alloc/free; torchmem's backend calls, reclaims, barriers and step
+plan counters under torchmem, and each step's maps, unmaps and barriers),
 the micro-batch per step and the losses. `sweep` runs torchrun once per
 allocator and budget, one after the other, and prints a table with each run's
 losses against native's at the same budget. Its budgets are fractions of the
@@ -63,6 +64,9 @@ def parse_args(argv=None):
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--timeout-s", type=int, default=300, help="collective timeout: a hang becomes an error")
+    parser.add_argument("--trace", default=None, metavar="PICKLE",
+                        help="record torch's memory history over the steps (rank 0) and dump the snapshot here "
+                             "(`python -m torchmem convert` makes it a trace for `replay`)")
     args = parser.parse_args(argv)
     if args.limit_frac is not None and not 0.0 < args.limit_frac <= 1.0:
         parser.error(f"--limit-frac must be in (0, 1], got {args.limit_frac}")
@@ -123,9 +127,16 @@ def counters(args, torch):
         import torchmem
 
         mine = torchmem.memory_stats()
-        out.update({k: v for k, v in mine.items()
-                    if k == "torchmem.num_reclaims" or (k.startswith("torchmem.backend.") and k.endswith("_calls"))})
+        out.update({k: v for k, v in mine.items() if k.startswith(TORCHMEM_COUNTER_PREFIXES)
+                    or (k.startswith("torchmem.backend.") and k.endswith("_calls"))})
     return out
+
+
+# torchmem's own counters worth a line per run: reclaims, barriers and the step plan's life
+TORCHMEM_COUNTER_PREFIXES = ("torchmem.num_reclaims", "torchmem.num_sync_all_streams", "torchmem.num_plan",
+                             "torchmem.plan_pass_us")
+# per step, the deltas of these (torchmem only): the driver calls and barriers a warm step should not make
+STEP_KEYS = ("torchmem.backend.map_calls", "torchmem.backend.unmap_calls", "torchmem.num_sync_all_streams")
 
 
 def train(args):
@@ -178,6 +189,9 @@ def train(args):
               "controller": args.controller, "global_batch": args.global_batch, "seq": args.seq,
               "layers": args.layers, "hidden": args.hidden, "params": n_params, "torch": torch.__version__,
               "step_s": [], "losses": [], "micro_batches": [], "oom": None}
+    if args.trace and rank == 0:
+        torch.cuda.memory._record_memory_history(max_entries=5_000_000, context=None, stacks="python")
+    last = counters(args, torch)
     try:
         for step in range(args.steps):
             batch = tokens(args, step, rank, local, device, torch)
@@ -204,8 +218,15 @@ def train(args):
             dist.all_reduce(mean)  # the global batch's loss, the same number on every rank
             report["losses"].append(mean.item() / world)
             report["micro_batches"].append(micro)
+            now = counters(args, torch)
+            if args.allocator == "torchmem":
+                report.setdefault("step_calls", []).append([now.get(k, 0) - last.get(k, 0) for k in STEP_KEYS])
+            last = now
     except torch.OutOfMemoryError as exc:
         report["oom"] = str(exc).splitlines()[0][:300]
+    if args.trace and rank == 0:
+        torch.cuda.memory._dump_snapshot(args.trace)
+        torch.cuda.memory._record_memory_history(enabled=None)
     steady = report["step_s"][args.warmup:] or report["step_s"]
     report["median_step_s"] = statistics.median(steady) if steady else None
     report["tokens_per_s"] = args.global_batch * args.seq / report["median_step_s"] if steady else None

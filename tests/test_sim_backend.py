@@ -21,6 +21,7 @@ def test_defaults_and_name():
     assert set(sim.counters()) == {
         "reserve_calls", "create_calls", "release_calls", "map_calls", "unmap_calls", "device_sync_calls",
         "segment_alloc_calls", "segment_free_calls", "event_record_calls", "event_sync_calls",
+        "stream_wait_calls",
     }
 
 

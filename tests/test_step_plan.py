@@ -83,8 +83,9 @@ def test_gradient_accumulation_is_one_cycle():
 
 @pytest.mark.parametrize("budget", [None, 1.10])
 def test_a_side_stream_takes_no_barrier_once_warm(budget):
-    """FSDP-like: weights gathered on a stream of their own. Streams never share a
-    plan's addresses, so no step needs a device barrier, with or without a budget."""
+    """FSDP-like: weights gathered on a stream of their own. Streams share the plan's
+    addresses, handing a range over with a device-side wait (Note [Arena across
+    streams]), so no step needs a device barrier, with or without a budget."""
     events = events_of(seed=1, side_stream=7)
     limit = int(replay.find_min_cap(events, "torchmem", event_delay=LAG)["min_cap"] * budget) if budget else 0
     calls, barriers, whole = last_steps_cost(events, limit)
@@ -211,3 +212,64 @@ def test_every_planning_pass_is_counted_with_its_host_time():
     # The pool's own stats carry both counters (torchmem.memory_stats() reads them).
     pool = make_pool(limit=64 * MiB)
     assert {"num_plan_passes", "plan_pass_us"} <= set(pool.stats())
+
+
+def real_fsdp_steps(repeats=8):
+    """The bundled FSDP2 trace (4 steps, the all-gathers on a stream of their own) run 8 steps longer."""
+    from torchmem.analysis import trace as trace_io
+
+    rows, period = patterns.repeat_last_step(trace_io.load(trace_io.bundled_trace("fsdp_train")).events, repeats)
+    return np.asarray(rows, dtype=np.int64), period
+
+
+@pytest.mark.parametrize("budget", [None, 1.02, 1.05, 1.10])
+def test_real_fsdp_steps_make_no_driver_call_once_planned(budget):
+    """FSDP2 on an H200: every request of a step gets a place in one layout across both
+    streams; the last two steps make no driver call and take no barrier, and hand the
+    gathered weights' ranges between the streams with a few device-side waits (at most
+    two per side-stream block: its range handed to it, and back) instead."""
+    events, period = real_fsdp_steps()
+    limit = int(run(events)["peak_requested"] * budget) if budget else 0
+    start = len(events) - 2 * period
+    before, after = run(events, limit, stop_at=start - 1), run(events, limit)
+    assert after["ooms"] == 0 and after["plans"] >= 1
+    assert (driver_calls(after) - driver_calls(before), after["device_barriers"] - before["device_barriers"]) == (0, 0)
+    side_requests = sum(1 for action, _a, _s, stream in events[start:] if action == 0 and stream != 0)
+    waits = after["backend_calls"]["stream_wait_calls"] - before["backend_calls"]["stream_wait_calls"]
+    assert side_requests > 0 and waits <= 2 * side_requests
+
+
+def test_a_plan_that_does_not_fit_beside_what_stays_is_not_adopted():
+    """Blocks named in the window but live since before its last cycle (optimizer state
+    made there) keep their place outside the arena: the fit check counts them as staying,
+    so a plan adopted under a budget holds (none dropped) instead of failing mid-step."""
+    events, _ = real_fsdp_steps(repeats=4)
+    result = run(events, int(run(events)["peak_requested"] * 1.02))
+    assert result["ooms"] == 0
+    assert result["plans"] == 1 and result["plan_misses"] <= 2
+
+
+def test_a_refused_handover_leaves_the_range_to_its_stream():
+    """While a stream captures, the backend cannot order one stream after another
+    (order_streams refuses): the arena then serves the request elsewhere rather than
+    hand another stream's freed range over unordered."""
+    from torchmem._loader import _C
+
+    events = patterns.training_steps(8, layers=8, seed=4, side_stream=7)
+    backend = _C.SimBackend(capacity=140 << 30, granularity=2 * MiB, vmm=True, event_delay=LAG)
+    pool = _C.Pool(backend, {"trace_capacity": 0, "debug_checks": True})
+    live, half = {}, len(events) // 2
+    for i, (action, addr, size, stream) in enumerate(events):
+        if i == half:
+            assert pool.stats()["num_plans"] >= 1
+            waits = backend.counters()["stream_wait_calls"]
+            misses = pool.stats()["num_plan_misses"]
+            backend.allow_stream_order(False)
+        if action == 0:
+            live[addr] = pool.allocate(size, stream)
+            assert live[addr]
+        else:
+            pool.free(live.pop(addr))
+    assert backend.counters()["stream_wait_calls"] == waits
+    assert pool.stats()["num_plan_misses"] > misses
+    pool.check_invariants()

@@ -36,4 +36,13 @@ bool CudaDeviceBackend::synchronize_device() {
   return true;
 }
 
+bool CudaDeviceBackend::order_streams(StreamId waiter, StreamId signaler) {
+  if (waiter == signaler) return true;
+  if (active_captures_ != nullptr && active_captures_->load(std::memory_order_acquire) > 0) return false;
+  if (!fences_.order(waiter, signaler)) return false;
+  counters_.event_record_calls += 1;
+  counters_.stream_wait_calls += 1;
+  return true;
+}
+
 }  // namespace torchmem

@@ -25,6 +25,8 @@ class CudaDeviceBackend : public Backend {
   // cudaDeviceSynchronize, refused while *active_captures > 0 (a graph
   // capture would be invalidated by a device-wide wait).
   bool synchronize_device() override;
+  // Refused like synchronize_device, and while either stream captures.
+  bool order_streams(StreamId waiter, StreamId signaler) override;
 
   // The owner's count of captures (and MemPool scopes) in progress on this
   // device; synchronize_device() refuses while it is non-zero.

@@ -38,16 +38,23 @@ FencePool::Fence* FencePool::as_fence(EventHandle handle) {
   return reinterpret_cast<Fence*>(static_cast<std::uintptr_t>(handle));
 }
 
-bool FencePool::try_record(Fence& fence) {
+namespace {
+// True while `stream` captures, or is the legacy stream while a blocking
+// stream captures (as good as capturing).
+bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  cudaError_t query = cudaStreamIsCapturing(fence.stream, &status);
+  cudaError_t query = cudaStreamIsCapturing(stream, &status);
   if (query == cudaErrorStreamCaptureImplicit || query == cudaErrorStreamCaptureUnsupported) {
-    // The legacy stream, while a blocking stream captures: as good as capturing.
     (void)cudaGetLastError();
-    return false;
+    return true;
   }
   check(query, "cudaStreamIsCapturing");
-  if (status != cudaStreamCaptureStatusNone) return false;  // Note [Fences during capture]
+  return status != cudaStreamCaptureStatusNone;
+}
+}  // namespace
+
+bool FencePool::try_record(Fence& fence) {
+  if (capturing(fence.stream)) return false;  // Note [Fences during capture]
   check(cudaEventRecord(fence.event, fence.stream), "cudaEventRecord");
   fence.recorded = true;
   return true;
@@ -117,6 +124,24 @@ void FencePool::synchronize(EventHandle handle) {
     }
   }
   check(cudaEventSynchronize(fence.event), "cudaEventSynchronize");
+}
+
+bool FencePool::order(StreamId waiter, StreamId signaler) {
+  RelaxedCaptureGuard relaxed;
+  DeviceGuard on_device(device_);
+  const auto wait_on = reinterpret_cast<cudaStream_t>(waiter);
+  if (capturing(wait_on)) return false;
+  const EventHandle handle = record(signaler);
+  Fence& fence = *as_fence(handle);
+  if (!fence.recorded) {  // the signaler captures
+    destroy(handle);
+    return false;
+  }
+  // The wait takes the event's state now: the event may be recorded again at once.
+  const cudaError_t status = cudaStreamWaitEvent(wait_on, fence.event, 0);
+  destroy(handle);
+  check(status, "cudaStreamWaitEvent");
+  return true;
 }
 
 void FencePool::destroy(EventHandle handle) {

@@ -82,6 +82,9 @@ class FencePool {
   bool completed(EventHandle handle);
   void synchronize(EventHandle handle);
   void destroy(EventHandle handle);
+  // An event recorded on `signaler` and waited for by `waiter` (cudaStreamWaitEvent);
+  // false, doing nothing, while either stream captures.
+  bool order(StreamId waiter, StreamId signaler);
 
  private:
   struct Fence {

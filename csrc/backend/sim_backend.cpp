@@ -314,6 +314,16 @@ bool SimBackend::synchronize_device() {
   return true;
 }
 
+bool SimBackend::order_streams(StreamId waiter, StreamId signaler) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (waiter == signaler) return true;
+  if (!device_sync_allowed_ || !stream_order_allowed_) return false;
+  ++counters_.event_record_calls;
+  ++counters_.stream_wait_calls;
+  modeled_us_ += config_.costs.stream_wait_us;
+  return true;
+}
+
 void SimBackend::launch(StreamId stream, Addr addr, std::size_t size, std::uint64_t polls) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (size == 0) misuse("launch", "size 0");
@@ -339,6 +349,11 @@ std::size_t SimBackend::kernels_in_flight() const {
 void SimBackend::allow_device_sync(bool allowed) {
   std::lock_guard<std::mutex> lock(mutex_);
   device_sync_allowed_ = allowed;
+}
+
+void SimBackend::allow_stream_order(bool allowed) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stream_order_allowed_ = allowed;
 }
 
 void SimBackend::tick_kernels() {

@@ -77,6 +77,7 @@ namespace torchmem {
   X(segment_free_us, 100)     \
   X(event_record_us, 1.0)     \
   X(event_query_us, 0.2)      \
+  X(stream_wait_us, 2.0)      \
   X(device_sync_us, 50)
 
 struct SimCosts {
@@ -118,6 +119,8 @@ class SimBackend final : public Backend, public VmmPrimitives, public SegmentPri
   std::size_t kernels_in_flight() const;
   // false: synchronize_device() refuses, as during a CUDA graph capture.
   void allow_device_sync(bool allowed);
+  // false: order_streams() refuses, as while one of its streams captures.
+  void allow_stream_order(bool allowed);
 
   // ---- Backend (serves vmm() or segments(), as config.vmm says) -------------
   std::string name() const override { return "sim"; }
@@ -142,6 +145,10 @@ class SimBackend final : public Backend, public VmmPrimitives, public SegmentPri
   void synchronize_event(EventHandle event) override;
   void destroy_event(EventHandle event) override;
   bool synchronize_device() override;
+  // Counted and charged (stream_wait_us: the event record and the wait);
+  // refused while device syncs or stream orders are not allowed. Kernels run
+  // in no particular order here, so the ordering itself is not modeled.
+  bool order_streams(StreamId waiter, StreamId signaler) override;
 
  private:
   struct GranuleState {
@@ -191,6 +198,7 @@ class SimBackend final : public Backend, public VmmPrimitives, public SegmentPri
   std::map<std::uint64_t, KernelState> kernels_;  // in flight, by launch order
   std::uint64_t next_kernel_ = 1;
   bool device_sync_allowed_ = true;
+  bool stream_order_allowed_ = true;
   GranuleHandle next_handle_ = 1;
   EventHandle next_event_ = 1;
   mutable std::mutex mutex_;  // guards the maps against write_pattern from test threads

@@ -155,6 +155,8 @@ void bind_core(py::module_& m) {
       .def("kernels_in_flight", &SimBackend::kernels_in_flight)
       .def("allow_device_sync", &SimBackend::allow_device_sync, py::arg("allowed"),
            "False: synchronize_device() refuses, as during a CUDA graph capture")
+      .def("allow_stream_order", &SimBackend::allow_stream_order, py::arg("allowed"),
+           "False: order_streams() refuses, as while one of its streams captures")
       .def("mem_info", [](SimBackend& b) {
         MemInfo m = b.mem_info();
         return py::make_tuple(m.free_bytes, m.total_bytes);

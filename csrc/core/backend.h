@@ -40,6 +40,7 @@ namespace torchmem {
 //   event_record_calls   events recorded
 //   event_sync_calls     host waits on an event
 //   device_sync_calls    host waits for the whole device (Note [Device barrier])
+//   stream_wait_calls    device-side waits of one stream for another (the host does not wait)
 #define TORCHMEM_BACKEND_COUNTERS(X) \
   X(reserve_calls)                   \
   X(create_calls)                    \
@@ -50,7 +51,8 @@ namespace torchmem {
   X(segment_free_calls)              \
   X(event_record_calls)              \
   X(event_sync_calls)                \
-  X(device_sync_calls)
+  X(device_sync_calls)               \
+  X(stream_wait_calls)
 
 struct BackendCounters {
 #define TORCHMEM_DECLARE_BACKEND_COUNTER(name) std::uint64_t name = 0;
@@ -140,6 +142,12 @@ class Backend {
   // not allowed now (a CUDA graph is being captured): the caller then treats
   // the memory it wanted to unmap as still in use.
   virtual bool synchronize_device() = 0;
+  // Make the work queued on `waiter` from now on wait, on the device, for the
+  // work queued on `signaler` so far (an event recorded on one and waited for
+  // by the other; the host does not wait). Returns false, doing nothing, when
+  // either stream is being captured into a CUDA graph: the caller then treats
+  // memory `signaler` freed as not yet reusable on `waiter`.
+  virtual bool order_streams(StreamId waiter, StreamId signaler) = 0;
 
   const BackendCounters& counters() const { return counters_; }
 

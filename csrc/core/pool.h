@@ -59,6 +59,10 @@
 // blocks belong to their stream; only cudaFree, which synchronizes the
 // device, moves memory between streams). The OOM ladder takes the barrier
 // (step 4), so another stream's cached memory is still used before an OOM.
+// A step plan's arena is the one exception: a repeating step's layout hands
+// ranges between streams behind a device-side wait on S's work (Note [Arena
+// across streams] in detail/plan_pool.cpp), which covers what S itself
+// would be promised by reusing the range at once.
 //
 // Note [Device barrier]
 // Reuse follows the free's stream; unmapping must follow every stream. A

@@ -91,16 +91,23 @@ std::vector<std::pair<std::string, double>> probe_backend_costs(int device, int 
     out.emplace_back("cudaMalloc_" + size + "_us", malloc_timer.mean());
     out.emplace_back("cudaFree_" + size + "_us", free_timer.mean());
   }
-  Timer record, query;
+  Timer record, query, wait;
+  cudaStream_t side = nullptr;
+  cuda::check(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   for (int r = 0; r < repeats; ++r) {
     EventHandle event = 0;
     record.time([&] { event = plain.record_event(0); });
     plain.synchronize_event(event);
     query.time([&] { plain.event_completed(event); });
     plain.destroy_event(event);
+    // an event recorded on the side stream and waited for by the default one
+    wait.time([&] { plain.order_streams(0, reinterpret_cast<StreamId>(side)); });
   }
+  cudaStreamSynchronize(nullptr);
+  cudaStreamDestroy(side);
   out.emplace_back("event_record_us", record.mean());
   out.emplace_back("event_query_us", query.mean());
+  out.emplace_back("stream_wait_us", wait.mean());
   return out;
 }
 

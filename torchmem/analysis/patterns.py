@@ -204,3 +204,45 @@ def repeated_steps(events, steps, repeats):
                 out.append((1, addr, setup_live.pop(addr), stream))
         out.extend((1, new, 0, 0) for new in mapping.values())
     return out
+
+
+def repeat_last_step(events, repeats, min_period=64):
+    """A real trace whose last step repeats the one before it exactly (fixed shapes: the
+    same requests in the same order) run `repeats` steps longer: its last step appended
+    again and again, at fresh addresses. A free of a block the step before made (a
+    gradient kept across steps) frees that step's copy. Returns (rows, period): the
+    trace's alloc/free rows with the copies, and one step's rows.
+    ValueError when the last step does not repeat the one before it."""
+    rows = [tuple(int(v) for v in e) for e in events if e[0] in (ALLOC, FREE_REQUESTED)]
+    n = len(rows)
+    shape = [(action, size, stream) for action, _addr, size, stream in rows]
+    period = next((p for p in range(min_period, n // 2 + 1) if shape[n - p:] == shape[n - 2 * p:n - p]), None)
+    if period is None:
+        raise ValueError("repeat_last_step: the trace's last step does not repeat the one before it")
+    start, before = n - period, n - 2 * period
+    live, freed = {}, {}  # freed: row index of a free -> row index of its alloc
+    for i, (action, addr, _size, _stream) in enumerate(rows):
+        if action == ALLOC:
+            live[addr] = i
+        elif addr in live:
+            freed[i] = live.pop(addr)
+    for i in range(start, n):
+        if rows[i][0] == FREE_REQUESTED and freed.get(i, -1) < before:
+            raise ValueError(f"repeat_last_step: row {i} frees a block older than the step before")
+    out = list(rows)
+    previous = {j - start: rows[j][1] for j in range(start, n) if rows[j][0] == ALLOC}
+    next_addr = max(addr for _a, addr, _s, _st in rows) + 1
+    for _ in range(repeats):
+        current = {}
+        for i in range(start, n):
+            action, _addr, size, stream = rows[i]
+            if action == ALLOC:
+                current[i - start] = next_addr
+                out.append((ALLOC, next_addr, size, stream))
+                next_addr += 1
+            else:
+                j = freed[i]
+                addr = current[j - start] if j >= start else previous[j - before]
+                out.append((FREE_REQUESTED, addr, size, stream))
+        previous = current
+    return out, period

@@ -73,7 +73,7 @@ Block* Pool::Impl::plan_allocate(std::size_t rounded, StreamId stream, std::uint
     const Addr at = plan_arena->base + offset;
     auto it = plan_arena->free_by_addr.upper_bound(at);
     Block* f = it == plan_arena->free_by_addr.begin() ? nullptr : std::prev(it)->second;
-    if (f && f->end() >= at + rounded) {  // the range is free
+    if (f && f->end() >= at + rounded && arena_reusable(*f, stream)) {  // the range is free
       const std::size_t missing = pin(*plan_arena, at, rounded);
       if (missing == 0 || acquire(*plan_arena, at, rounded, missing, rounded, stream)) {
         Block* upper = split_free_at(f, at);
@@ -110,13 +110,14 @@ void Pool::Impl::plan_adopt() {
   stats_.plan_pass_us += static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - pass_start).count());
   // What the plan does not cover stays where it is: the granules live blocks
-  // hold now, less the named ones, which move into the arena as they recur.
+  // hold now, less the planned ones, which move into the arena as they recur
+  // (a named block live since before the last cycle has no place: it stays).
   std::size_t pinned = 0;
   for (const auto& hp : heaps) {
     if (!hp) continue;
     for (const detail::Granule& g : hp->granules) pinned += g.live ? gran : 0;
   }
-  const std::size_t uncovered = pinned - std::min(pinned, plan.named_live_bytes());
+  const std::size_t uncovered = pinned - std::min(pinned, plan.planned_live_bytes());
   if (footprint == 0 || footprint + uncovered > budget()) {
     plan_reset();
     plan_quiet_until = stats_.num_allocs + 4 * window;
@@ -171,6 +172,46 @@ void Pool::Impl::plan_drop(bool rearm) {
 }
 
 void Pool::Impl::plan_reset() { plan_drop(/*rearm=*/false); }
+
+// Note [Arena across streams]
+// The plan lays out every stream's requests in one arena, so a range one
+// stream freed may next be given to another (a side stream's buffers fit in
+// the main stream's gaps; apart, each stream's region would add its own
+// peak). The online heaps never do this without a device barrier (Note
+// [Cross-stream reuse] in pool.h); the arena does it with a device-side
+// wait instead: the new owner's stream waits for an event recorded on the
+// freeing stream, which covers every free there so far (the host does not
+// wait, and the pipeline keeps running). A free block merged from several
+// streams' frees waits for each of them. What one wait covers is
+// remembered per pair of streams, so a step whose pattern repeats pays one
+// wait per pair and handover, not per block. This is the same promise as
+// PyTorch's allocator makes to the freeing stream itself: work that used
+// the memory on a stream other than the freeing one is covered only if the
+// program ordered it before the free (record_stream, or an event), as it
+// must be for any reuse.
+bool Pool::Impl::arena_reusable(const Block& f, StreamId stream) {
+  if (reusable(f, stream)) return true;
+  if (f.free_stream != detail::kMixedStreams) return order_after(stream, f.free_stream, f.free_seq);
+  for (std::size_t s = 1; s < slots.size(); ++s) {  // slot 0: memory never used
+    const detail::StreamSlot& slot = slots[s];
+    if (slot.stream == stream || slot.last_free_seq == 0) continue;
+    if (!order_after(stream, slot.stream, std::min(f.free_seq, slot.last_free_seq))) return false;
+  }
+  return true;
+}
+
+bool Pool::Impl::order_after(StreamId waiter, StreamId signaler, std::uint64_t free_seq) {
+  auto it = std::find_if(stream_orders.begin(), stream_orders.end(),
+                         [&](const StreamOrder& o) { return o.waiter == waiter && o.signaler == signaler; });
+  if (it != stream_orders.end() && it->seq >= free_seq) return true;
+  if (!backend.order_streams(waiter, signaler)) return false;
+  if (it == stream_orders.end()) {
+    stream_orders.push_back(StreamOrder{waiter, signaler, seq});
+  } else {
+    it->seq = seq;
+  }
+  return true;
+}
 
 void Pool::Impl::drop_retired_arenas() {
   for (std::size_t i = 0; i < retired_arenas.size();) {

@@ -255,6 +255,12 @@ struct Pool::Impl {
   void plan_drop(bool rearm);
   // Forgets the plan and every name (empty_cache, a lower budget).
   void plan_reset();
+  // Note [Arena across streams]: may the arena's free block `f` be handed to
+  // `stream` now? Orders `stream` after the streams that freed it if needed.
+  bool arena_reusable(const detail::Block& f, StreamId stream);
+  // `waiter` runs after every free on `signaler` up to `free_seq` (a device-side
+  // wait, taken once per pair for all frees before it); false during a capture.
+  bool order_after(StreamId waiter, StreamId signaler, std::uint64_t free_seq);
   // Splits free block `f` at `at` (inside it); returns the upper part, or f if at == f->addr.
   detail::Block* split_free_at(detail::Block* f, Addr at);
   // release_block() made `b` free, merged with its free neighbours: an
@@ -370,6 +376,11 @@ struct Pool::Impl {
   std::uint64_t plan_window_pressure = 0;     // `pressure` when the window began
   std::uint32_t plan_failures = 0;            // plans dropped since the last one that held
   std::uint64_t plan_quiet_until = 0;         // num_allocs before which the plan stays off
+  struct StreamOrder {
+    StreamId waiter, signaler;
+    std::uint64_t seq;  // frees on signaler up to this seq are ordered before waiter's work
+  };
+  std::vector<StreamOrder> stream_orders;     // Note [Arena across streams]
 
   PoolStats stats_;
   detail::TraceRing ring;

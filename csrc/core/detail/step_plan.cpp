@@ -3,7 +3,6 @@
 #include "core/detail/step_plan.h"
 
 #include <algorithm>
-#include <map>
 
 namespace torchmem::detail {
 
@@ -30,7 +29,7 @@ void StepPlan::reset() {
   item_index_.clear();
   items_.clear();
   before_ = ~std::uint32_t{0};
-  named_live_bytes_ = low_live_ = high_live_ = 0;
+  named_live_bytes_ = planned_live_bytes_ = low_live_ = high_live_ = 0;
   clock_ = allocs_ = record_start_ = last_new_ = 0;
   min_window_ = kMinQuiet;
 }
@@ -173,7 +172,8 @@ bool StepPlan::overlap(const Item& a, const Item& b) {
 std::size_t StepPlan::plan(std::size_t align) {
   min_window_ = std::max(min_window_, allocs_ - record_start_);
   // Intervals still open end now (Note [Step plan]).
-  std::map<StreamId, std::vector<std::uint32_t>> by_stream;
+  std::vector<std::uint32_t> members;
+  planned_live_bytes_ = 0;
   for (std::uint32_t i = 0; i < items_.size(); ++i) {
     Item& x = items_[i];
     x.offset = kNoOffset;
@@ -184,21 +184,20 @@ std::size_t StepPlan::plan(std::size_t align) {
       if (x.intervals.back().start <= last_new_clock_) continue;
       x.intervals.back().end = clock_;
     }
-    by_stream[x.stream].push_back(i);
+    members.push_back(i);
   }
-  std::size_t base = 0;
-  for (auto& [stream, members] : by_stream) {
-    // Largest first: what is left for the smaller ones is gaps (tried:
-    // size x lifetime first, and first use first, left larger regions).
-    std::sort(members.begin(), members.end(), [&](std::uint32_t a, std::uint32_t b) {
-      return items_[a].size != items_[b].size ? items_[a].size > items_[b].size : a < b;
-    });
-    std::vector<std::uint64_t> offsets;
-    const std::uint64_t top = place(members, &offsets);
-    for (std::uint32_t m : members) items_[m].offset = base + offsets[m];
-    base += (top + align - 1) / align * align;
+  // Largest first: what is left for the smaller ones is gaps (tried:
+  // size x lifetime first, and first use first, left larger regions).
+  std::sort(members.begin(), members.end(), [&](std::uint32_t a, std::uint32_t b) {
+    return items_[a].size != items_[b].size ? items_[a].size > items_[b].size : a < b;
+  });
+  std::vector<std::uint64_t> offsets;
+  const std::uint64_t top = place(members, &offsets);
+  for (std::uint32_t m : members) {
+    items_[m].offset = offsets[m];
+    if (items_[m].live) planned_live_bytes_ += items_[m].size;
   }
-  return base;
+  return (top + align - 1) / align * align;
 }
 
 }  // namespace torchmem::detail

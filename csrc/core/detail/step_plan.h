@@ -36,9 +36,11 @@
 //
 // Planning: greedy by size. Items sorted by size, largest first, each placed
 // in the smallest gap that holds it between the placed items it overlaps in
-// time (else above them all). Items of different streams never share addresses (a
-// stream reusing another's bytes would need a device barrier; PyTorch's
-// allocator keeps streams apart too): each stream gets its own region. An
+// time (else above them all). Items of every stream share one layout: a
+// side stream's buffers (FSDP's all-gathers) fit in the main stream's gaps,
+// where a region per stream would add each stream's own peak; the arena
+// orders a range's new stream after its old one on the device (Note [Arena
+// across streams] in plan_pool.cpp). An
 // item live when the window closed counts as live until then, except one
 // live since before the last cycle began (parameters, optimizer state made
 // in the window): it is not the step's, and stays where it is.
@@ -89,7 +91,7 @@ class StepPlan {
   // Recording went on too long without repeating.
   bool window_hopeless() const { return state_ == State::kRecording && allocs_ - record_start_ >= kMaxRecordAllocs; }
   // Computes offsets for every recorded item; returns the footprint in bytes
-  // (each stream's region rounded up to `align`). Stops recording.
+  // (rounded up to `align`). Stops recording.
   std::size_t plan(std::size_t align);
   void activate() { state_ = State::kActive; }
   // Back to recording, keeping names (a new window starts now).
@@ -103,6 +105,9 @@ class StepPlan {
   // Bytes of live named blocks (they move into the plan's arena as they are
   // allocated again).
   std::size_t named_live_bytes() const { return named_live_bytes_; }
+  // Of those, the bytes of the items the last plan() placed (the others, live
+  // since before the last cycle, stay where they are).
+  std::size_t planned_live_bytes() const { return planned_live_bytes_; }
   std::size_t items() const { return items_.size(); }
   std::uint64_t allocs_recorded() const { return allocs_ - record_start_; }
 
@@ -170,6 +175,7 @@ class StepPlan {
   std::uint64_t last_new_ = 0;       // allocs_ when the last new item appeared
   std::uint64_t last_new_clock_ = 0; // clock_ then
   std::size_t named_live_bytes_ = 0;
+  std::size_t planned_live_bytes_ = 0;
   // The window's range of named live bytes, and the length of the last
   // window that closed (a window recorded again is at least as long).
   std::size_t low_live_ = 0, high_live_ = 0;
