@@ -220,7 +220,8 @@ OPTIONS = (
     Option("step_plan", True, parse_bool,
            "Once the pool has stitched or waited for the whole device (memory is the limit, or "
            "streams compete for it), learn one layout for the step's repeating requests (greedy by "
-           "size, each stream apart) and place them there: a repeating step then makes no driver call "
+           "size, all streams in one layout: a range passed between streams waits for its old stream "
+           "on the device) and place them there: a repeating step then makes no driver call "
            "and takes no device barrier. Requests the plan does not know, or whose place is taken, are "
            "served as before; a plan that misses more than 1 request in 50 is learnt again, one that "
            "does not fit the budget is not used (Notes [Step plan], [Step plan arena]). False: always "
