@@ -121,7 +121,8 @@ def counters(args, torch):
     if args.device != "cuda":
         return {}
     stats = torch.cuda.memory_stats()
-    out = {k: stats[k] for k in ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms")
+    out = {k: stats[k] for k in ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms",
+                                      "num_sync_all_streams")
            if k in stats}
     if args.allocator == "torchmem":
         import torchmem
@@ -133,10 +134,10 @@ def counters(args, torch):
 
 
 # torchmem's own counters worth a line per run: reclaims, barriers and the step plan's life
-TORCHMEM_COUNTER_PREFIXES = ("torchmem.num_reclaims", "torchmem.num_sync_all_streams", "torchmem.num_plan",
+TORCHMEM_COUNTER_PREFIXES = ("torchmem.num_reclaims", "torchmem.num_plan",
                              "torchmem.plan_pass_us")
 # per step, the deltas of these (torchmem only): the driver calls and barriers a warm step should not make
-STEP_KEYS = ("torchmem.backend.map_calls", "torchmem.backend.unmap_calls", "torchmem.num_sync_all_streams")
+STEP_KEYS = ("torchmem.backend.map_calls", "torchmem.backend.unmap_calls", "num_sync_all_streams")
 
 
 def train(args):

@@ -146,17 +146,28 @@ def test_a_granule_freed_by_two_streams_goes_to_either_only_behind_a_barrier():
     pool.check_invariants()
 
 
-def test_memory_another_stream_freed_is_reused_only_behind_a_barrier():
+@pytest.mark.parametrize("stream_order", [True, False, "refused"])
+def test_memory_another_stream_freed_is_reused_only_behind_a_wait_or_a_barrier(stream_order):
     """Note [Cross-stream reuse]: with more than a few best-fit candidates freed on another
-    stream (their events still pending), a request never gets one of them without a device
-    barrier. The best fit used to hand out the 17th such block as it was."""
+    stream (their events still pending), a request never gets one of them as it is: only
+    behind a device-side wait on the freeing stream (stream_order, the default) or a device
+    barrier ("refused": the backend cannot add a wait, as during a capture). The best fit
+    used to hand out the 17th such block as it was."""
     sim = _C.SimBackend(capacity=1024 * MiB, event_delay=1000)
-    pool = _C.Pool(sim, dict(debug_checks=True))
+    pool = _C.Pool(sim, dict(debug_checks=True, stream_order=stream_order is not False))
+    if stream_order == "refused":
+        sim.allow_stream_order(False)
+        stream_order = False
     blocks = [pool.allocate(4 * MiB + 512 * k, stream=DEFAULT) for k in range(40)]
     freed = blocks[0::2]  # every other one: they stay apart, none merges
     for addr in freed:
         pool.free(addr)
-    barriers = pool.stats()["num_device_barriers"]
+    barriers, waits = pool.stats()["num_device_barriers"], sim.counters()["stream_wait_calls"]
     addr = pool.allocate(4 * MiB, stream=SIDE)
-    if addr in freed:
-        assert pool.stats()["num_device_barriers"] == barriers + 1
+    assert addr in freed  # the best fit, once ordered
+    ordered = (pool.stats()["num_device_barriers"] - barriers, sim.counters()["stream_wait_calls"] - waits)
+    assert ordered == ((0, 1) if stream_order else (1, 0))
+    # one wait covers every earlier free of that stream
+    assert pool.allocate(4 * MiB + 512 * 2, stream=SIDE) in freed
+    assert sim.counters()["stream_wait_calls"] - waits == ordered[1]
+    pool.check_invariants()

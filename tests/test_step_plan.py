@@ -232,7 +232,9 @@ def test_real_fsdp_steps_make_no_driver_call_once_planned(budget):
     limit = int(run(events)["peak_requested"] * budget) if budget else 0
     start = len(events) - 2 * period
     before, after = run(events, limit, stop_at=start - 1), run(events, limit)
-    assert after["ooms"] == 0 and after["plans"] >= 1
+    # unconstrained, the online layout holds by itself (streams hand memory over with
+    # waits, Note [Cross-stream reuse]): no pressure, so no plan is needed
+    assert after["ooms"] == 0 and (after["plans"] >= 1 or budget is None)
     assert (driver_calls(after) - driver_calls(before), after["device_barriers"] - before["device_barriers"]) == (0, 0)
     side_requests = sum(1 for action, _a, _s, stream in events[start:] if action == 0 and stream != 0)
     waits = after["backend_calls"]["stream_wait_calls"] - before["backend_calls"]["stream_wait_calls"]
@@ -243,10 +245,14 @@ def test_a_plan_that_does_not_fit_beside_what_stays_is_not_adopted():
     """Blocks named in the window but live since before its last cycle (optimizer state
     made there) keep their place outside the arena: the fit check counts them as staying,
     so a plan adopted under a budget holds (none dropped) instead of failing mid-step."""
-    events, _ = real_fsdp_steps(repeats=4)
-    result = run(events, int(run(events)["peak_requested"] * 1.02))
+    events, period = real_fsdp_steps(repeats=8)
+    limit = int(run(events)["peak_requested"] * 1.02)
+    before, result = run(events, limit, stop_at=len(events) - 2 * period - 1), run(events, limit)
     assert result["ooms"] == 0
-    assert result["plans"] == 1 and result["plan_misses"] <= 2
+    assert (result["plans"], result["plan_drops"]) == (1, 0)
+    # it misses while it settles in; then at most one request a step, served from the cache
+    assert result["plan_misses"] - before["plan_misses"] <= 2
+    assert driver_calls(result) == driver_calls(before)
 
 
 def test_a_refused_handover_leaves_the_range_to_its_stream():
@@ -257,7 +263,8 @@ def test_a_refused_handover_leaves_the_range_to_its_stream():
 
     events = patterns.training_steps(8, layers=8, seed=4, side_stream=7)
     backend = _C.SimBackend(capacity=140 << 30, granularity=2 * MiB, vmm=True, event_delay=LAG)
-    pool = _C.Pool(backend, {"trace_capacity": 0, "debug_checks": True})
+    # online, every handover is a barrier (stream_order off): pressure, so a plan is made
+    pool = _C.Pool(backend, {"trace_capacity": 0, "debug_checks": True, "stream_order": False})
     live, half = {}, len(events) // 2
     for i, (action, addr, size, stream) in enumerate(events):
         if i == half:
@@ -273,3 +280,22 @@ def test_a_refused_handover_leaves_the_range_to_its_stream():
     assert backend.counters()["stream_wait_calls"] == waits
     assert pool.stats()["num_plan_misses"] > misses
     pool.check_invariants()
+
+
+@pytest.mark.parametrize("budget", [None, 1.02, 1.05, 1.10])
+def test_real_fsdp_with_gradient_accumulation_settles(budget):
+    """FSDP2 with 32 micro-batches a step (the bundled fsdp_accum trace, recorded on an
+    H200): the all-gather stream's few frees sit between the compute stream's. Merged into
+    one free block they used to fence it off from both streams until a device barrier,
+    about 400 a step with no budget at all. Now a tag behind a barrier no longer taints a
+    merge, and a fit another stream freed is taken behind a device-side wait: once warm,
+    no driver call and no barrier, with or without a budget."""
+    from torchmem.analysis import trace as trace_io
+
+    rows, period = patterns.repeat_last_step(trace_io.load(trace_io.bundled_trace("fsdp_accum")).events, 6)
+    events = np.asarray(rows, dtype=np.int64)
+    limit = int(run(events)["peak_requested"] * budget) if budget else 0
+    start = len(events) - 2 * period
+    before, after = run(events, limit, stop_at=start - 1), run(events, limit)
+    assert after["ooms"] == 0
+    assert (driver_calls(after) - driver_calls(before), after["device_barriers"] - before["device_barriers"]) == (0, 0)

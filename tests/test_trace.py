@@ -27,18 +27,19 @@ def small_events():
 
 def test_bundled_traces_load_with_their_readme_figures():
     paths = trace_io.bundled_traces()
-    assert [p.rsplit("/", 1)[-1] for p in paths] == ["trace_fsdp_train.json.gz", "trace_gpt2_train.json.gz",
+    assert [p.rsplit("/", 1)[-1] for p in paths] == ["trace_fsdp_accum.json.gz", "trace_fsdp_train.json.gz",
+                                                     "trace_gpt2_train.json.gz",
                                                      "trace_kv_generate.json.gz", "trace_llama_ckpt_train.json.gz",
                                                      "trace_vision.json.gz"]
-    gpt2 = trace_io.load(paths[1])
+    gpt2 = trace_io.load(paths[2])
     assert gpt2.workload == "gpt2_train" and gpt2.device_name == "NVIDIA H200"
     assert len(gpt2) == 214_231 and gpt2.events.dtype == np.int64 and gpt2.events.shape[1] == 4
     assert gpt2.counts()["alloc"] == 71_337
     assert gpt2.recorded_peak_reserved() == 39_492 * MiB  # the README's native peak
-    assert trace_io.bundled_trace("llama_ckpt") == paths[3]
-    # the three recorded by torchmem's benchmarks (README rows)
+    assert trace_io.bundled_trace("llama_ckpt") == paths[4]
+    # the four recorded by torchmem's benchmarks (README rows)
     for name, events, peak_mib in (("kv_generate", 156_257, 3_880), ("vision", 25_885, 6_728),
-                                   ("fsdp_train", 63_607, 27_320)):
+                                   ("fsdp_train", 63_607, 27_320), ("fsdp_accum", 190_803, 3_112)):
         trace = trace_io.load(trace_io.bundled_trace(name))
         assert trace.workload == name and len(trace) == events
         assert trace.recorded_peak_reserved() == peak_mib * MiB

@@ -127,6 +127,7 @@ py::dict result_to_dict(const ReplayResult& r, ReplayPolicy policy) {
   d["device_barriers"] = r.device_barriers;
   d["steady_barriers"] = r.steady_barriers;
   d["plans"] = r.plans;
+  d["plan_drops"] = r.plan_drops;
   d["plan_hits"] = r.plan_hits;
   d["plan_misses"] = r.plan_misses;
   d["plan_passes"] = r.plan_passes;

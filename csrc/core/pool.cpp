@@ -257,8 +257,8 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
 
   Block* b = nullptr;
   // Tries steps 1 and 3: a cached fit, then carving with new granules/segments.
-  auto attempt = [&]() -> Block* {
-    Block* fit = find_fit(*heap, rounded, stream);
+  auto attempt = [&](bool ordered = false) -> Block* {
+    Block* fit = find_fit(*heap, rounded, stream, ordered);
     if (vmm) {
       if (!fit) return nullptr;  // the range is exhausted (or fenced off)
       std::size_t missing = pin(*heap, fit->addr, rounded);
@@ -297,6 +297,9 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
     sync_memory_stats();
     return 0;
   }
+  // Step 3b: a fit that only other streams' frees fence is taken behind a
+  // device-side wait on those streams (Note [Cross-stream reuse]), not a barrier.
+  if (!b && config.stream_order && fit_fenced) b = attempt(/*ordered=*/true);
   if (!b) {
     // Step 4: wait for deferred frees and fences, then try again.
     bool waited = !deferred.empty() || slots.size() > 1;

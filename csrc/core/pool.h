@@ -59,10 +59,13 @@
 // blocks belong to their stream; only cudaFree, which synchronizes the
 // device, moves memory between streams). The OOM ladder takes the barrier
 // (step 4), so another stream's cached memory is still used before an OOM.
-// A step plan's arena is the one exception: a repeating step's layout hands
-// ranges between streams behind a device-side wait on S's work (Note [Arena
-// across streams] in detail/plan_pool.cpp), which covers what S itself
-// would be promised by reusing the range at once.
+// Before that barrier, the ladder takes the best fit that only other streams'
+// frees fence, behind a device-side wait on those streams instead (step 3b,
+// Note [Reuse behind a stream wait] in detail/carve.cpp): the host does not
+// wait and the pipeline keeps running. A step plan's arena hands ranges
+// between streams the same way. The barrier stays for what a wait cannot
+// give: deferred frees, fences of granules to stitch, and captures (no wait
+// may be added to a capturing stream).
 //
 // Note [Device barrier]
 // Reuse follows the free's stream; unmapping must follow every stream. A
@@ -88,6 +91,8 @@
 //   1. a cached block that fits;
 //   2. completed deferred frees, then 1 again;
 //   3. carve new space, getting granules as in Note [Policy];
+//   3b. if 1 passed over fits other streams' frees fence (stream_order): the
+//      best of them behind a device-side wait on those streams, then 3;
 //   4. a device barrier (Note [Cross-stream reuse]), wait for pending deferred
 //      frees and fences, then 1 and 3 again;
 //   5. cuda_malloc backend: release every cached segment (num_alloc_retries
@@ -179,6 +184,9 @@ namespace torchmem {
   X(bool, alias_reclaim, true,                                                                       \
     "Stitch granules freed on the requesting stream before their fences complete, by mapping the " \
     "handle at a second address (Note [Alias reclaim]).")                                            \
+  X(bool, stream_order, true,                                                                        \
+    "A fit that only other streams' frees fence is taken behind a device-side wait on those "       \
+    "streams instead of a device barrier (Note [Cross-stream reuse]).")                               \
   X(bool, step_plan, true,                                                                           \
     "Learn a static layout for a repeating step once the pool stitches or waits for the device, "   \
     "and keep it (Note [Step plan] in detail/step_plan.h; VMM backends).")                            \

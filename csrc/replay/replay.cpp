@@ -219,6 +219,7 @@ ReplayResult Replayer::run(const TraceEvent* events, std::size_t count) {
     result.plans = stats.num_plans;
     result.plan_hits = stats.num_plan_hits;
     result.plan_misses = stats.num_plan_misses;
+    result.plan_drops = stats.num_plan_drops;
     result.plan_passes = stats.num_plan_passes;
     result.plan_pass_us = stats.plan_pass_us;
     result.backend_calls = backend_->counters();

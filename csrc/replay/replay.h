@@ -98,7 +98,7 @@ struct ReplayResult {
   // torchmem: device barriers (backend_calls.device_sync_calls, counted by the
   // pool) and step plans (Note [Step plan]): put in force, allocations placed
   // by one, allocations one could not place.
-  std::uint64_t device_barriers = 0, plans = 0, plan_hits = 0, plan_misses = 0;
+  std::uint64_t device_barriers = 0, plans = 0, plan_drops = 0, plan_hits = 0, plan_misses = 0;
   // torchmem: planning passes run (adopted or not) and their host time on this
   // machine (Note [Planning pass cost]).
   std::uint64_t plan_passes = 0, plan_pass_us = 0;

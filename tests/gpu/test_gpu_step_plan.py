@@ -83,7 +83,7 @@ def test_a_repeating_step_at_a_budget_makes_no_driver_call_once_warm(peak, side)
     late = planned["per_step"][-4:]
     assert late == [[0, 0]] * 4, planned["per_step"]
     # the same numbers as without a plan: where a tensor lives changes nothing it computes,
-    # and a range handed between streams (Note [Arena across streams]) waits for its old
+    # and a range handed between streams (Note [Reuse behind a stream wait]) waits for its old
     # stream's kernels
     online = loop(str(budget), "off", side)
     assert planned["losses"] == online["losses"]

@@ -217,6 +217,14 @@ OPTIONS = (
            "mapping their memory at a second address and unmapping the old one later (keeps "
            "memory low while the GPU lags behind the host). False: wait for the GPU's fence.",
            core="alias_reclaim"),
+    Option("stream_order", True, parse_bool,
+           "When every cached fit for a request was freed on other streams (FSDP's all-gather stream "
+           "beside the compute stream), take the best one behind a device-side wait on those streams "
+           "(an event recorded there, cudaStreamWaitEvent on the requesting stream) instead of "
+           "waiting on the host for the whole device (Note [Cross-stream reuse]). One wait covers every "
+           "earlier free of that pair of streams. False: the device barrier, as PyTorch's allocator "
+           "never shares cached memory between streams.",
+           core="stream_order"),
     Option("step_plan", True, parse_bool,
            "Once the pool has stitched or waited for the whole device (memory is the limit, or "
            "streams compete for it), learn one layout for the step's repeating requests (greedy by "

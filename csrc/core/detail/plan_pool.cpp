@@ -21,7 +21,8 @@
 //     the memory it does not cover; otherwise off again, for a while;
 //   - in force: planned requests go to their ranges; anything else (a new
 //     shape, a range still taken) is served online, as before;
-//   - dropped when more than 1 in 50 requests of a window missed and the
+//   - dropped when more than 1 in 50 requests of a window (after the first
+//     window since adoption, the warm-up) missed and the
 //     pool stitched or waited in that window (the step changed: a new window
 //     is recorded at once; after three such drops in a row the plan stays off
 //     for a while), before an OOM is declared (its
@@ -73,7 +74,7 @@ Block* Pool::Impl::plan_allocate(std::size_t rounded, StreamId stream, std::uint
     const Addr at = plan_arena->base + offset;
     auto it = plan_arena->free_by_addr.upper_bound(at);
     Block* f = it == plan_arena->free_by_addr.begin() ? nullptr : std::prev(it)->second;
-    if (f && f->end() >= at + rounded && arena_reusable(*f, stream)) {  // the range is free
+    if (f && f->end() >= at + rounded && reusable_ordered(*f, stream)) {  // the range is free
       const std::size_t missing = pin(*plan_arena, at, rounded);
       if (missing == 0 || acquire(*plan_arena, at, rounded, missing, rounded, stream)) {
         Block* upper = split_free_at(f, at);
@@ -132,6 +133,7 @@ void Pool::Impl::plan_adopt() {
   plan_window = std::max<std::uint64_t>(window, StepPlan::kMinQuiet);
   plan_window_allocs = plan_window_misses = 0;
   plan_window_pressure = pressure;
+  plan_settling = true;
   ++stats_.num_plans;
 }
 
@@ -140,7 +142,12 @@ void Pool::Impl::plan_check_window() {
   // Misses served from cached memory cost nothing: a plan is learnt again only
   // when they also made the pool stitch or wait (a timing-dependent free, a
   // rare shape, does not make every window pay for a new plan).
-  const bool held = plan_window_misses * kMissDivisor <= plan_window_allocs || pressure == plan_window_pressure;
+  // The first window after adoption is the plan's warm-up: blocks placed online
+  // before it still hold planned ranges until they are freed, so its requests
+  // miss and stitch by design; only the windows after it say whether the plan holds.
+  const bool held = plan_settling || plan_window_misses * kMissDivisor <= plan_window_allocs ||
+                    pressure == plan_window_pressure;
+  plan_settling = false;
   plan_window_allocs = plan_window_misses = 0;
   plan_window_pressure = pressure;
   if (held) {
@@ -172,46 +179,6 @@ void Pool::Impl::plan_drop(bool rearm) {
 }
 
 void Pool::Impl::plan_reset() { plan_drop(/*rearm=*/false); }
-
-// Note [Arena across streams]
-// The plan lays out every stream's requests in one arena, so a range one
-// stream freed may next be given to another (a side stream's buffers fit in
-// the main stream's gaps; apart, each stream's region would add its own
-// peak). The online heaps never do this without a device barrier (Note
-// [Cross-stream reuse] in pool.h); the arena does it with a device-side
-// wait instead: the new owner's stream waits for an event recorded on the
-// freeing stream, which covers every free there so far (the host does not
-// wait, and the pipeline keeps running). A free block merged from several
-// streams' frees waits for each of them. What one wait covers is
-// remembered per pair of streams, so a step whose pattern repeats pays one
-// wait per pair and handover, not per block. This is the same promise as
-// PyTorch's allocator makes to the freeing stream itself: work that used
-// the memory on a stream other than the freeing one is covered only if the
-// program ordered it before the free (record_stream, or an event), as it
-// must be for any reuse.
-bool Pool::Impl::arena_reusable(const Block& f, StreamId stream) {
-  if (reusable(f, stream)) return true;
-  if (f.free_stream != detail::kMixedStreams) return order_after(stream, f.free_stream, f.free_seq);
-  for (std::size_t s = 1; s < slots.size(); ++s) {  // slot 0: memory never used
-    const detail::StreamSlot& slot = slots[s];
-    if (slot.stream == stream || slot.last_free_seq == 0) continue;
-    if (!order_after(stream, slot.stream, std::min(f.free_seq, slot.last_free_seq))) return false;
-  }
-  return true;
-}
-
-bool Pool::Impl::order_after(StreamId waiter, StreamId signaler, std::uint64_t free_seq) {
-  auto it = std::find_if(stream_orders.begin(), stream_orders.end(),
-                         [&](const StreamOrder& o) { return o.waiter == waiter && o.signaler == signaler; });
-  if (it != stream_orders.end() && it->seq >= free_seq) return true;
-  if (!backend.order_streams(waiter, signaler)) return false;
-  if (it == stream_orders.end()) {
-    stream_orders.push_back(StreamOrder{waiter, signaler, seq});
-  } else {
-    it->seq = seq;
-  }
-  return true;
-}
 
 void Pool::Impl::drop_retired_arenas() {
   for (std::size_t i = 0; i < retired_arenas.size();) {

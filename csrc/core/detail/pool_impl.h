@@ -109,7 +109,9 @@ struct Pool::Impl {
 
   // ---- detail/carve.cpp -----------------------------------------------------
   // Best fitting free block of `heap` usable on `stream`, or null.
-  detail::Block* find_fit(detail::Heap& heap, std::size_t size, StreamId stream);
+  // Best fit reusable by `stream`; `ordered`: also one other streams fence,
+  // once `stream` is ordered after them (reusable_ordered).
+  detail::Block* find_fit(detail::Heap& heap, std::size_t size, StreamId stream, bool ordered = false);
   bool reusable(const detail::Block& block, StreamId stream);
   // A new block for [at, f->end()), linked in after f with f's fence tag;
   // f's size is the caller's to shrink, and neither is indexed here.
@@ -255,9 +257,9 @@ struct Pool::Impl {
   void plan_drop(bool rearm);
   // Forgets the plan and every name (empty_cache, a lower budget).
   void plan_reset();
-  // Note [Arena across streams]: may the arena's free block `f` be handed to
+  // Note [Reuse behind a stream wait]: may free block `f` be handed to
   // `stream` now? Orders `stream` after the streams that freed it if needed.
-  bool arena_reusable(const detail::Block& f, StreamId stream);
+  bool reusable_ordered(const detail::Block& f, StreamId stream);
   // `waiter` runs after every free on `signaler` up to `free_seq` (a device-side
   // wait, taken once per pair for all frees before it); false during a capture.
   bool order_after(StreamId waiter, StreamId signaler, std::uint64_t free_seq);
@@ -375,12 +377,14 @@ struct Pool::Impl {
   std::uint64_t plan_window_misses = 0;
   std::uint64_t plan_window_pressure = 0;     // `pressure` when the window began
   std::uint32_t plan_failures = 0;            // plans dropped since the last one that held
+  bool plan_settling = false;                 // the window since adoption is not judged
+  bool fit_fenced = false;                    // the last find_fit skipped blocks other streams fence
   std::uint64_t plan_quiet_until = 0;         // num_allocs before which the plan stays off
   struct StreamOrder {
     StreamId waiter, signaler;
     std::uint64_t seq;  // frees on signaler up to this seq are ordered before waiter's work
   };
-  std::vector<StreamOrder> stream_orders;     // Note [Arena across streams]
+  std::vector<StreamOrder> stream_orders;     // Note [Reuse behind a stream wait]
 
   PoolStats stats_;
   detail::TraceRing ring;
