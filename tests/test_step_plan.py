@@ -83,9 +83,9 @@ def test_gradient_accumulation_is_one_cycle():
 
 @pytest.mark.parametrize("budget", [None, 1.10])
 def test_a_side_stream_takes_no_barrier_once_warm(budget):
-    """FSDP-like: weights gathered on a stream of their own. Streams share the plan's
-    addresses, handing a range over with a device-side wait (Note [Arena across
-    streams]), so no step needs a device barrier, with or without a budget."""
+    """FSDP-like: weights gathered on a stream of their own. Streams hand memory over
+    with a device-side wait, online and in the plan's arena (Note [Reuse behind a stream
+    wait]), so no step needs a device barrier, with or without a budget."""
     events = events_of(seed=1, side_stream=7)
     limit = int(replay.find_min_cap(events, "torchmem", event_delay=LAG)["min_cap"] * budget) if budget else 0
     calls, barriers, whole = last_steps_cost(events, limit)

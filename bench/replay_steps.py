@@ -1,0 +1,77 @@
+"""Step by step: a real trace whose last step repeats, run longer under torchmem's
+replay, with each step's driver calls, device barriers and stream waits.
+
+    python bench/replay_steps.py fsdp_accum --repeats 6 --budgets 0 1.02 1.05 1.10
+    python bench/replay_steps.py fsdp_train --budgets 1.05 --config stream_order=false
+
+Why: "once warm, a step makes no driver call and takes no barrier" is a claim
+about every step after some step, which the replay's whole-trace or
+second-half counters do not show. The trace's last step is appended again
+`--repeats` times (torchmem.analysis.patterns.repeat_last_step), and the replay
+is run to the end of each step in turn; the deltas are that step's. A budget
+is a multiple of the trace's peak request (0: none). `event_delay` models a GPU
+that runs behind the host, as tests/test_step_plan.py does.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+from torchmem.analysis import patterns, replay  # noqa: E402
+from torchmem.analysis import trace as trace_io  # noqa: E402
+
+GiB = 1 << 30
+DRIVER_CALLS = ("create_calls", "map_calls", "unmap_calls", "release_calls")
+
+
+def step_costs(events, period, limit, config=None, event_delay=10):
+    """[(driver calls, barriers, stream waits)] per step, and the last replay's result."""
+    steps = len(events) // period
+    rows, previous, result = [], (0, 0, 0), None
+    for step in range(1, steps + 1):
+        stop = len(events) - (steps - step) * period - 1
+        result = replay.replay(events, limit=limit, config=config, stop_at=stop, event_delay=event_delay)
+        calls = result.backend_calls
+        now = (sum(calls[k] for k in DRIVER_CALLS), result.device_barriers, calls["stream_wait_calls"])
+        rows.append(tuple(a - b for a, b in zip(now, previous)))
+        previous = now
+    return rows, result
+
+
+def quiet_from(rows):
+    """The first step from which every step makes no driver call and takes no barrier (None: never)."""
+    return next((i for i in range(len(rows)) if all(c == 0 and b == 0 for c, b, _ in rows[i:])), None)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("trace", help="a bundled trace's name or a trace file")
+    parser.add_argument("--repeats", type=int, default=6, help="times the last step is appended")
+    parser.add_argument("--budgets", type=float, nargs="+", default=[0, 1.02, 1.05, 1.10],
+                        help="multiples of the peak request (0: no budget)")
+    parser.add_argument("--config", default=None, help="torchmem options, key=value,...")
+    parser.add_argument("--event-delay", type=int, default=10)
+    args = parser.parse_args(argv)
+    source = args.trace if os.path.exists(args.trace) else trace_io.bundled_trace(args.trace)
+    rows, period = patterns.repeat_last_step(trace_io.load(source).events, args.repeats)
+    events = np.asarray(rows, dtype=np.int64)
+    _, whole = step_costs(events, len(events), 0, args.config, args.event_delay)
+    peak = whole.peak_requested
+    print(f"{args.trace}: {len(events) // period} steps of {period} events, peak request {peak / GiB:.2f} GiB")
+    print("| budget | per step: driver calls / barriers / stream waits | quiet from step | peak reserved GiB |")
+    print("|---|---|---|---|")
+    for budget in args.budgets:
+        costs, last = step_costs(events, period, int(peak * budget), args.config, args.event_delay)
+        per_step = ", ".join("/".join(str(v) for v in step) for step in costs)
+        quiet = quiet_from(costs)
+        print(f"| {budget or 'none'} | {per_step} | {'never' if quiet is None else quiet} | "
+              f"{last.peak_reserved / GiB:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""bench/replay_steps.py: per-step costs of a repeated real step. The deltas add up to the
+whole replay's, the quiet step is the first of a run of free steps to the end, and the
+script prints its table for a bundled trace."""
+
+import numpy as np
+
+from bench_support import load_bench
+from torchmem.analysis import patterns, replay
+from torchmem.analysis import trace as trace_io
+
+replay_steps = load_bench("replay_steps")
+
+
+def test_step_deltas_add_up_to_the_whole_replay():
+    rows, period = patterns.repeat_last_step(trace_io.load(trace_io.bundled_trace("fsdp_train")).events, 3)
+    events = np.asarray(rows, dtype=np.int64)
+    whole = replay.replay(events, event_delay=10)
+    limit = int(whole.peak_requested * 1.05)
+    costs, last = replay_steps.step_costs(events, period, limit)
+    full = replay.replay(events, limit=limit, event_delay=10)
+    assert len(costs) == len(events) // period
+    assert sum(c for c, _, _ in costs) == sum(full.backend_calls[k] for k in replay_steps.DRIVER_CALLS)
+    assert sum(b for _, b, _ in costs) == full.device_barriers == last.device_barriers
+
+
+def test_quiet_from_is_the_first_step_of_a_free_run_to_the_end():
+    assert replay_steps.quiet_from([(5, 1, 0), (0, 0, 3), (2, 0, 0), (0, 0, 1), (0, 0, 0)]) == 3
+    assert replay_steps.quiet_from([(0, 0, 0), (0, 1, 0)]) is None
+    assert replay_steps.quiet_from([(0, 0, 0)]) == 0
+
+
+def test_the_table_for_a_bundled_trace(capsys):
+    assert replay_steps.main(["fsdp_train", "--repeats", "2", "--budgets", "0"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("fsdp_train: 6 steps of 10544 events")
+    assert "| none |" in out
