@@ -381,14 +381,17 @@ lane() {  # lane GPU JOBS...
   done
 }
 
+# Lane B's default list runs only when neither lane is named: a call that names LANE_A alone
+# means those jobs only (the default list after them cost whole calls their deadline).
+if [ -z "${LANE_A+set}" ]; then LANE_B=${LANE_B-bench churn micro memcheck_core batch}; else LANE_B=${LANE_B-}; fi
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
 if [ "$GPUS" -ge 2 ]; then
   lane 0 ${LANE_A-tests} > "$OUT/lane_a.txt" 2>&1 &
-  lane 1 ${LANE_B-bench churn micro memcheck_core batch} > "$OUT/lane_b.txt" 2>&1 &
+  lane 1 $LANE_B > "$OUT/lane_b.txt" 2>&1 &
   wait
 else  # one GPU: the lanes run one after the other, so timings never overlap
   lane 0 ${LANE_A-tests} > "$OUT/lane_a.txt" 2>&1
-  lane 0 ${LANE_B-bench churn micro memcheck_core batch} > "$OUT/lane_b.txt" 2>&1
+  lane 0 $LANE_B > "$OUT/lane_b.txt" 2>&1
 fi
 cat "$OUT/lane_a.txt" "$OUT/lane_b.txt"
 if [ "${DDP:-1}" = "1" ] && [ "$(left)" -gt 90 ] && [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
