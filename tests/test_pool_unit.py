@@ -263,15 +263,24 @@ def test_record_stream_on_own_stream_is_a_no_op():
     assert pool.stats()["num_deferred_frees"] == 0
 
 
-def test_cross_stream_reuse_needs_the_fence():
-    sim, pool = make(event_delay=10**9)
+@pytest.mark.parametrize("stream_order", [True, False])
+def test_cross_stream_reuse_needs_the_fence_or_a_wait(stream_order):
+    """Note [Cross-stream reuse]: another stream's cached block, its fence pending, is
+    taken behind a device-side wait on that stream rather than new memory (no limit set,
+    stream_order); without stream_order the request gets new memory."""
+    sim, pool = make(event_delay=10**9, stream_order=stream_order)
     a = pool.allocate(4 * MiB, stream=1)
     pool.allocate(MiB + 512, stream=1)
     pool.free(a)
     assert pool.allocate(4 * MiB, stream=1) == a   # same stream: stream order suffices
     pool.free(a)
+    reserved = cur(pool.stats(), "reserved_bytes")
     b = pool.allocate(4 * MiB, stream=2)           # other stream: fence pending
-    assert b != a
+    if stream_order:
+        assert b == a and sim.counters()["stream_wait_calls"] == 1
+        assert cur(pool.stats(), "reserved_bytes") == reserved
+    else:
+        assert b != a and sim.counters()["stream_wait_calls"] == 0
     pool.check_invariants()
 
 

@@ -262,6 +262,16 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
     if (vmm) {
       if (!fit) return nullptr;  // the range is exhausted (or fenced off)
       std::size_t missing = pin(*heap, fit->addr, rounded);
+      if (missing && fit_fenced && config.stream_order && config.limit_bytes == 0) {
+        // Note [Cross-stream reuse]: with no limit, the fit's missing granules
+        // would be new memory; memory another stream cached comes first, behind
+        // a device-side wait. (Under a limit they are stitched from the cache.)
+        if (Block* other = find_backed_fit_ordered(*heap, rounded, stream)) {
+          unpin(*heap, fit->addr, rounded, 0, 0, /*restore=*/true);
+          fit = other;
+          missing = pin(*heap, fit->addr, rounded);
+        }
+      }
       if (missing && heap->stale && pending_blocks(*heap, fit->addr, rounded)) {
         // Note [Alias reclaim]: mapping there would wait for the device; take
         // another fit that needs no wait if there is one.

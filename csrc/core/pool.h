@@ -62,7 +62,10 @@
 // Before that barrier, the ladder takes the best fit that only other streams'
 // frees fence, behind a device-side wait on those streams instead (step 3b,
 // Note [Reuse behind a stream wait] in detail/carve.cpp): the host does not
-// wait and the pipeline keeps running. A step plan's arena hands ranges
+// wait and the pipeline keeps running. With no limit set, a fit that needs new
+// memory gives way the same way to one another stream cached whole (step 3):
+// two streams would otherwise each grow a cache of their own, and free blocks
+// merged from both streams' frees would stay out of either's reach. A step plan's arena hands ranges
 // between streams the same way. The barrier stays for what a wait cannot
 // give: deferred frees, fences of granules to stitch, and captures (no wait
 // may be added to a capturing stream).
@@ -186,7 +189,8 @@ namespace torchmem {
     "handle at a second address (Note [Alias reclaim]).")                                            \
   X(bool, stream_order, true,                                                                        \
     "A fit that only other streams' frees fence is taken behind a device-side wait on those "       \
-    "streams instead of a device barrier (Note [Cross-stream reuse]).")                               \
+    "streams instead of a device barrier, or, with no limit, instead of new memory "                  \
+    "(Note [Cross-stream reuse]).")                                                                   \
   X(bool, step_plan, true,                                                                           \
     "Learn a static layout for a repeating step once the pool stitches or waits for the device, "   \
     "and keep it (Note [Step plan] in detail/step_plan.h; VMM backends).")                            \

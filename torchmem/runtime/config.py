@@ -221,9 +221,10 @@ OPTIONS = (
            "When every cached fit for a request was freed on other streams (FSDP's all-gather stream "
            "beside the compute stream), take the best one behind a device-side wait on those streams "
            "(an event recorded there, cudaStreamWaitEvent on the requesting stream) instead of "
-           "waiting on the host for the whole device (Note [Cross-stream reuse]). One wait covers every "
-           "earlier free of that pair of streams. False: the device barrier, as PyTorch's allocator "
-           "never shares cached memory between streams.",
+           "waiting on the host for the whole device; with no limit set, also instead of new memory "
+           "(Note [Cross-stream reuse]). One wait covers every earlier free of that pair of streams. "
+           "False: a device barrier, or new memory, as PyTorch's allocator never shares cached memory "
+           "between streams.",
            core="stream_order"),
     Option("step_plan", True, parse_bool,
            "Once the pool has stitched or waited for the whole device (memory is the limit, or "

@@ -37,6 +37,26 @@ Block* Pool::Impl::find_fit(Heap& heap, std::size_t size, StreamId stream, bool 
   return found ? b : nullptr;
 }
 
+Block* Pool::Impl::find_backed_fit_ordered(Heap& heap, std::size_t size, StreamId stream) {
+  int looked = 0;
+  bool found = false;
+  Block* b = heap.free.best_fit(size, [&](Block* c) {
+    found = !reusable(*c, stream) && backed(heap, c->addr, size) && reusable_ordered(*c, stream);
+    return found || ++looked > kMaxStreamSkips;
+  });
+  return found ? b : nullptr;
+}
+
+bool Pool::Impl::backed(const Heap& heap, Addr addr, std::size_t size) const {
+  const std::size_t g0 = first_granule(heap, addr), g1 = end_granule(heap, addr + size);
+  if (g1 > heap.granules.size()) return false;
+  for (std::size_t i = g0; i < g1; ++i) {
+    const detail::Granule& g = heap.granules[i];
+    if (!g.handle && !g.run_count) return false;
+  }
+  return true;
+}
+
 // Note [Reuse behind a stream wait]
 // Memory one stream freed may be given to another (Note [Cross-stream
 // reuse] in pool.h): the ladder's step 3b when every fit is fenced by other

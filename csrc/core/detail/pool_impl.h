@@ -260,6 +260,11 @@ struct Pool::Impl {
   // Note [Reuse behind a stream wait]: may free block `f` be handed to
   // `stream` now? Orders `stream` after the streams that freed it if needed.
   bool reusable_ordered(const detail::Block& f, StreamId stream);
+  // The best fit that other streams fence but whose memory is all mapped, taken
+  // behind a wait on them (reusable_ordered); null if none among the first few.
+  detail::Block* find_backed_fit_ordered(detail::Heap& heap, std::size_t size, StreamId stream);
+  // Every granule of [addr, addr + size) holds memory.
+  bool backed(const detail::Heap& heap, Addr addr, std::size_t size) const;
   // `waiter` runs after every free on `signaler` up to `free_seq` (a device-side
   // wait, taken once per pair for all frees before it); false during a capture.
   bool order_after(StreamId waiter, StreamId signaler, std::uint64_t free_seq);
