@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 
-from support import REPO, run_python
+from support import REPO, last_json, run_python
 
 pytestmark = pytest.mark.gpu
 
@@ -93,3 +93,42 @@ def test_cublas_threads_freeing_default_stream_tensors_under_a_tight_budget():
         stats = torchmem.memory_stats()
         print("reclaims", stats["torchmem.num_reclaims"], "syncs", stats["torchmem.backend.device_sync_calls"])
     """))
+
+
+@pytest.mark.parametrize("stream_order", [True, False])
+def test_a_block_handed_to_another_stream_waits_for_the_old_one(stream_order):
+    """Note [Cross-stream reuse]: with no limit, a side stream's request takes the block
+    the default stream just freed (rather than new memory) behind a device-side wait on
+    the default stream. The default stream's last read of it runs late (after a sleep);
+    a write on the side stream that did not wait would land before that read and change
+    the sum. With stream_order=false the block changes streams only behind a device
+    barrier, or the side stream gets other memory."""
+    figures = last_json(run_python(textwrap.dedent(f"""
+        import json, torch, torchmem
+        torchmem.install(stream_order={stream_order})
+        from torch.testing._internal.common_utils import get_cycles_per_ms
+        n = 16 << 20
+        side = torch.cuda.Stream()
+        sums = []
+        for trial in range(3):
+            a = torch.ones(n, device="cuda")
+            ptr = a.data_ptr()
+            torch.cuda._sleep(int(200 * get_cycles_per_ms()))  # the read below runs late
+            sums.append(a.sum())
+            del a  # freed on the default stream while its read is still queued
+            with torch.cuda.stream(side):
+                b = torch.empty(n, device="cuda")
+                b.fill_(2.0)
+                reused = b.data_ptr() == ptr
+            torch.cuda.synchronize()
+            del b
+        stats = torchmem.memory_stats()
+        print(json.dumps({{"sums": [float(s) for s in sums], "reused": reused,
+                          "waits": stats["torchmem.backend.stream_wait_calls"],
+                          "barriers": stats["num_sync_all_streams"]}}))
+    """)))
+    assert figures["sums"] == [float(16 << 20)] * 3
+    if stream_order:
+        assert figures["reused"] and figures["waits"] >= 1 and figures["barriers"] == 0
+    else:
+        assert figures["waits"] == 0 and (figures["barriers"] >= 1 or not figures["reused"])
