@@ -258,19 +258,14 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
   Block* b = nullptr;
   // Tries steps 1 and 3: a cached fit, then carving with new granules/segments.
   auto attempt = [&](bool ordered = false) -> Block* {
-    Block* fit = find_fit(*heap, rounded, stream, ordered);
+    Block* fit = ordered ? find_fit_ordered(*heap, rounded, stream) : find_fit(*heap, rounded, stream);
     if (vmm) {
       if (!fit) return nullptr;  // the range is exhausted (or fenced off)
       std::size_t missing = pin(*heap, fit->addr, rounded);
+      // Note [Cross-stream reuse]: with no limit, the fit's missing granules
+      // would be new memory; memory another stream cached comes first.
       if (missing && fit_fenced && config.stream_order && config.limit_bytes == 0) {
-        // Note [Cross-stream reuse]: with no limit, the fit's missing granules
-        // would be new memory; memory another stream cached comes first, behind
-        // a device-side wait. (Under a limit they are stitched from the cache.)
-        if (Block* other = find_backed_fit_ordered(*heap, rounded, stream)) {
-          unpin(*heap, fit->addr, rounded, 0, 0, /*restore=*/true);
-          fit = other;
-          missing = pin(*heap, fit->addr, rounded);
-        }
+        fit = prefer_cached_of_other_streams(*heap, fit, rounded, stream, &missing);
       }
       if (missing && heap->stale && pending_blocks(*heap, fit->addr, rounded)) {
         // Note [Alias reclaim]: mapping there would wait for the device; take

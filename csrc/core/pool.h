@@ -61,7 +61,7 @@
 // (step 4), so another stream's cached memory is still used before an OOM.
 // Before that barrier, the ladder takes the best fit that only other streams'
 // frees fence, behind a device-side wait on those streams instead (step 3b,
-// Note [Reuse behind a stream wait] in detail/carve.cpp): the host does not
+// Note [Reuse behind a stream wait] in detail/stream_reuse.cpp): the host does not
 // wait and the pipeline keeps running. With no limit set, a fit that needs new
 // memory gives way the same way to one another stream cached whole (step 3):
 // two streams would otherwise each grow a cache of their own, and free blocks

@@ -18,85 +18,18 @@ namespace {
 constexpr int kMaxStreamSkips = 16;
 }  // namespace
 
-bool Pool::Impl::reusable(const Block& b, StreamId stream) {
-  // Note [Cross-stream reuse] (pool.h): the freeing stream may reuse at once;
-  // any other stream only behind a device barrier.
-  return b.free_seq == 0 || b.free_stream == stream || behind_barrier(b.free_seq);
-}
-
-Block* Pool::Impl::find_fit(Heap& heap, std::size_t size, StreamId stream, bool ordered) {
+Block* Pool::Impl::find_fit(Heap& heap, std::size_t size, StreamId stream) {
   int skipped = 0;
   bool found = false;
   Block* b = heap.free.best_fit(size, [&](Block* c) {
     // Give up after a few blocks still fenced by another stream: the OOM
     // ladder's wait or barrier makes them reusable (Note [Cross-stream reuse]).
-    found = ordered ? reusable_ordered(*c, stream) : reusable(*c, stream);
+    found = reusable(*c, stream);
     return found || ++skipped > kMaxStreamSkips;
   });
   fit_fenced = skipped > 0;
   return found ? b : nullptr;
 }
-
-Block* Pool::Impl::find_backed_fit_ordered(Heap& heap, std::size_t size, StreamId stream) {
-  int looked = 0;
-  bool found = false;
-  Block* b = heap.free.best_fit(size, [&](Block* c) {
-    found = !reusable(*c, stream) && backed(heap, c->addr, size) && reusable_ordered(*c, stream);
-    return found || ++looked > kMaxStreamSkips;
-  });
-  return found ? b : nullptr;
-}
-
-bool Pool::Impl::backed(const Heap& heap, Addr addr, std::size_t size) const {
-  const std::size_t g0 = first_granule(heap, addr), g1 = end_granule(heap, addr + size);
-  if (g1 > heap.granules.size()) return false;
-  for (std::size_t i = g0; i < g1; ++i) {
-    const detail::Granule& g = heap.granules[i];
-    if (!g.handle && !g.run_count) return false;
-  }
-  return true;
-}
-
-// Note [Reuse behind a stream wait]
-// Memory one stream freed may be given to another (Note [Cross-stream
-// reuse] in pool.h): the ladder's step 3b when every fit is fenced by other
-// streams, and the step plan's arena, which lays out every stream's requests
-// in one range (a side stream's buffers fit in the main stream's gaps; apart,
-// each stream's region would add its own peak). Instead of a device barrier,
-// the new owner's stream waits for an event recorded on the freeing stream,
-// which covers every free there so far (the host does not wait, and the
-// pipeline keeps running). A free block merged from several
-// streams' frees waits for each of them. What one wait covers is
-// remembered per pair of streams, so a step whose pattern repeats pays one
-// wait per pair and handover, not per block. This is the same promise as
-// PyTorch's allocator makes to the freeing stream itself: work that used
-// the memory on a stream other than the freeing one is covered only if the
-// program ordered it before the free (record_stream, or an event), as it
-// must be for any reuse.
-bool Pool::Impl::reusable_ordered(const Block& f, StreamId stream) {
-  if (reusable(f, stream)) return true;
-  if (f.free_stream != detail::kMixedStreams) return order_after(stream, f.free_stream, f.free_seq);
-  for (std::size_t s = 1; s < slots.size(); ++s) {  // slot 0: memory never used
-    const detail::StreamSlot& slot = slots[s];
-    if (slot.stream == stream || slot.last_free_seq == 0) continue;
-    if (!order_after(stream, slot.stream, std::min(f.free_seq, slot.last_free_seq))) return false;
-  }
-  return true;
-}
-
-bool Pool::Impl::order_after(StreamId waiter, StreamId signaler, std::uint64_t free_seq) {
-  auto it = std::find_if(stream_orders.begin(), stream_orders.end(),
-                         [&](const StreamOrder& o) { return o.waiter == waiter && o.signaler == signaler; });
-  if (it != stream_orders.end() && it->seq >= free_seq) return true;
-  if (!backend.order_streams(waiter, signaler)) return false;
-  if (it == stream_orders.end()) {
-    stream_orders.push_back(StreamOrder{waiter, signaler, seq});
-  } else {
-    it->seq = seq;
-  }
-  return true;
-}
-
 
 Block* Pool::Impl::carve(Block* b, std::size_t size) {
   Heap& heap = *b->heap;

@@ -4,6 +4,7 @@
 // never locks. The implementation is split by concern:
 //   pool.cpp          construction, the public methods, the OOM ladder, stats
 //   detail/carve.cpp  best fit, split, merge, free, deferred frees (blocks)
+//   detail/stream_reuse.cpp  which stream may reuse a free block: waits on others
 //   detail/granules.cpp  pin/unpin granules, acquire (create / reclaim / map),
 //                     fences and reclaimable lists, releasing cached granules
 //   detail/runs.cpp      run handles: one driver handle per run of missing granules
@@ -108,11 +109,15 @@ struct Pool::Impl {
   bool pool_empty(const PoolHeaps& heaps) const;
 
   // ---- detail/carve.cpp -----------------------------------------------------
-  // Best fitting free block of `heap` usable on `stream`, or null.
-  // Best fit reusable by `stream`; `ordered`: also one other streams fence,
-  // once `stream` is ordered after them (reusable_ordered).
-  detail::Block* find_fit(detail::Heap& heap, std::size_t size, StreamId stream, bool ordered = false);
-  bool reusable(const detail::Block& block, StreamId stream);
+  // Best fitting free block of `heap` usable on `stream`, or null. Sets
+  // fit_fenced when it passed over blocks other streams fence.
+  detail::Block* find_fit(detail::Heap& heap, std::size_t size, StreamId stream);
+  // Note [Cross-stream reuse] (pool.h): the freeing stream may reuse a free
+  // block at once; any other stream only behind a device barrier (or a wait:
+  // reusable_ordered, stream_reuse.cpp). Inline: find_fit asks it per candidate.
+  bool reusable(const detail::Block& b, StreamId stream) const {
+    return b.free_seq == 0 || b.free_stream == stream || behind_barrier(b.free_seq);
+  }
   // A new block for [at, f->end()), linked in after f with f's fence tag;
   // f's size is the caller's to shrink, and neither is indexed here.
   detail::Block* split_off(detail::Block* f, Addr at) {
@@ -257,17 +262,6 @@ struct Pool::Impl {
   void plan_drop(bool rearm);
   // Forgets the plan and every name (empty_cache, a lower budget).
   void plan_reset();
-  // Note [Reuse behind a stream wait]: may free block `f` be handed to
-  // `stream` now? Orders `stream` after the streams that freed it if needed.
-  bool reusable_ordered(const detail::Block& f, StreamId stream);
-  // The best fit that other streams fence but whose memory is all mapped, taken
-  // behind a wait on them (reusable_ordered); null if none among the first few.
-  detail::Block* find_backed_fit_ordered(detail::Heap& heap, std::size_t size, StreamId stream);
-  // Every granule of [addr, addr + size) holds memory.
-  bool backed(const detail::Heap& heap, Addr addr, std::size_t size) const;
-  // `waiter` runs after every free on `signaler` up to `free_seq` (a device-side
-  // wait, taken once per pair for all frees before it); false during a capture.
-  bool order_after(StreamId waiter, StreamId signaler, std::uint64_t free_seq);
   // Splits free block `f` at `at` (inside it); returns the upper part, or f if at == f->addr.
   detail::Block* split_free_at(detail::Block* f, Addr at);
   // release_block() made `b` free, merged with its free neighbours: an
@@ -276,6 +270,27 @@ struct Pool::Impl {
   void plan_adopt();
   void plan_check_window();
   void drop_retired_arenas();
+
+  // ---- detail/stream_reuse.cpp (Note [Reuse behind a stream wait]) ------------
+  // Note [Reuse behind a stream wait]: may free block `f` be handed to
+  // `stream` now? Orders `stream` after the streams that freed it if needed.
+  bool reusable_ordered(const detail::Block& f, StreamId stream);
+  // find_fit, taking a block other streams fence behind a wait on them.
+  detail::Block* find_fit_ordered(detail::Heap& heap, std::size_t size, StreamId stream);
+  // The best fit that other streams fence but whose memory is all mapped, taken
+  // behind a wait on them (reusable_ordered); null if none among the first few.
+  detail::Block* find_backed_fit_ordered(detail::Heap& heap, std::size_t size, StreamId stream);
+  // `fit` (pinned, some granules missing) or, in its place, a fit another
+  // stream cached whole, behind a wait on it (pinned; *missing updated). Out of
+  // line: the allocation fast path stays small.
+  [[gnu::noinline]] detail::Block* prefer_cached_of_other_streams(detail::Heap& heap, detail::Block* fit,
+                                                                  std::size_t size, StreamId stream,
+                                                                  std::size_t* missing);
+  // Every granule of [addr, addr + size) holds memory.
+  bool backed(const detail::Heap& heap, Addr addr, std::size_t size) const;
+  // `waiter` runs after every free on `signaler` up to `free_seq` (a device-side
+  // wait, taken once per pair for all frees before it); false during a capture.
+  bool order_after(StreamId waiter, StreamId signaler, std::uint64_t free_seq);
 
   // ---- detail/checkpoint.cpp (Note [Pool checkpoints]) -------------------
   PoolCheckpoint checkpoint_private_pool(PoolId pool);

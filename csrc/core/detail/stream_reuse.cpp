@@ -1,0 +1,102 @@
+// stream_reuse.cpp: which stream may reuse a free block, and what it costs.
+//
+// A free block remembers the stream that freed it (Note [Cross-stream reuse]
+// in pool.h). That stream reuses it at once; another stream only behind a
+// device barrier, or behind a device-side wait on the freeing stream (Note
+// [Reuse behind a stream wait] below). The pool's ladder (pool.cpp) and the
+// step plan's arena (plan_pool.cpp) both ask here.
+#include <algorithm>
+
+#include "core/detail/pool_impl.h"
+
+namespace torchmem {
+
+using detail::Block;
+using detail::Heap;
+
+namespace {
+// How many best-fit candidates to look at for one that another stream's wait
+// makes reusable (as find_fit's skips in carve.cpp).
+constexpr int kMaxOrderedCandidates = 16;
+}  // namespace
+
+Block* Pool::Impl::find_fit_ordered(Heap& heap, std::size_t size, StreamId stream) {
+  int looked = 0;
+  bool found = false;
+  Block* b = heap.free.best_fit(size, [&](Block* c) {
+    found = reusable_ordered(*c, stream);
+    return found || ++looked > kMaxOrderedCandidates;
+  });
+  return found ? b : nullptr;
+}
+
+Block* Pool::Impl::find_backed_fit_ordered(Heap& heap, std::size_t size, StreamId stream) {
+  int looked = 0;
+  bool found = false;
+  Block* b = heap.free.best_fit(size, [&](Block* c) {
+    found = !reusable(*c, stream) && backed(heap, c->addr, size) && reusable_ordered(*c, stream);
+    return found || ++looked > kMaxOrderedCandidates;
+  });
+  return found ? b : nullptr;
+}
+
+Block* Pool::Impl::prefer_cached_of_other_streams(Heap& heap, Block* fit, std::size_t size, StreamId stream,
+                                                  std::size_t* missing) {
+  Block* other = find_backed_fit_ordered(heap, size, stream);
+  if (!other) return fit;
+  unpin(heap, fit->addr, size, 0, 0, /*restore=*/true);
+  *missing = pin(heap, other->addr, size);
+  return other;
+}
+
+bool Pool::Impl::backed(const Heap& heap, Addr addr, std::size_t size) const {
+  const std::size_t g0 = first_granule(heap, addr), g1 = end_granule(heap, addr + size);
+  if (g1 > heap.granules.size()) return false;
+  for (std::size_t i = g0; i < g1; ++i) {
+    const detail::Granule& g = heap.granules[i];
+    if (!g.handle && !g.run_count) return false;
+  }
+  return true;
+}
+
+// Note [Reuse behind a stream wait]
+// Memory one stream freed may be given to another (Note [Cross-stream
+// reuse] in pool.h): the ladder's step 3b when every fit is fenced by other
+// streams, and the step plan's arena, which lays out every stream's requests
+// in one range (a side stream's buffers fit in the main stream's gaps; apart,
+// each stream's region would add its own peak). Instead of a device barrier,
+// the new owner's stream waits for an event recorded on the freeing stream,
+// which covers every free there so far (the host does not wait, and the
+// pipeline keeps running). A free block merged from several
+// streams' frees waits for each of them. What one wait covers is
+// remembered per pair of streams, so a step whose pattern repeats pays one
+// wait per pair and handover, not per block. This is the same promise as
+// PyTorch's allocator makes to the freeing stream itself: work that used
+// the memory on a stream other than the freeing one is covered only if the
+// program ordered it before the free (record_stream, or an event), as it
+// must be for any reuse.
+bool Pool::Impl::reusable_ordered(const Block& f, StreamId stream) {
+  if (reusable(f, stream)) return true;
+  if (f.free_stream != detail::kMixedStreams) return order_after(stream, f.free_stream, f.free_seq);
+  for (std::size_t s = 1; s < slots.size(); ++s) {  // slot 0: memory never used
+    const detail::StreamSlot& slot = slots[s];
+    if (slot.stream == stream || slot.last_free_seq == 0) continue;
+    if (!order_after(stream, slot.stream, std::min(f.free_seq, slot.last_free_seq))) return false;
+  }
+  return true;
+}
+
+bool Pool::Impl::order_after(StreamId waiter, StreamId signaler, std::uint64_t free_seq) {
+  auto it = std::find_if(stream_orders.begin(), stream_orders.end(),
+                         [&](const StreamOrder& o) { return o.waiter == waiter && o.signaler == signaler; });
+  if (it != stream_orders.end() && it->seq >= free_seq) return true;
+  if (!backend.order_streams(waiter, signaler)) return false;
+  if (it == stream_orders.end()) {
+    stream_orders.push_back(StreamOrder{waiter, signaler, seq});
+  } else {
+    it->seq = seq;
+  }
+  return true;
+}
+
+}  // namespace torchmem
