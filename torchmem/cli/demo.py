@@ -2,7 +2,7 @@
 
 With a GPU it trains a small GPT-style model with torchmem installed
 (torchmem/cli/demo_train.py). Without one (or with --replay) it replays a real
-training trace recorded on an H200 (GPT-2; with --all the four bundled traces)
+training trace recorded on an H200 (GPT-2; with --all four of the bundled traces)
 on the CPU, under torchmem's pool and under models of PyTorch's allocator
 (native, and with expandable segments), and prints two small tables:
 
@@ -70,7 +70,7 @@ def add_arguments(parser):
     parser.add_argument("--replay", action="store_true",
                         help="replay the bundled trace(s) on the CPU even when a GPU is present")
     parser.add_argument("--all", action="store_true",
-                        help=f"replay all four bundled traces ({', '.join(DEMO_TRACES)}), not only gpt2_train")
+                        help=f"replay four bundled traces ({', '.join(DEMO_TRACES)}), not only gpt2_train")
     parser.add_argument("--no-min-cap", action="store_true",
                         help="skip the budget comparison (the smallest-budget searches; saves a few seconds)")
     parser.add_argument("--json", action="store_true",
@@ -275,7 +275,7 @@ def run_replay(args, out=None):
     print("\nIn short:", file=out)
     for text in filter(None, conclusions):
         print(wrap(text, indent="  "), file=out)
-    print(f"  (replays took {time.perf_counter() - started:.1f} s on this CPU; `--all` for all four traces, "
+    print(f"  (replays took {time.perf_counter() - started:.1f} s on this CPU; `--all` for four traces, "
           f"`replay --help` for more)" if not args.all else
           f"  (replays took {time.perf_counter() - started:.1f} s on this CPU)", file=out, flush=True)
     return 0
