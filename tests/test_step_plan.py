@@ -299,3 +299,43 @@ def test_real_fsdp_with_gradient_accumulation_settles(budget):
     before, after = run(events, limit, stop_at=start - 1), run(events, limit)
     assert after["ooms"] == 0
     assert (driver_calls(after) - driver_calls(before), after["device_barriers"] - before["device_barriers"]) == (0, 0)
+
+
+def test_with_no_limit_a_failed_plan_is_not_learnt_again_until_empty_cache():
+    """Note [Step plan arena]: a dropped arena's cache is stitched away only when memory is
+    short, which with no limit means a full device. A plan learnt again after every drop
+    stranded an arena's worth each time (FSDP with 32 micro-batches and stream_order off:
+    1.25 GiB more every two steps). With no limit one failed plan is the last, until the
+    cache is emptied or a limit is set."""
+    from torchmem.analysis import trace as trace_io
+
+    rows, period = patterns.repeat_last_step(trace_io.load(trace_io.bundled_trace("fsdp_accum")).events, 6)
+    events = np.asarray(rows, dtype=np.int64)
+    early = run(events, stop_at=4 * period - 1, stream_order=False)
+    late = run(events, stream_order=False)
+    assert late["ooms"] == 0 and late["plans"] == early["plans"] == 1
+    assert late["peak_reserved"] == early["peak_reserved"]
+
+
+def test_empty_cache_lets_a_plan_given_up_with_no_limit_be_learnt_again():
+    """The same FSDP steps as above through a Pool: the plan given up stays off through
+    more steps, and after release_cached (empty_cache) the pool learns one again."""
+    from torchmem._loader import _C
+    from torchmem.analysis import trace as trace_io
+
+    rows, period = patterns.repeat_last_step(trace_io.load(trace_io.bundled_trace("fsdp_accum")).events, 8)
+    backend = _C.SimBackend(capacity=140 << 30, granularity=2 * MiB, vmm=True, event_delay=LAG)
+    pool = _C.Pool(backend, {"trace_capacity": 0, "stream_order": False})
+    live = {}
+    for i, (action, addr, size, stream) in enumerate(rows):
+        if i == 6 * period:
+            given_up = pool.stats()
+            assert given_up["num_plans"] == 1 and given_up["num_plan_drops"] == 1
+            pool.release_cached()
+        if action == 0:
+            live[addr] = pool.allocate(size, stream)
+            assert live[addr]
+        else:
+            pool.free(live.pop(addr))
+    assert pool.stats()["num_plans"] > 1
+    pool.check_invariants()

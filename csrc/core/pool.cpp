@@ -434,8 +434,12 @@ std::size_t Pool::Impl::release_cached(std::size_t keep_bytes, PoolId only) {
   poll_deferred(true);
   sync_all_fences();
   process_pending_unmaps(/*wait=*/true);
-  // Memory back to the device: a plan's arena too (Note [Step plan arena]).
-  if (only == kAllPools) plan_reset();
+  // Memory back to the device: a plan's arena too (Note [Step plan arena]);
+  // a plan given up with no limit may be learnt again.
+  if (only == kAllPools) {
+    plan_reset();
+    plan_quiet_until = 0;
+  }
   const std::size_t before = held;
   if (heaps_of != nullptr) {
     release_pool_reclaimable(*heaps_of);
@@ -565,6 +569,7 @@ void Pool::set_limit(std::size_t bytes) {
   }
   // A plan learnt under a larger budget may not fit the new one (Note [Step plan arena]).
   if (bytes != 0 && (config_.limit_bytes == 0 || bytes < config_.limit_bytes)) impl_->plan_reset();
+  if (bytes != 0) impl_->plan_quiet_until = 0;  // a plan given up with no limit may help under one
   config_.limit_bytes = bytes;
 }
 

@@ -232,9 +232,10 @@ OPTIONS = (
            "size, all streams in one layout: a range passed between streams waits for its old stream "
            "on the device) and place them there: a repeating step then makes no driver call "
            "and takes no device barrier. Requests the plan does not know, or whose place is taken, are "
-           "served as before; a plan that misses more than 1 request in 50 is learnt again, one that "
-           "does not fit the budget is not used (Notes [Step plan], [Step plan arena]). False: always "
-           "place online.",
+           "served as before; a plan that misses more than 1 request in 50 is learnt again (with no "
+           "limit set, given up until empty_cache or a limit: its arena's cache would stay stranded), "
+           "one that does not fit the budget is not used (Notes [Step plan], [Step plan arena]). False: "
+           "always place online.",
            core="step_plan"),
     Option("virtual_bytes", 0, parse_bytes,
            "Virtual address space reserved per heap; 0 = twice the device's memory.",

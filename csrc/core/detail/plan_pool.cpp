@@ -25,7 +25,9 @@
 //     window since adoption, the warm-up) missed and the
 //     pool stitched or waited in that window (the step changed: a new window
 //     is recorded at once; after three such drops in a row the plan stays off
-//     for a while), before an OOM is declared (its
+//     for a while; with no limit set, until a limit is set or the cache is
+//     emptied: nothing but a full device would reclaim the dropped arenas'
+//     cache), before an OOM is declared (its
 //     cache may back the request), and at empty_cache or a lower budget.
 // A dropped arena thaws: its cached granules become reclaimable, its live
 // blocks are freed as usual, and the heap goes once it holds nothing.
@@ -152,6 +154,16 @@ void Pool::Impl::plan_check_window() {
   plan_window_pressure = pressure;
   if (held) {
     plan_failures = 0;
+    return;
+  }
+  if (config.limit_bytes == 0) {
+    // With no limit, only a full device makes the pool stitch a dropped
+    // arena's cache away: a plan learnt again after each drop would strand an
+    // arena's worth of memory every time. One that failed is not learnt again
+    // until a limit is set or the cache is emptied.
+    plan_failures = 0;
+    plan_reset();
+    plan_quiet_until = kPlanNever;
     return;
   }
   if (++plan_failures < kMaxPlanFailures) {

@@ -400,6 +400,7 @@ struct Pool::Impl {
   bool plan_settling = false;                 // the window since adoption is not judged
   bool fit_fenced = false;                    // the last find_fit skipped blocks other streams fence
   std::uint64_t plan_quiet_until = 0;         // num_allocs before which the plan stays off
+  static constexpr std::uint64_t kPlanNever = ~std::uint64_t{0};
   struct StreamOrder {
     StreamId waiter, signaler;
     std::uint64_t seq;  // frees on signaler up to this seq are ordered before waiter's work
