@@ -12,23 +12,11 @@ namespace torchmem {
 using detail::Block;
 using detail::Heap;
 
-namespace {
-// How many best-fit candidates to skip because another stream still owns
-// them (fence pending) before giving up on cached blocks.
-constexpr int kMaxStreamSkips = 16;
-}  // namespace
-
 Block* Pool::Impl::find_fit(Heap& heap, std::size_t size, StreamId stream) {
-  int skipped = 0;
-  bool found = false;
-  Block* b = heap.free.best_fit(size, [&](Block* c) {
-    // Give up after a few blocks still fenced by another stream: the OOM
-    // ladder's wait or barrier makes them reusable (Note [Cross-stream reuse]).
-    found = reusable(*c, stream);
-    return found || ++skipped > kMaxStreamSkips;
-  });
-  fit_fenced = skipped > 0;
-  return found ? b : nullptr;
+  int passed = 0;
+  Block* b = best_fit_where(heap, size, [&](const Block& c) { return reusable(c, stream); }, &passed);
+  fit_fenced = passed > 0;  // Note [Cross-stream reuse]: other streams' frees were passed over
+  return b;
 }
 
 Block* Pool::Impl::carve(Block* b, std::size_t size) {

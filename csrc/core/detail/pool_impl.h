@@ -112,6 +112,22 @@ struct Pool::Impl {
   // Best fitting free block of `heap` usable on `stream`, or null. Sets
   // fit_fenced when it passed over blocks other streams fence.
   detail::Block* find_fit(detail::Heap& heap, std::size_t size, StreamId stream);
+  // Best-fit candidates looked at before a search gives up on cached blocks
+  // (the OOM ladder's wait or barrier makes the fenced ones usable).
+  static constexpr int kMaxFitCandidates = 17;
+  // The best fit among the first kMaxFitCandidates for which `usable` holds,
+  // or null; *passed_over: how many it looked at and passed over.
+  template <class Usable>
+  detail::Block* best_fit_where(detail::Heap& heap, std::size_t size, Usable&& usable, int* passed_over) {
+    int passed = 0;
+    bool found = false;
+    detail::Block* b = heap.free.best_fit(size, [&](detail::Block* c) {
+      found = usable(*c);
+      return found || ++passed >= kMaxFitCandidates;
+    });
+    *passed_over = passed;
+    return found ? b : nullptr;
+  }
   // Note [Cross-stream reuse] (pool.h): the freeing stream may reuse a free
   // block at once; any other stream only behind a device barrier (or a wait:
   // reusable_ordered, stream_reuse.cpp). Inline: find_fit asks it per candidate.

@@ -14,30 +14,17 @@ namespace torchmem {
 using detail::Block;
 using detail::Heap;
 
-namespace {
-// How many best-fit candidates to look at for one that another stream's wait
-// makes reusable (as find_fit's skips in carve.cpp).
-constexpr int kMaxOrderedCandidates = 16;
-}  // namespace
-
 Block* Pool::Impl::find_fit_ordered(Heap& heap, std::size_t size, StreamId stream) {
-  int looked = 0;
-  bool found = false;
-  Block* b = heap.free.best_fit(size, [&](Block* c) {
-    found = reusable_ordered(*c, stream);
-    return found || ++looked > kMaxOrderedCandidates;
-  });
-  return found ? b : nullptr;
+  int passed = 0;
+  return best_fit_where(heap, size, [&](const Block& c) { return reusable_ordered(c, stream); }, &passed);
 }
 
 Block* Pool::Impl::find_backed_fit_ordered(Heap& heap, std::size_t size, StreamId stream) {
-  int looked = 0;
-  bool found = false;
-  Block* b = heap.free.best_fit(size, [&](Block* c) {
-    found = !reusable(*c, stream) && backed(heap, c->addr, size) && reusable_ordered(*c, stream);
-    return found || ++looked > kMaxOrderedCandidates;
-  });
-  return found ? b : nullptr;
+  int passed = 0;
+  return best_fit_where(
+      heap, size,
+      [&](const Block& c) { return !reusable(c, stream) && backed(heap, c.addr, size) && reusable_ordered(c, stream); },
+      &passed);
 }
 
 Block* Pool::Impl::prefer_cached_of_other_streams(Heap& heap, Block* fit, std::size_t size, StreamId stream,
