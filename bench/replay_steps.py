@@ -59,8 +59,7 @@ def main(argv=None):
     source = args.trace if os.path.exists(args.trace) else trace_io.bundled_trace(args.trace)
     rows, period = patterns.repeat_last_step(trace_io.load(source).events, args.repeats)
     events = np.asarray(rows, dtype=np.int64)
-    _, whole = step_costs(events, len(events), 0, args.config, args.event_delay)
-    peak = whole.peak_requested
+    peak = replay.replay(events, config=args.config, event_delay=args.event_delay).peak_requested
     print(f"{args.trace}: {len(events) // period} steps of {period} events, peak request {peak / GiB:.2f} GiB")
     print("| budget | per step: driver calls / barriers / stream waits | quiet from step | peak reserved GiB |")
     print("|---|---|---|---|")

@@ -214,12 +214,22 @@ def test_every_planning_pass_is_counted_with_its_host_time():
     assert {"num_plan_passes", "plan_pass_us"} <= set(pool.stats())
 
 
-def real_fsdp_steps(repeats=8):
-    """The bundled FSDP2 trace (4 steps, the all-gathers on a stream of their own) run 8 steps longer."""
+def real_fsdp_steps(repeats=8, trace="fsdp_train"):
+    """A bundled FSDP2 trace (the all-gathers on a stream of their own) run `repeats` steps
+    longer; returns the events and one step's length."""
     from torchmem.analysis import trace as trace_io
 
-    rows, period = patterns.repeat_last_step(trace_io.load(trace_io.bundled_trace("fsdp_train")).events, repeats)
+    rows, period = patterns.repeat_last_step(trace_io.load(trace_io.bundled_trace(trace)).events, repeats)
     return np.asarray(rows, dtype=np.int64), period
+
+
+def last_steps_of_real_trace(events, period, budget, steps=2, **config):
+    """The replays up to `steps` steps before the end and to the end, under `budget` x the
+    peak request (None: no limit), and the driver calls and barriers between them."""
+    limit = int(run(events)["peak_requested"] * budget) if budget else 0
+    before = run(events, limit, stop_at=len(events) - steps * period - 1, **config)
+    after = run(events, limit, **config)
+    return driver_calls(after) - driver_calls(before), after["device_barriers"] - before["device_barriers"], before, after
 
 
 @pytest.mark.parametrize("budget", [None, 1.02, 1.05, 1.10])
@@ -229,13 +239,12 @@ def test_real_fsdp_steps_make_no_driver_call_once_planned(budget):
     gathered weights' ranges between the streams with a few device-side waits (at most
     two per side-stream block: its range handed to it, and back) instead."""
     events, period = real_fsdp_steps()
-    limit = int(run(events)["peak_requested"] * budget) if budget else 0
+    calls, barriers, before, after = last_steps_of_real_trace(events, period, budget)
     start = len(events) - 2 * period
-    before, after = run(events, limit, stop_at=start - 1), run(events, limit)
     # unconstrained, the online layout holds by itself (streams hand memory over with
     # waits, Note [Cross-stream reuse]): no pressure, so no plan is needed
     assert after["ooms"] == 0 and (after["plans"] >= 1 or budget is None)
-    assert (driver_calls(after) - driver_calls(before), after["device_barriers"] - before["device_barriers"]) == (0, 0)
+    assert (calls, barriers) == (0, 0)
     side_requests = sum(1 for action, _a, _s, stream in events[start:] if action == 0 and stream != 0)
     waits = after["backend_calls"]["stream_wait_calls"] - before["backend_calls"]["stream_wait_calls"]
     assert side_requests > 0 and waits <= 2 * side_requests
@@ -246,13 +255,12 @@ def test_a_plan_that_does_not_fit_beside_what_stays_is_not_adopted():
     made there) keep their place outside the arena: the fit check counts them as staying,
     so a plan adopted under a budget holds (none dropped) instead of failing mid-step."""
     events, period = real_fsdp_steps(repeats=8)
-    limit = int(run(events)["peak_requested"] * 1.02)
-    before, result = run(events, limit, stop_at=len(events) - 2 * period - 1), run(events, limit)
+    calls, _, before, result = last_steps_of_real_trace(events, period, 1.02)
     assert result["ooms"] == 0
     assert (result["plans"], result["plan_drops"]) == (1, 0)
     # it misses while it settles in; then at most one request a step, served from the cache
     assert result["plan_misses"] - before["plan_misses"] <= 2
-    assert driver_calls(result) == driver_calls(before)
+    assert calls == 0
 
 
 def test_a_refused_handover_leaves_the_range_to_its_stream():
@@ -290,15 +298,10 @@ def test_real_fsdp_with_gradient_accumulation_settles(budget):
     about 400 a step with no budget at all. Now a tag behind a barrier no longer taints a
     merge, and a fit another stream freed is taken behind a device-side wait: once warm,
     no driver call and no barrier, with or without a budget."""
-    from torchmem.analysis import trace as trace_io
-
-    rows, period = patterns.repeat_last_step(trace_io.load(trace_io.bundled_trace("fsdp_accum")).events, 6)
-    events = np.asarray(rows, dtype=np.int64)
-    limit = int(run(events)["peak_requested"] * budget) if budget else 0
-    start = len(events) - 2 * period
-    before, after = run(events, limit, stop_at=start - 1), run(events, limit)
+    events, period = real_fsdp_steps(6, "fsdp_accum")
+    calls, barriers, _, after = last_steps_of_real_trace(events, period, budget)
     assert after["ooms"] == 0
-    assert (driver_calls(after) - driver_calls(before), after["device_barriers"] - before["device_barriers"]) == (0, 0)
+    assert (calls, barriers) == (0, 0)
 
 
 def test_with_no_limit_a_failed_plan_is_not_learnt_again_until_empty_cache():
@@ -307,10 +310,7 @@ def test_with_no_limit_a_failed_plan_is_not_learnt_again_until_empty_cache():
     stranded an arena's worth each time (FSDP with 32 micro-batches and stream_order off:
     1.25 GiB more every two steps). With no limit one failed plan is the last, until the
     cache is emptied or a limit is set."""
-    from torchmem.analysis import trace as trace_io
-
-    rows, period = patterns.repeat_last_step(trace_io.load(trace_io.bundled_trace("fsdp_accum")).events, 6)
-    events = np.asarray(rows, dtype=np.int64)
+    events, period = real_fsdp_steps(6, "fsdp_accum")
     early = run(events, stop_at=4 * period - 1, stream_order=False)
     late = run(events, stream_order=False)
     assert late["ooms"] == 0 and late["plans"] == early["plans"] == 1
@@ -321,9 +321,8 @@ def test_empty_cache_lets_a_plan_given_up_with_no_limit_be_learnt_again():
     """The same FSDP steps as above through a Pool: the plan given up stays off through
     more steps, and after release_cached (empty_cache) the pool learns one again."""
     from torchmem._loader import _C
-    from torchmem.analysis import trace as trace_io
 
-    rows, period = patterns.repeat_last_step(trace_io.load(trace_io.bundled_trace("fsdp_accum")).events, 8)
+    rows, period = real_fsdp_steps(8, "fsdp_accum")
     backend = _C.SimBackend(capacity=140 << 30, granularity=2 * MiB, vmm=True, event_delay=LAG)
     pool = _C.Pool(backend, {"trace_capacity": 0, "stream_order": False})
     live = {}

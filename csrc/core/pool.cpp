@@ -264,17 +264,15 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
       std::size_t missing = pin(*heap, fit->addr, rounded);
       // Note [Cross-stream reuse]: with no limit, the fit's missing granules
       // would be new memory; memory another stream cached comes first.
-      if (missing && fit_fenced && config.stream_order && config.limit_bytes == 0) {
-        fit = prefer_cached_of_other_streams(*heap, fit, rounded, stream, &missing);
+      if (missing && config.stream_order && config.limit_bytes == 0) {
+        if (Block* other = find_backed_fit_ordered(*heap, rounded, stream)) {
+          fit = refit(*heap, fit, other, rounded, &missing);
+        }
       }
       if (missing && heap->stale && pending_blocks(*heap, fit->addr, rounded)) {
         // Note [Alias reclaim]: mapping there would wait for the device; take
         // another fit that needs no wait if there is one.
-        if (Block* other = find_fit_unblocked(*heap, rounded, stream)) {
-          unpin(*heap, fit->addr, rounded, 0, 0, /*restore=*/true);
-          fit = other;
-          missing = pin(*heap, fit->addr, rounded);
-        }
+        if (Block* other = find_fit_unblocked(*heap, rounded, stream)) fit = refit(*heap, fit, other, rounded, &missing);
       }
       if (missing && (cached_only || !acquire(*heap, fit->addr, rounded, missing, rounded, stream))) {
         unpin(*heap, fit->addr, rounded, 0, 0, /*restore=*/true);
@@ -304,7 +302,7 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
   }
   // Step 3b: a fit that only other streams' frees fence is taken behind a
   // device-side wait on those streams (Note [Cross-stream reuse]), not a barrier.
-  if (!b && config.stream_order && fit_fenced) b = attempt(/*ordered=*/true);
+  if (!b && config.stream_order && fenced_fit(*heap, rounded, stream)) b = attempt(/*ordered=*/true);
   if (!b) {
     // Step 4: wait for deferred frees and fences, then try again.
     bool waited = !deferred.empty() || slots.size() > 1;
@@ -438,7 +436,7 @@ std::size_t Pool::Impl::release_cached(std::size_t keep_bytes, PoolId only) {
   // a plan given up with no limit may be learnt again.
   if (only == kAllPools) {
     plan_reset();
-    plan_quiet_until = 0;
+    if (plan_quiet_until == kPlanNever) plan_quiet_until = 0;
   }
   const std::size_t before = held;
   if (heaps_of != nullptr) {
@@ -569,7 +567,7 @@ void Pool::set_limit(std::size_t bytes) {
   }
   // A plan learnt under a larger budget may not fit the new one (Note [Step plan arena]).
   if (bytes != 0 && (config_.limit_bytes == 0 || bytes < config_.limit_bytes)) impl_->plan_reset();
-  if (bytes != 0) impl_->plan_quiet_until = 0;  // a plan given up with no limit may help under one
+  if (bytes != 0 && impl_->plan_quiet_until == Impl::kPlanNever) impl_->plan_quiet_until = 0;  // given up with no limit
   config_.limit_bytes = bytes;
 }
 

@@ -54,7 +54,7 @@ namespace {
 // pop_aliasable looks past before giving up.
 constexpr std::size_t kMaxAliasSkips = 64;
 // How many best-fit candidates a refit away from pending places looks at.
-constexpr std::size_t kMaxRefitCandidates = 32;
+constexpr int kMaxRefitCandidates = 33;
 }  // namespace
 
 std::vector<GranuleRef> Pool::Impl::pop_aliasable(std::uint32_t slot, std::size_t count) {
@@ -109,13 +109,9 @@ bool Pool::Impl::pending_blocks(const Heap& heap, Addr addr, std::size_t size) {
 }
 
 detail::Block* Pool::Impl::find_fit_unblocked(Heap& heap, std::size_t size, StreamId stream) {
-  std::size_t looked = 0;
-  bool found = false;
-  detail::Block* b = heap.free.best_fit(size, [&](detail::Block* c) {
-    found = reusable(*c, stream) && !pending_blocks(heap, c->addr, size);
-    return found || ++looked > kMaxRefitCandidates;
-  });
-  return found ? b : nullptr;
+  return best_fit_where(
+      heap, size, [&](const detail::Block& c) { return reusable(c, stream) && !pending_blocks(heap, c.addr, size); },
+      nullptr, kMaxRefitCandidates);
 }
 
 bool Pool::Impl::device_barrier() {

@@ -13,10 +13,7 @@ using detail::Block;
 using detail::Heap;
 
 Block* Pool::Impl::find_fit(Heap& heap, std::size_t size, StreamId stream) {
-  int passed = 0;
-  Block* b = best_fit_where(heap, size, [&](const Block& c) { return reusable(c, stream); }, &passed);
-  fit_fenced = passed > 0;  // Note [Cross-stream reuse]: other streams' frees were passed over
-  return b;
+  return best_fit_where(heap, size, [&](const Block& c) { return reusable(c, stream); });
 }
 
 Block* Pool::Impl::carve(Block* b, std::size_t size) {

@@ -184,6 +184,12 @@ std::size_t Pool::Impl::pin(Heap& heap, Addr addr, std::size_t size) {
   return missing;
 }
 
+detail::Block* Pool::Impl::refit(Heap& heap, detail::Block* from, detail::Block* to, std::size_t size, std::size_t* missing) {
+  unpin(heap, from->addr, size, 0, 0, /*restore=*/true);
+  *missing = pin(heap, to->addr, size);
+  return to;
+}
+
 void Pool::Impl::unpin(Heap& heap, Addr addr, std::size_t size, StreamId stream, std::uint64_t at_seq,
                        bool restore) {
   const std::size_t g0 = first_granule(heap, addr), g1 = end_granule(heap, addr + size);

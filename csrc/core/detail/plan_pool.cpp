@@ -156,23 +156,18 @@ void Pool::Impl::plan_check_window() {
     plan_failures = 0;
     return;
   }
-  if (config.limit_bytes == 0) {
-    // With no limit, only a full device makes the pool stitch a dropped
-    // arena's cache away: a plan learnt again after each drop would strand an
-    // arena's worth of memory every time. One that failed is not learnt again
-    // until a limit is set or the cache is emptied.
-    plan_failures = 0;
-    plan_reset();
-    plan_quiet_until = kPlanNever;
-    return;
-  }
-  if (++plan_failures < kMaxPlanFailures) {
+  // With no limit, only a full device makes the pool stitch a dropped arena's
+  // cache away: a plan learnt again after each drop would strand an arena's
+  // worth of memory every time, so one failure is the last until a limit is
+  // set or the cache is emptied.
+  const bool no_limit = config.limit_bytes == 0;
+  if (!no_limit && ++plan_failures < kMaxPlanFailures) {
     plan_drop(/*rearm=*/true);
     return;
   }
   plan_failures = 0;
   plan_reset();
-  plan_quiet_until = stats_.num_allocs + 16 * plan_window;
+  plan_quiet_until = no_limit ? kPlanNever : stats_.num_allocs + 16 * plan_window;
 }
 
 void Pool::Impl::plan_drop(bool rearm) {

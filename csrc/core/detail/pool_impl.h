@@ -109,23 +109,23 @@ struct Pool::Impl {
   bool pool_empty(const PoolHeaps& heaps) const;
 
   // ---- detail/carve.cpp -----------------------------------------------------
-  // Best fitting free block of `heap` usable on `stream`, or null. Sets
-  // fit_fenced when it passed over blocks other streams fence.
+  // Best fitting free block of `heap` usable on `stream`, or null.
   detail::Block* find_fit(detail::Heap& heap, std::size_t size, StreamId stream);
   // Best-fit candidates looked at before a search gives up on cached blocks
   // (the OOM ladder's wait or barrier makes the fenced ones usable).
   static constexpr int kMaxFitCandidates = 17;
-  // The best fit among the first kMaxFitCandidates for which `usable` holds,
-  // or null; *passed_over: how many it looked at and passed over.
+  // The best fit among the first `max_candidates` for which `usable` holds,
+  // or null; *passed_over (if given): how many it looked at and passed over.
   template <class Usable>
-  detail::Block* best_fit_where(detail::Heap& heap, std::size_t size, Usable&& usable, int* passed_over) {
+  detail::Block* best_fit_where(detail::Heap& heap, std::size_t size, Usable&& usable, int* passed_over = nullptr,
+                                int max_candidates = kMaxFitCandidates) {
     int passed = 0;
     bool found = false;
     detail::Block* b = heap.free.best_fit(size, [&](detail::Block* c) {
       found = usable(*c);
-      return found || ++passed >= kMaxFitCandidates;
+      return found || ++passed >= max_candidates;
     });
-    *passed_over = passed;
+    if (passed_over) *passed_over = passed;
     return found ? b : nullptr;
   }
   // Note [Cross-stream reuse] (pool.h): the freeing stream may reuse a free
@@ -172,6 +172,11 @@ struct Pool::Impl {
   // Marks the granules of [addr, addr+size) as used by one more live block and
   // returns how many of them are unmapped.
   std::size_t pin(detail::Heap& heap, Addr addr, std::size_t size);
+  // A pinned fit `from` given up for `to`: unpins one, pins the other and
+  // returns `to`, with *missing its unmapped granules. Out of line: the
+  // allocation fast path stays small.
+  [[gnu::noinline]] detail::Block* refit(detail::Heap& heap, detail::Block* from, detail::Block* to,
+                                         std::size_t size, std::size_t* missing);
   // Undoes pin(); granules left with no live block become reclaimable under
   // the fence of (`stream`, `seq`), or keep their previous fence if `restore`.
   void unpin(detail::Heap& heap, Addr addr, std::size_t size, StreamId stream, std::uint64_t seq,
@@ -293,15 +298,11 @@ struct Pool::Impl {
   bool reusable_ordered(const detail::Block& f, StreamId stream);
   // find_fit, taking a block other streams fence behind a wait on them.
   detail::Block* find_fit_ordered(detail::Heap& heap, std::size_t size, StreamId stream);
+  // Some fit among find_fit's candidates is fenced by other streams' frees.
+  bool fenced_fit(detail::Heap& heap, std::size_t size, StreamId stream);
   // The best fit that other streams fence but whose memory is all mapped, taken
   // behind a wait on them (reusable_ordered); null if none among the first few.
   detail::Block* find_backed_fit_ordered(detail::Heap& heap, std::size_t size, StreamId stream);
-  // `fit` (pinned, some granules missing) or, in its place, a fit another
-  // stream cached whole, behind a wait on it (pinned; *missing updated). Out of
-  // line: the allocation fast path stays small.
-  [[gnu::noinline]] detail::Block* prefer_cached_of_other_streams(detail::Heap& heap, detail::Block* fit,
-                                                                  std::size_t size, StreamId stream,
-                                                                  std::size_t* missing);
   // Every granule of [addr, addr + size) holds memory.
   bool backed(const detail::Heap& heap, Addr addr, std::size_t size) const;
   // `waiter` runs after every free on `signaler` up to `free_seq` (a device-side
@@ -414,7 +415,6 @@ struct Pool::Impl {
   std::uint64_t plan_window_pressure = 0;     // `pressure` when the window began
   std::uint32_t plan_failures = 0;            // plans dropped since the last one that held
   bool plan_settling = false;                 // the window since adoption is not judged
-  bool fit_fenced = false;                    // the last find_fit skipped blocks other streams fence
   std::uint64_t plan_quiet_until = 0;         // num_allocs before which the plan stays off
   static constexpr std::uint64_t kPlanNever = ~std::uint64_t{0};
   struct StreamOrder {

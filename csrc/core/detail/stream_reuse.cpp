@@ -15,25 +15,17 @@ using detail::Block;
 using detail::Heap;
 
 Block* Pool::Impl::find_fit_ordered(Heap& heap, std::size_t size, StreamId stream) {
-  int passed = 0;
-  return best_fit_where(heap, size, [&](const Block& c) { return reusable_ordered(c, stream); }, &passed);
+  return best_fit_where(heap, size, [&](const Block& c) { return reusable_ordered(c, stream); });
+}
+
+bool Pool::Impl::fenced_fit(Heap& heap, std::size_t size, StreamId stream) {
+  return best_fit_where(heap, size, [&](const Block& c) { return !reusable(c, stream); }) != nullptr;
 }
 
 Block* Pool::Impl::find_backed_fit_ordered(Heap& heap, std::size_t size, StreamId stream) {
-  int passed = 0;
-  return best_fit_where(
-      heap, size,
-      [&](const Block& c) { return !reusable(c, stream) && backed(heap, c.addr, size) && reusable_ordered(c, stream); },
-      &passed);
-}
-
-Block* Pool::Impl::prefer_cached_of_other_streams(Heap& heap, Block* fit, std::size_t size, StreamId stream,
-                                                  std::size_t* missing) {
-  Block* other = find_backed_fit_ordered(heap, size, stream);
-  if (!other) return fit;
-  unpin(heap, fit->addr, size, 0, 0, /*restore=*/true);
-  *missing = pin(heap, other->addr, size);
-  return other;
+  return best_fit_where(heap, size, [&](const Block& c) {
+    return !reusable(c, stream) && backed(heap, c.addr, size) && reusable_ordered(c, stream);
+  });
 }
 
 bool Pool::Impl::backed(const Heap& heap, Addr addr, std::size_t size) const {
