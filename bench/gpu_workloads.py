@@ -61,7 +61,7 @@ from common import append_jsonl, environment, install_allocator  # noqa: E402
 from lockstep import Gate  # noqa: E402
 
 ALLOCATORS = ("native", "expandable", "async", "torchmem")
-WORKLOADS = ("gpt2", "llama_ckpt", "kv_generate", "vision", "fsdp", "compile")
+WORKLOADS = ("gpt2", "llama_ckpt", "kv_generate", "vision", "fsdp", "fsdp_accum", "compile")
 TRACE_ACTIONS = {"alloc": 0, "free_requested": 1, "free_completed": 2, "segment_alloc": 3, "segment_free": 4,
                  "segment_map": 5, "segment_unmap": 6, "oom": 7}
 
@@ -333,10 +333,10 @@ def vision_workload(torch):
     return draw, step
 
 
-def fsdp_workload(torch):
-    """FSDP2 on one rank: a Llama-style model (12 layers, 1024 wide) with fully_shard per
-    decoder layer and bf16 mixed precision, AdamW, batch 2..8 x seq 512..2048. One rank
-    still gathers each layer's parameters on a stream of its own, as on many."""
+def fsdp_llama(torch, layers, hidden, intermediate, heads, kv_heads):
+    """A Llama-style model on one rank, fully_shard per decoder layer with bf16 mixed precision,
+    and AdamW. One rank still gathers each layer's parameters on a stream of its own, as on
+    many, so the pool sees FSDP2's two streams."""
     import torch.distributed as dist
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -348,8 +348,9 @@ def fsdp_workload(torch):
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    config = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
-                         num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=4096)
+    config = LlamaConfig(vocab_size=32000, hidden_size=hidden, intermediate_size=intermediate,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                         max_position_embeddings=4096)
     with torch.device("cuda"):
         model = LlamaForCausalLM(config)
     model.config.use_cache = False
@@ -358,20 +359,56 @@ def fsdp_workload(torch):
         fully_shard(layer, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4), config.vocab_size
+
+
+def fsdp_workload(torch):
+    """FSDP2, 12 layers x 1024, batch 2..8 x seq 512..2048, one micro-batch a step."""
+    model, opt, vocab = fsdp_llama(torch, layers=12, hidden=1024, intermediate=2816, heads=16, kv_heads=4)
 
     def draw(rng):
         return rng.randint(2, 8), rng.randint(512, 2048)
 
     def step(shape):
         batch, seq = shape
-        ids = torch.randint(0, config.vocab_size, (batch, seq), device="cuda")
+        ids = torch.randint(0, vocab, (batch, seq), device="cuda")
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         enqueued = time.perf_counter()
         return {"batch": batch, "seq": seq, "loss": float(loss), "enqueued_at": enqueued}
+
+    return draw, step
+
+
+FSDP_ACCUM_MICRO_STEPS = 32
+
+
+def fsdp_accum_workload(torch):
+    """FSDP2 with long gradient accumulation: 4 layers x 1024, 32 micro-batches of 2 x seq 1024
+    a step (a global batch of 64), gradients reduced on the last micro-step only. The same
+    shapes every step: the many small steps between optimizer steps are where a pool that
+    remaps or waits at the budget shows."""
+    model, opt, vocab = fsdp_llama(torch, layers=4, hidden=1024, intermediate=2816, heads=8, kv_heads=8)
+
+    def draw(rng):
+        return 2, 1024
+
+    def step(shape):
+        batch, seq = shape
+        loss = torch.zeros((), device="cuda")
+        for i in range(FSDP_ACCUM_MICRO_STEPS):
+            model.set_requires_gradient_sync(i == FSDP_ACCUM_MICRO_STEPS - 1)
+            ids = torch.randint(0, vocab, (batch, seq), device="cuda")
+            part = model(input_ids=ids, labels=ids).loss / FSDP_ACCUM_MICRO_STEPS
+            part.backward()
+            loss += part.detach()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        enqueued = time.perf_counter()
+        return {"batch": batch, "seq": seq, "micro_steps": FSDP_ACCUM_MICRO_STEPS, "loss": float(loss),
+                "enqueued_at": enqueued}
 
     return draw, step
 
@@ -413,7 +450,8 @@ def compile_workload(torch):
 
 
 BUILDERS = {"gpt2": gpt2_workload, "llama_ckpt": llama_workload, "kv_generate": kv_generate_workload,
-            "vision": vision_workload, "fsdp": fsdp_workload, "compile": compile_workload}
+            "vision": vision_workload, "fsdp": fsdp_workload, "fsdp_accum": fsdp_accum_workload,
+            "compile": compile_workload}
 
 
 def host_speed(torch):
