@@ -37,7 +37,8 @@
 #   lockstep       bench/lockstep.py per workload (ROUND_WORKLOADS, ROUND_ALLOCATORS, ROUND_STEPS, ROUND_SHAPES,
 #                  ROUND_KERNEL_TIME): LOCKSTEP_PER processes per allocator (default 2), alive together, taking
 #                  turns step by step, one group per seed in LOCKSTEP_SEEDS (default "1 2"); lockstep.jsonl;
-#                  LOCKSTEP_BUDGETS="1.05 1.10": each seed again under those multiples of its peak request
+#                  LOCKSTEP_BUDGETS="1.05 1.10": each seed again under those multiples of its peak request,
+#                  beside native with no budget (LOCKSTEP_REFERENCE=none leaves it out)
 #   peer           PyTorch's test_cuda.py, native vs torchmem (.peer/, carried)
 #   host           bench/host_bench.py and bench/offload_bench.py (pinned pool, offload;
 #                  OFFLOAD_MODELS, OFFLOAD_KEEP: the --keep fractions, OFFLOAD_ROUNDS: --rounds)
@@ -248,7 +249,7 @@ job_lockstep() {  # the steps of every allocator side by side in time (bench/loc
       --allocators ${ROUND_ALLOCATORS:-native expandable torchmem} --per-allocator "${LOCKSTEP_PER:-2}" \
       --steps "${ROUND_STEPS:-14}" --shapes "${ROUND_SHAPES:-4}" --seeds ${LOCKSTEP_SEEDS:-1 2} \
       $( [ "${ROUND_KERNEL_TIME:-0}" = 1 ] && echo --kernel-time ) \
-      ${LOCKSTEP_BUDGETS:+--budgets $LOCKSTEP_BUDGETS} \
+      ${LOCKSTEP_BUDGETS:+--budgets $LOCKSTEP_BUDGETS} ${LOCKSTEP_REFERENCE:+--reference $LOCKSTEP_REFERENCE} \
       --out "$OUT/lockstep.jsonl" >> "$OUT/lockstep.log" 2>&1 || echo "lockstep $w rc=$?"
     pack
   done

@@ -21,6 +21,10 @@ every process under torch.cuda.set_per_process_memory_fraction(B x peak requeste
 memory), the peak taken from the unconstrained group (the same steps): PyTorch's allocators
 and torchmem (which answers the same call) under one budget. A process that runs out of
 memory there reports its OOM step and no time; the tables say which allocators fit.
+Each budget group also runs --per-allocator processes of the reference allocator (--reference,
+default native) with no budget, taking turns with the others: where the reference cannot fit
+the budget, the steps of those who can are compared with its unconstrained steps of the same
+group, at the same pace, not with another group's run minutes apart.
 
 Protocol (bench/gpu_workloads.py --lockstep R,W): the worker writes "ready" on W
 when it reaches a gate and blocks reading "go" from R. Segments between gates run
@@ -125,6 +129,11 @@ def geomean(values):
     return math.exp(statistics.fmean(math.log(v) for v in values)) if values else float("nan")
 
 
+def reference_label(allocator):
+    """The label of the reference processes a budget group runs with no budget."""
+    return f"{allocator} (no budget)"
+
+
 def group_key(row):
     """(workload, budget): a budget's rows are compared only with the same budget's."""
     return row["workload"], row.get("budget")
@@ -217,23 +226,26 @@ def steady_table(rows, baseline="native"):
     barrier after it) in whole shape cycles, or the last third if it never did, with
     their driver calls and device barriers, and their time against the `baseline` allocator's same
     steps: in the same group (same workload, seed and budget) where the baseline fit the budget,
-    else in the unconstrained group. The process total mixes in the warm-up, where a pool at the
+    else the same group's reference processes with no budget (--reference), else the unconstrained
+    group. The process total mixes in the warm-up, where a pool at the
     budget learns its layout; this is the step a long run repeats. "Quiet from" is the first timed
     step after which no step made a driver call or a barrier: a run that ends before it settles
     shows "never" there, and its steady steps are warm-up still.
     Only the same group's baseline is a fair one: processes of one group take turns step by step and
     so share the machine's pace, while two groups run one after the other, and the pace can move
     between them by more than the differences being measured (BENCHMARKS.md, Budget regime)."""
-    runs = {}  # (workload, seed, budget) -> the baseline's step times, per process
+    runs = {}  # (workload, seed, budget, no budget?) -> the baseline's step times, per process
     for row in rows:
-        if row["allocator"] == baseline and row.get("oom_at_step") is None:
-            runs.setdefault((row["workload"], row["seed"], row.get("budget")), []).append(row["step_s"])
+        if row["allocator"] in (baseline, reference_label(baseline)) and row.get("oom_at_step") is None:
+            key = (row["workload"], row["seed"], row.get("budget"), bool(row.get("reference")))
+            runs.setdefault(key, []).append(row["step_s"])
     medians = {key: [statistics.median(step) for step in zip(*r)] for key, r in runs.items()}
     lines = [f"| workload | budget | allocator | quiet from step | steady steps | driver calls | barriers | "
              f"time / {baseline}, same steps | {baseline} of |",
              "|---|---|---|---|---|---|---|---|---|"]
     for row in sorted(rows, key=lambda r: (r["workload"], r.get("budget") or 0, r["allocator"], r["seed"])):
-        if row.get("budget") is None or (row["allocator"] == baseline and row.get("oom_at_step") is None):
+        if (row.get("budget") is None or row.get("reference")
+                or (row["allocator"] == baseline and row.get("oom_at_step") is None)):
             continue
         label = f"| {row['workload']} | {budget_label(row['budget'])} | {row['allocator']} |"
         if row.get("oom_at_step") is not None:
@@ -241,9 +253,13 @@ def steady_table(rows, baseline="native"):
             continue
         quiet = quiet_from(row)
         n = steady_steps(row, quiet)
-        same = medians.get((row["workload"], row["seed"], row["budget"]))
-        base, against = (same, "the same budget") if same else (
-            medians.get((row["workload"], row["seed"], None)), "no budget (another group)")
+        # The fairest baseline first: the same group at the budget, the same group with no budget,
+        # then the unconstrained group (run minutes apart).
+        base, against = next(((medians[key], label) for key, label in (
+            ((row["workload"], row["seed"], row["budget"], False), "the same budget"),
+            ((row["workload"], row["seed"], row["budget"], True), "no budget, same group"),
+            ((row["workload"], row["seed"], None, False), "no budget (another group)")) if key in medians),
+            (None, None))
         ratio = f"{sum(row['step_s'][-n:]) / sum(base[-n:]):.3f}" if base and len(base) >= n else "-"
         calls = sum((row.get("driver_calls_per_step") or [])[-n:])
         waits = sum((row.get("barriers_per_step") or [])[-n:])
@@ -266,7 +282,7 @@ def warmup_table(rows):
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in sorted(rows, key=lambda r: (r["workload"], r.get("budget") or 0, r["allocator"], r["seed"])):
         quiet = quiet_from(row)
-        if row.get("budget") is None or row.get("oom_at_step") is not None or not quiet:
+        if row.get("budget") is None or row.get("reference") or row.get("oom_at_step") is not None or not quiet:
             continue
         steps, shapes = row["step_s"], max(1, row.get("shapes") or 1)
         if (len(steps) - quiet) < shapes:
@@ -313,11 +329,15 @@ def run_group(args, seed, budget=None, fraction=None):
     rows, failed = [], 0
     with tempfile.TemporaryDirectory() as tmp:
         commands = []
+        reference = getattr(args, "reference", None) if budget is not None else None
         for k in range(args.per_allocator):  # interleaved: native, expandable, torchmem, native, ...
             for allocator in args.allocators:
                 name = f"{allocator}#{k}"
                 commands.append((name, worker_argv(args.workload, allocator, seed, args, f"{tmp}/{len(commands)}",
                                                    fraction)))
+            if reference:  # the same group's pace with no budget (module docstring)
+                commands.append((f"{reference_label(reference)}#{k}",
+                                 worker_argv(args.workload, reference, seed, args, f"{tmp}/{len(commands)}")))
         codes = run_lockstep(commands, args.timeout)
         for index, (name, _) in enumerate(commands):
             if codes[name] != 0:
@@ -328,6 +348,8 @@ def run_group(args, seed, budget=None, fraction=None):
             with open(f"{tmp}/{index}") as f:
                 row = json.loads(f.readline())
             row["budget"] = budget
+            if reference and name.startswith(f"{reference_label(reference)}#"):
+                row["allocator"], row["reference"] = reference_label(row["allocator"]), True
             row["lockstep"] = {"group": f"{args.workload}/{seed}/{budget_label(budget)}", "process": name,
                                "start_rank": index}
             rows.append(row)
@@ -366,11 +388,16 @@ def main(argv=None):
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds one segment may take")
     parser.add_argument("--budgets", type=float, nargs="*", default=[],
                         help="also run each seed under these budgets: multiples of its peak request (e.g. 1.05)")
+    parser.add_argument("--reference", default="native",
+                        help="with --budgets: this allocator also runs in each budget group with no budget, "
+                             "the baseline where it cannot fit the budget ('none': not run)")
     parser.add_argument("--no-unconstrained", action="store_true",
                         help="with --budgets: report only the budget groups (the unconstrained one still runs "
                              "first, to measure the peak request)")
     parser.add_argument("--out", required=True, help="JSON-lines file the tagged results are appended to")
     args = parser.parse_args(argv)
+    if args.reference == "none":
+        args.reference = None
     if any(b < 1.0 for b in args.budgets):
         parser.error("--budgets are multiples of the peak request: each must be >= 1")
     rows, failed = [], 0

@@ -123,6 +123,15 @@ def test_steady_table_compares_the_last_whole_cycles_with_native_in_the_fairest_
     (tmp_path / "fits").mkdir()
     table = "\n".join(tables(tmp_path / "fits", [native, torchmem, native_fits]))
     assert "| llama_ckpt | 1.05x | torchmem | 6 | 6 | 0 | 0 | 0.917 | the same budget |" in table
+    # Where it does not, the budget group's own reference processes (native with no budget, taking
+    # turns with torchmem's) come before the unconstrained group run minutes apart.
+    reference = dict(result("native (no budget)", 1, [1.0] * 6 + [1.25] * 6, "native (no budget)#0"), shapes=2,
+                     budget=1.05, reference=True, driver_calls_per_step=[5] * 12)
+    (tmp_path / "reference").mkdir()
+    table = "\n".join(tables(tmp_path / "reference", [native, torchmem, ran_out, reference]))
+    assert "| llama_ckpt | 1.05x | torchmem | 6 | 6 | 0 | 0 | 0.880 | no budget, same group |" in table
+    assert "native (no budget) | 6" not in table  # the reference is a baseline, not a steady row
+    assert "torchmem#0" in table and "native (no budget)#0" not in table  # nor a warm-up row
 
 
 def test_warmup_table_takes_out_planning_passes_and_barriers_before_pricing_a_call(tmp_path):
@@ -195,12 +204,22 @@ with open(value("--out"), "w") as f:
     for r in rows:
         by_budget.setdefault(r["budget"], []).append(r)
     assert set(by_budget) == {None, 1.02, 1.5}
-    assert [r["memory_fraction"] for r in by_budget[1.02]] == [pytest.approx(0.0102)] * 2
+    assert [r["memory_fraction"] for r in by_budget[1.02] if not r.get("reference")] == [pytest.approx(0.0102)] * 2
     assert [r["oom_at_step"] for r in by_budget[1.02] if r["allocator"] == "native"] == [0]
     paired = lockstep.paired_steps(rows)
     assert (("gpt2", 1.02), "torchmem") not in paired  # native did not fit: nothing to pair with
     assert paired[(("gpt2", 1.5), "torchmem")]["geomean"] == pytest.approx(0.9)
     assert "| gpt2 | 1.02x | native | 1 | 1 | - |" in lockstep.process_table(rows)
+    # each budget group ran native with no budget beside the others: the same pace, a fair baseline
+    references = [r for r in rows if r.get("reference")]
+    assert [(r["budget"], r["allocator"], r["memory_fraction"]) for r in references] == [
+        (1.02, "native (no budget)", None), (1.5, "native (no budget)", None)]
+    assert "| 0.900 | no budget, same group |" in lockstep.steady_table(rows)
+    out = tmp_path / "no_reference.jsonl"
+    assert lockstep.main(["--workload", "gpt2", "--allocators", "native", "torchmem", "--per-allocator", "1",
+                          "--steps", "3", "--seeds", "1", "--budgets", "1.02", "--reference", "none",
+                          "--out", str(out)]) == 0
+    assert not any(json.loads(line).get("reference") for line in out.read_text().splitlines())
 
 
 def test_a_run_that_ends_before_it_settles_says_so(tmp_path):
