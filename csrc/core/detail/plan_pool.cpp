@@ -74,15 +74,17 @@ Block* Pool::Impl::plan_allocate(std::size_t rounded, StreamId stream, std::uint
   const std::uint64_t offset = plan.offset_of(*item);
   if (offset != StepPlan::kNoOffset && offset + rounded <= plan_arena->span) {
     const Addr at = plan_arena->base + offset;
-    auto it = plan_arena->free_by_addr.upper_bound(at);
-    Block* f = it == plan_arena->free_by_addr.begin() ? nullptr : std::prev(it)->second;
+    auto& index = plan_arena->free_by_addr;
+    const auto above = index.upper_bound(at);
+    Block* f = above == index.begin() ? nullptr : std::prev(above)->second;
     if (f && f->end() >= at + rounded && reusable_ordered(*f, stream)) {  // the range is free
       const std::size_t missing = pin(*plan_arena, at, rounded);
       if (missing == 0 || acquire(*plan_arena, at, rounded, missing, rounded, stream)) {
-        Block* upper = split_free_at(f, at);
-        plan_arena->free_by_addr.erase(upper->addr);
-        b = carve(upper, rounded);
-        if (Block* rest = b->next; rest && rest->is_free()) plan_arena->free_by_addr[rest->addr] = rest;
+        // The block taken leaves the index and what is left above it joins,
+        // just below `above`: no search, and no entry made only to be erased.
+        if (at == f->addr) index.erase(std::prev(above));
+        b = carve(split_free_at(f, at, /*index_upper=*/false), rounded);
+        if (Block* rest = b->next; rest && rest->is_free()) index.emplace_hint(above, rest->addr, rest);
       } else {
         unpin(*plan_arena, at, rounded, 0, 0, /*restore=*/true);
       }
@@ -199,7 +201,7 @@ void Pool::Impl::drop_retired_arenas() {
   }
 }
 
-Block* Pool::Impl::split_free_at(Block* f, Addr at) {
+Block* Pool::Impl::split_free_at(Block* f, Addr at, bool index_upper) {
   if (at == f->addr) return f;
   Heap& heap = *f->heap;
   // The free space below `at` stays a free block; both parts keep the fence tag.
@@ -209,16 +211,21 @@ Block* Pool::Impl::split_free_at(Block* f, Addr at) {
   heap.free.replace(old_size, f->addr, f);
   heap.free.insert(upper);
   ++free_blocks[heap.small ? 0 : 1];
-  if (heap.arena) heap.free_by_addr[upper->addr] = upper;
+  if (heap.arena && index_upper) heap.free_by_addr.emplace(upper->addr, upper);
   return upper;
 }
 
 void Pool::Impl::arena_note_free(Heap& heap, Block* b) {
-  // A free block above that b absorbed is the one entry inside b now.
-  if (auto it = heap.free_by_addr.upper_bound(b->addr); it != heap.free_by_addr.end() && it->first < b->end()) {
-    heap.free_by_addr.erase(it);
+  // b has an entry already when it absorbed into a free block below; a free
+  // block above that b absorbed is the one entry inside b now.
+  auto& index = heap.free_by_addr;
+  auto it = index.lower_bound(b->addr);
+  if (it != index.end() && it->first == b->addr) {
+    it->second = b;
+  } else {
+    it = index.emplace_hint(it, b->addr, b);
   }
-  heap.free_by_addr[b->addr] = b;
+  if (++it != index.end() && it->first < b->end()) index.erase(it);
 }
 
 }  // namespace torchmem

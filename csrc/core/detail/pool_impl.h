@@ -283,8 +283,10 @@ struct Pool::Impl {
   void plan_drop(bool rearm);
   // Forgets the plan and every name (empty_cache, a lower budget).
   void plan_reset();
-  // Splits free block `f` at `at` (inside it); returns the upper part, or f if at == f->addr.
-  detail::Block* split_free_at(detail::Block* f, Addr at);
+  // Splits free block `f` at `at` (inside it); returns the upper part, or f if
+  // at == f->addr. index_upper=false: the caller takes the upper part at once,
+  // so an arena's address index does not get its entry.
+  detail::Block* split_free_at(detail::Block* f, Addr at, bool index_upper = true);
   // release_block() made `b` free, merged with its free neighbours: an
   // arena's address index follows.
   void arena_note_free(detail::Heap& heap, detail::Block* b);
