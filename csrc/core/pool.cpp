@@ -269,6 +269,9 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
           fit = refit(*heap, fit, other, rounded, &missing);
         }
       }
+      if (missing && config.backed_fit && config.limit_bytes && !heap->small) {
+        fit = place_on_backing(*heap, fit, rounded, stream, &missing);
+      }
       if (missing && heap->stale && pending_blocks(*heap, fit->addr, rounded)) {
         // Note [Alias reclaim]: mapping there would wait for the device; take
         // another fit that needs no wait if there is one.

@@ -184,6 +184,9 @@ namespace torchmem {
   X(std::size_t, limit_run_granules, 0,                                                              \
     "Under a limit, a run handle covers at most this many granules (Note [Runs under a limit]); "   \
     "0 = a run covers the whole hole.")                                                              \
+  X(bool, backed_fit, false,                                                                         \
+    "Under a limit, a fit that misses granules moves to where cached granules already back the "    \
+    "request, inside the fit or in another candidate (Note [Backed placement]).")                    \
   X(bool, alias_reclaim, true,                                                                       \
     "Stitch granules freed on the requesting stream before their fences complete, by mapping the " \
     "handle at a second address (Note [Alias reclaim]).")                                            \

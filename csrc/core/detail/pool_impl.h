@@ -177,6 +177,12 @@ struct Pool::Impl {
   // allocation fast path stays small.
   [[gnu::noinline]] detail::Block* refit(detail::Heap& heap, detail::Block* from, detail::Block* to,
                                          std::size_t size, std::size_t* missing);
+  // Note [Backed placement] (granules.cpp): a pinned fit `fit` that misses
+  // granules under a limit may move to where cached granules already back
+  // the request, inside it or in another candidate. Returns the block to
+  // carve (pinned), with *missing its unmapped granules.
+  [[gnu::noinline]] detail::Block* place_on_backing(detail::Heap& heap, detail::Block* fit, std::size_t size,
+                                                    StreamId stream, std::size_t* missing);
   // Undoes pin(); granules left with no live block become reclaimable under
   // the fence of (`stream`, `seq`), or keep their previous fence if `restore`.
   void unpin(detail::Heap& heap, Addr addr, std::size_t size, StreamId stream, std::uint64_t seq,

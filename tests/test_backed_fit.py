@@ -1,0 +1,46 @@
+"""backed_fit: a fit that misses granules under a limit moves to where cached granules
+already back the request (Note [Backed placement], csrc/core/detail/granules.cpp).
+
+Replays of the bundled traces, whose shapes vary every step, under a budget: with the
+option on, the pool makes far fewer driver calls after warm-up and runs with no OOM;
+with every check of the pool's invariants after each operation, a churn of mixed sizes
+under a tight limit keeps them (the option splits free blocks in their middle)."""
+
+import numpy as np
+import pytest
+
+from torchmem.analysis import patterns
+from torchmem.analysis import replay as replay_api
+from torchmem.analysis import trace as trace_io
+from torchmem.runtime import config
+
+BACKED = {"backed_fit": True}
+
+
+@pytest.mark.parametrize("name, budget", [("gpt2", 1.06), ("llama_ckpt", 1.03), ("llama_ckpt", 1.12)])
+def test_backed_placement_cuts_the_calls_of_stitching_under_a_budget(name, budget):
+    trace = trace_io.load(trace_io.bundled_trace(name))
+    limit = int(budget * trace.peak_requested())
+    default = replay_api.replay(trace, "torchmem", limit=limit, event_delay=10)
+    backed = replay_api.replay(trace, "torchmem", limit=limit, event_delay=10, config=BACKED)
+    assert default.ooms == 0 and backed.ooms == 0
+    assert backed.steady_driver_calls * 3 <= default.steady_driver_calls * 2, (backed.steady_driver_calls,
+                                                                               default.steady_driver_calls)
+    assert backed.peak_reserved <= limit
+
+
+@pytest.mark.parametrize("pattern", ["random", "periodic"])
+def test_backed_placement_keeps_the_invariants_under_a_tight_limit(pattern):
+    events = np.asarray(patterns.replay_events(pattern, 200, seed=1), dtype=np.int64)
+    peak = replay_api.replay(events).peak_requested
+    result = replay_api.replay(events, limit=int(1.25 * peak), event_delay=10,
+                               config={"backed_fit": True, "debug_checks": True})
+    assert result.ooms == 0
+    assert result.peak_reserved <= int(1.25 * peak)
+
+
+def test_the_option_is_checked_and_off_by_default():
+    assert config.Config().backed_fit is False
+    assert config.Config(backed_fit="true").pool_options()["backed_fit"] is True
+    with pytest.raises(ValueError, match="backed_fit"):
+        config.Config(backed_fit="sometimes")
