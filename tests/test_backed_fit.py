@@ -14,6 +14,8 @@ from torchmem.analysis import replay as replay_api
 from torchmem.analysis import trace as trace_io
 from torchmem.runtime import config
 
+from sim_pool import make_pool
+
 BACKED = {"backed_fit": True}
 
 
@@ -37,6 +39,28 @@ def test_backed_placement_keeps_the_invariants_under_a_tight_limit(pattern):
                                config={"backed_fit": True, "debug_checks": True})
     assert result.ooms == 0
     assert result.peak_reserved <= int(1.25 * peak)
+
+
+def test_moves_are_counted_and_stitch_less():
+    # the counter (torchmem.num_backed_moves in memory_stats) says the option acted
+    events = patterns.replay_events("periodic", 200, seed=1)
+    peak = replay_api.replay(np.asarray(events, dtype=np.int64)).peak_requested
+    limit = int(1.25 * peak) // (2 << 20) * (2 << 20)
+    stats = {}
+    for backed in (False, True):
+        pool = make_pool(limit=limit, event_delay=10, backed_fit=backed)
+        ours = {}
+        for action, addr, size, stream in events:
+            if action == trace_io.ALLOC:
+                ours[addr] = pool.allocate(size, stream)
+                assert ours[addr]
+            elif addr in ours:
+                pool.free(ours.pop(addr))
+        pool.check_invariants()
+        stats[backed] = pool.stats()
+    assert stats[False]["num_backed_moves"] == 0
+    assert stats[True]["num_backed_moves"] > 0
+    assert stats[True]["num_reclaims"] < stats[False]["num_reclaims"]
 
 
 def test_the_option_is_checked_and_off_by_default():

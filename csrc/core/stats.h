@@ -78,6 +78,7 @@ enum StatKind : int { kStatAll = 0, kStatSmallPool = 1, kStatLargePool = 2, kSta
 //   num_plan_drops        plans ended (misses, OOM, empty_cache, a lower budget)
 //   num_plan_passes       planning passes run, whether or not their plan was put in force
 //   plan_pass_us          host microseconds those passes took (Note [Planning pass cost])
+//   num_backed_moves      fits moved to where cached granules back them (Note [Backed placement])
 #define TORCHMEM_COUNTERS(X) \
   X(num_alloc_retries)       \
   X(num_ooms)                \
@@ -95,7 +96,8 @@ enum StatKind : int { kStatAll = 0, kStatSmallPool = 1, kStatLargePool = 2, kSta
   X(num_plan_misses)         \
   X(num_plan_drops)          \
   X(num_plan_passes)         \
-  X(plan_pass_us)
+  X(plan_pass_us)            \
+  X(num_backed_moves)
 
 struct PoolStats {
 #define TORCHMEM_DECLARE_STAT_ARRAY(name) Stat name[kStatKinds];

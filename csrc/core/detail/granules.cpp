@@ -273,6 +273,7 @@ detail::Block* Pool::Impl::place_on_backing(Heap& heap, detail::Block* fit, std:
     return best.missing == 0 || ++seen >= kMaxBackedCandidates || scanned >= kMaxScannedGranules;
   });
   if (best.block == fit && best.at == fit->addr) return fit;
+  ++stats_.num_backed_moves;
   unpin(heap, fit->addr, size, 0, 0, /*restore=*/true);
   detail::Block* b = split_free_at(best.block, best.at);  // best.block itself where at is its start
   *missing = pin(heap, best.at, size);
