@@ -262,26 +262,15 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
     if (vmm) {
       if (!fit) return nullptr;  // the range is exhausted (or fenced off)
       std::size_t missing = pin(*heap, fit->addr, rounded);
-      // Note [Cross-stream reuse]: with no limit, the fit's missing granules
-      // would be new memory; memory another stream cached comes first.
-      if (missing && config.stream_order && config.limit_bytes == 0) {
-        if (Block* other = find_backed_fit_ordered(*heap, rounded, stream)) {
-          fit = refit(*heap, fit, other, rounded, &missing);
-        }
-      }
-      if (missing && config.backed_fit && config.limit_bytes && !heap->small) {
-        fit = place_on_backing(*heap, fit, rounded, stream, &missing);
-      }
-      if (missing && heap->stale && pending_blocks(*heap, fit->addr, rounded)) {
-        // Note [Alias reclaim]: mapping there would wait for the device; take
-        // another fit that needs no wait if there is one.
-        if (Block* other = find_fit_unblocked(*heap, rounded, stream)) fit = refit(*heap, fit, other, rounded, &missing);
-      }
-      if (missing && (cached_only || !acquire(*heap, fit->addr, rounded, missing, rounded, stream))) {
-        unpin(*heap, fit->addr, rounded, 0, 0, /*restore=*/true);
+      // Where in `fit` the block goes: its start, unless the fit misses
+      // granules and a better place is found (out of line: the slow path).
+      Addr at = fit->addr;
+      if (missing) at = place_missing(*heap, &fit, rounded, stream, &missing);
+      if (missing && (cached_only || !acquire(*heap, at, rounded, missing, rounded, stream))) {
+        unpin(*heap, at, rounded, 0, 0, /*restore=*/true);
         return nullptr;
       }
-      return carve(fit, rounded);
+      return carve(at == fit->addr ? fit : split_free_at(fit, at), rounded);
     }
     if (!fit) {
       if (cached_only || !grow_segments(*heap, rounded)) return nullptr;

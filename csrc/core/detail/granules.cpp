@@ -184,8 +184,34 @@ std::size_t Pool::Impl::pin(Heap& heap, Addr addr, std::size_t size) {
   return missing;
 }
 
-detail::Block* Pool::Impl::refit(Heap& heap, detail::Block* from, detail::Block* to, std::size_t size, std::size_t* missing) {
-  unpin(heap, from->addr, size, 0, 0, /*restore=*/true);
+Addr Pool::Impl::place_missing(Heap& heap, detail::Block** fit, std::size_t size, StreamId stream,
+                               std::size_t* missing) {
+  // Note [Cross-stream reuse]: with no limit, the fit's missing granules
+  // would be new memory; memory another stream cached comes first.
+  if (config.stream_order && config.limit_bytes == 0) {
+    if (detail::Block* other = find_backed_fit_ordered(heap, size, stream)) {
+      *fit = refit(heap, (*fit)->addr, other, size, missing);
+    }
+  }
+  // Note [Backed placement]: a window inside a fit, found before anything is
+  // split (a request that then fails leaves the free blocks as it found them).
+  Addr at = (*fit)->addr;
+  if (*missing && config.backed_fit && config.limit_bytes && !heap.small) {
+    at = place_on_backing(heap, fit, size, stream, missing);
+  }
+  if (*missing && heap.stale && pending_blocks(heap, at, size)) {
+    // Note [Alias reclaim]: mapping there would wait for the device; take
+    // another fit that needs no wait if there is one.
+    if (detail::Block* other = find_fit_unblocked(heap, size, stream)) {
+      *fit = refit(heap, at, other, size, missing);
+      at = (*fit)->addr;
+    }
+  }
+  return at;
+}
+
+detail::Block* Pool::Impl::refit(Heap& heap, Addr from, detail::Block* to, std::size_t size, std::size_t* missing) {
+  unpin(heap, from, size, 0, 0, /*restore=*/true);
   *missing = pin(heap, to->addr, size);
   return to;
 }
@@ -208,8 +234,9 @@ detail::Block* Pool::Impl::refit(Heap& heap, detail::Block* from, detail::Block*
 // each island's end granules are partly free and cannot move, so churn of
 // mixed sizes needs more memory (min-cap of the periodic pattern 1.04 ->
 // 1.12x; BENCHMARKS.md, Backed placement).
-detail::Block* Pool::Impl::place_on_backing(Heap& heap, detail::Block* fit, std::size_t size, StreamId stream,
-                                            std::size_t* missing) {
+Addr Pool::Impl::place_on_backing(Heap& heap, detail::Block** fit_in_out, std::size_t size, StreamId stream,
+                                  std::size_t* missing) {
+  detail::Block* fit = *fit_in_out;
   // This runs in front of driver calls (~20 us each): a scan of a few
   // thousand granule entries pays, an unbounded one would not.
   constexpr int kMaxBackedCandidates = 17;
@@ -272,12 +299,12 @@ detail::Block* Pool::Impl::place_on_backing(Heap& heap, detail::Block* fit, std:
     }
     return best.missing == 0 || ++seen >= kMaxBackedCandidates || scanned >= kMaxScannedGranules;
   });
-  if (best.block == fit && best.at == fit->addr) return fit;
+  if (best.block == fit && best.at == fit->addr) return fit->addr;
   ++stats_.num_backed_moves;
   unpin(heap, fit->addr, size, 0, 0, /*restore=*/true);
-  detail::Block* b = split_free_at(best.block, best.at);  // best.block itself where at is its start
   *missing = pin(heap, best.at, size);
-  return b;
+  *fit_in_out = best.block;
+  return best.at;
 }
 
 void Pool::Impl::unpin(Heap& heap, Addr addr, std::size_t size, StreamId stream, std::uint64_t at_seq,
