@@ -1,5 +1,5 @@
 """backed_fit: a fit that misses granules under a limit moves to where cached granules
-already back the request (Note [Backed placement], csrc/core/detail/granules.cpp).
+already back the request (Note [Backed placement], csrc/core/detail/placement.cpp).
 
 Replays of the bundled traces, whose shapes vary every step, under a budget: with the
 option on, the pool makes far fewer driver calls after warm-up and runs with no OOM;

@@ -158,6 +158,27 @@ struct Pool::Impl {
   void merge_tags(detail::Block& into, const detail::Block& other);
   bool poll_deferred(bool wait);  // true if some deferred free completed
 
+  // ---- detail/placement.cpp -------------------------------------------------
+  // The allocation's slow path when the pinned fit *fit misses granules:
+  // another fit (stream order, pending places) or a window inside one
+  // (backed placement) may serve with fewer. Returns where the block goes,
+  // pinned, with *fit the free block that holds it (not split yet) and
+  // *missing its unmapped granules.
+  [[gnu::noinline]] Addr place_missing(detail::Heap& heap, detail::Block** fit, std::size_t size, StreamId stream,
+                                       std::size_t* missing);
+  // A pinned fit at `from` given up for `to`: unpins one, pins the other and
+  // returns `to`, with *missing its unmapped granules. Out of line: the
+  // allocation fast path stays small.
+  [[gnu::noinline]] detail::Block* refit(detail::Heap& heap, Addr from, detail::Block* to,
+                                         std::size_t size, std::size_t* missing);
+  // Note [Backed placement]: a pinned fit *fit that misses
+  // granules under a limit may move to where cached granules already back
+  // the request, inside it or in another candidate. Returns the address of
+  // the (pinned) window, with *fit the free block that holds it and
+  // *missing its unmapped granules; nothing is split yet.
+  [[gnu::noinline]] Addr place_on_backing(detail::Heap& heap, detail::Block** fit, std::size_t size,
+                                          StreamId stream, std::size_t* missing);
+
   // ---- detail/granules.cpp --------------------------------------------------
   // Granule indices of an address range. Shifts, not divisions: every
   // malloc and free maps its block to granules, and a 64-bit divide costs
@@ -172,25 +193,6 @@ struct Pool::Impl {
   // Marks the granules of [addr, addr+size) as used by one more live block and
   // returns how many of them are unmapped.
   std::size_t pin(detail::Heap& heap, Addr addr, std::size_t size);
-  // The allocation's slow path when the pinned fit *fit misses granules:
-  // another fit (stream order, pending places) or a window inside one
-  // (backed placement) may serve with fewer. Returns where the block goes,
-  // pinned, with *fit the free block that holds it (not split yet) and
-  // *missing its unmapped granules.
-  [[gnu::noinline]] Addr place_missing(detail::Heap& heap, detail::Block** fit, std::size_t size, StreamId stream,
-                                       std::size_t* missing);
-  // A pinned fit at `from` given up for `to`: unpins one, pins the other and
-  // returns `to`, with *missing its unmapped granules. Out of line: the
-  // allocation fast path stays small.
-  [[gnu::noinline]] detail::Block* refit(detail::Heap& heap, Addr from, detail::Block* to,
-                                         std::size_t size, std::size_t* missing);
-  // Note [Backed placement] (granules.cpp): a pinned fit *fit that misses
-  // granules under a limit may move to where cached granules already back
-  // the request, inside it or in another candidate. Returns the address of
-  // the (pinned) window, with *fit the free block that holds it and
-  // *missing its unmapped granules; nothing is split yet.
-  [[gnu::noinline]] Addr place_on_backing(detail::Heap& heap, detail::Block** fit, std::size_t size,
-                                          StreamId stream, std::size_t* missing);
   // Undoes pin(); granules left with no live block become reclaimable under
   // the fence of (`stream`, `seq`), or keep their previous fence if `restore`.
   void unpin(detail::Heap& heap, Addr addr, std::size_t size, StreamId stream, std::uint64_t seq,
