@@ -217,8 +217,9 @@ OPTIONS = (
            "cached granules already back it instead, inside that fit or in one of the next fits "
            "(Note [Backed placement]). Replays of the bundled traces at 1.03-1.12x their peak make 2-5x "
            "fewer driver calls after warm-up with it, and no device barrier; the cost is packing on churn "
-           "of mixed sizes (min-cap of the periodic pattern 1.04 -> 1.12x), and it has not yet run on a "
-           "GPU: off by default (BENCHMARKS.md, Backed placement).",
+           "of mixed sizes (min-cap of the periodic pattern 1.04 -> 1.12x), so it is off by default. On "
+           "an H100 at 1.05x with a new shape every step, llama_ckpt went quiet at step 2 instead of 5 "
+           "with 35% fewer warm-up driver calls (BENCHMARKS.md, Backed placement).",
            core="backed_fit"),
     Option("alias_reclaim", True, parse_bool,
            "Stitch granules freed on the requesting stream before the GPU finished with them, by "
