@@ -103,7 +103,7 @@ bool Pool::Impl::pending_blocks(const Heap& heap, Addr addr, std::size_t size) {
   const std::size_t g1 = std::min(end_granule(heap, addr + size), heap.granules.size());
   for (std::size_t i = g0; i < g1; ++i) {
     const Granule& g = heap.granules[i];
-    if (g.stale && !behind_barrier(g.stale_seq)) return true;
+    if (pending_place(g)) return true;
   }
   return false;
 }

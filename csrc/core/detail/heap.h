@@ -60,6 +60,8 @@ struct Granule {
   std::uint32_t run_busy = 0;
   // Note [Map groups] (inspect.cpp): which growth mapped the granule here.
   std::uint32_t group = 0;
+  // Physical memory is mapped here: a granule handle or part of a run.
+  bool backed() const { return handle != 0 || run_count != 0; }
   static constexpr std::uint32_t kMixedSlot = ~std::uint32_t{0};
 };
 

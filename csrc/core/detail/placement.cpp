@@ -71,12 +71,8 @@ Addr Pool::Impl::place_on_backing(Heap& heap, detail::Block** fit_in_out, std::s
   constexpr int kMaxBackedCandidates = 17;
   constexpr std::size_t kMaxScannedGranules = std::size_t{1} << 14;
   const std::size_t table = heap.granules.size();  // granules past it were never mapped
-  auto unmapped = [&](std::size_t i) {
-    return i >= table || (!heap.granules[i].handle && !heap.granules[i].run_count);
-  };
-  auto blocks = [&](std::size_t i) {  // a pending place: mapping there waits for the device
-    return i < table && heap.granules[i].stale && !behind_barrier(heap.granules[i].stale_seq);
-  };
+  auto unmapped = [&](std::size_t i) { return i >= table || !heap.granules[i].backed(); };
+  auto blocks = [&](std::size_t i) { return i < table && pending_place(heap.granules[i]); };
   struct Count {
     std::size_t missing = 0, pending = 0;
   };
@@ -109,11 +105,7 @@ Addr Pool::Impl::place_on_backing(Heap& heap, detail::Block** fit_in_out, std::s
       const std::size_t lo = first_granule(heap, c->addr) + 1;
       const std::size_t stop = std::min(first_granule(heap, top), table);
       if (lo <= stop && best.missing > 0) {
-        Count n;
-        for (std::size_t i = lo; i < lo + w; ++i) {
-          n.missing += unmapped(i);
-          n.pending += blocks(i);
-        }
+        Count n = count(heap.base + lo * gran);  // the window at lo: granules [lo, lo + w)
         for (std::size_t g0 = lo;; ++g0) {
           const Addr at = heap.base + g0 * gran;
           if (at < top) consider(c, at, n);

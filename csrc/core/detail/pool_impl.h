@@ -282,6 +282,8 @@ struct Pool::Impl {
   void process_pending_unmaps(bool wait);
   // True if [addr, addr + size) covers a pending place not yet behind the
   // barrier (mapping there now would wait for the whole device).
+  // A pending place (Note [Pending unmaps]) that mapping over would wait for the device.
+  bool pending_place(const detail::Granule& g) const { return g.stale && !behind_barrier(g.stale_seq); }
   bool pending_blocks(const detail::Heap& heap, Addr addr, std::size_t size);
   // Like find_fit, skipping blocks whose first `size` bytes pending_blocks().
   detail::Block* find_fit_unblocked(detail::Heap& heap, std::size_t size, StreamId stream);

@@ -33,7 +33,7 @@ bool Pool::Impl::backed(const Heap& heap, Addr addr, std::size_t size) const {
   if (g1 > heap.granules.size()) return false;
   for (std::size_t i = g0; i < g1; ++i) {
     const detail::Granule& g = heap.granules[i];
-    if (!g.handle && !g.run_count) return false;
+    if (!g.backed()) return false;
   }
   return true;
 }
