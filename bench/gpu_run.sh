@@ -15,6 +15,7 @@
 #                  (native, expandable, torchmem): one seed
 #   churn          the torch.empty churn microbenchmark, four allocators (CHURN_ALLOCATORS), CHURN_ROUNDS rounds
 #   probe          bench/gpu_probe.py: driver call costs on this GPU
+#   busy           bench/vmm_busy_probe.py: the VMM calls with the device idle and busy (do they wait?)
 #   traces         native memory-history traces of kv_generate and vision
 #   batch          bench/batch_compare.py (torchmem, accelerate, lightning, sweep, forced_oom;
 #                  BATCH_METHODS=... picks some)
@@ -144,6 +145,12 @@ job_churn() {  # CHURN_PATTERNS (torchmem/analysis/patterns.py), CHURN_ALLOCATOR
 job_probe() {
   timeout 60 python3 bench/gpu_probe.py --out "$OUT/probe.json" > "$OUT/probe.log" 2>&1
   echo "probe rc=$?"
+}
+
+job_busy() {
+  timeout 90 python3 bench/vmm_busy_probe.py --repeats "${BUSY_REPEATS:-10}" --busy-ms "${BUSY_MS:-20}" \
+    --out "$OUT/busy.json" > "$OUT/busy.log" 2>&1
+  echo "busy rc=$?"; cat "$OUT/busy.log"
 }
 
 job_traces() {

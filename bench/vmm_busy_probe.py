@@ -1,0 +1,180 @@
+"""Does a VMM driver call wait for the device? Times cuMemCreate, cuMemMap +
+cuMemSetAccess, cuMemUnmap and cuMemRelease on the host, once with the device
+idle and once while a kernel of known length runs (torch.cuda._sleep on a side
+stream, on memory that the call does not touch), and prints how long each call
+took and how much of the kernel was left when it returned.
+
+Why: the replay's time model prices a call at what it costs in isolation, and
+at a tight budget it misses about half of the time the GPU adds (BENCHMARKS.md,
+The replay's time model against the GPU). If a call waits for queued work, a
+call in the middle of a step costs the rest of the queue, like a barrier.
+
+    python bench/vmm_busy_probe.py [--device 0] [--repeats 10] [--busy-ms 20] [--out busy.json]
+
+Driver API through ctypes on torch's primary context; torchmem is not installed.
+"""
+
+import argparse
+import ctypes
+import json
+import statistics
+import sys
+import time
+
+from common import environment  # bench/common.py, beside this file
+
+GRANULE = 2 << 20
+
+
+class MemLocation(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class AllocFlags(ctypes.Structure):
+    _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
+                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
+
+
+class AllocationProp(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int),
+                ("location", MemLocation), ("win32HandleMetaData", ctypes.c_void_p),
+                ("allocFlags", AllocFlags)]
+
+
+class AccessDesc(ctypes.Structure):
+    _fields_ = [("location", MemLocation), ("flags", ctypes.c_int)]
+
+
+class Driver:
+    """The five VMM calls, each raising on an error code."""
+
+    def __init__(self, device):
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        self.prop = AllocationProp(type=1, requestedHandleTypes=0, location=MemLocation(1, device))
+        self.access = AccessDesc(location=MemLocation(1, device), flags=3)
+
+    def _check(self, name, rc):
+        if rc != 0:
+            raise RuntimeError(f"{name} failed with CUresult {rc}")
+
+    def reserve(self, size):
+        ptr = ctypes.c_uint64()
+        self._check("cuMemAddressReserve",
+                    self.lib.cuMemAddressReserve(ctypes.byref(ptr), ctypes.c_size_t(size),
+                                                 ctypes.c_size_t(GRANULE), ctypes.c_uint64(0),
+                                                 ctypes.c_uint64(0)))
+        return ptr.value
+
+    def create(self):
+        handle = ctypes.c_uint64()
+        self._check("cuMemCreate", self.lib.cuMemCreate(ctypes.byref(handle), ctypes.c_size_t(GRANULE),
+                                                        ctypes.byref(self.prop), ctypes.c_uint64(0)))
+        return handle.value
+
+    def map(self, addr, handle):
+        self._check("cuMemMap", self.lib.cuMemMap(ctypes.c_uint64(addr), ctypes.c_size_t(GRANULE),
+                                                  ctypes.c_size_t(0), ctypes.c_uint64(handle),
+                                                  ctypes.c_uint64(0)))
+        self._check("cuMemSetAccess", self.lib.cuMemSetAccess(ctypes.c_uint64(addr), ctypes.c_size_t(GRANULE),
+                                                              ctypes.byref(self.access), ctypes.c_size_t(1)))
+
+    def unmap(self, addr):
+        self._check("cuMemUnmap", self.lib.cuMemUnmap(ctypes.c_uint64(addr), ctypes.c_size_t(GRANULE)))
+
+    def release(self, handle):
+        self._check("cuMemRelease", self.lib.cuMemRelease(ctypes.c_uint64(handle)))
+
+
+def timed(fn, *args):
+    t0 = time.perf_counter()
+    result = fn(*args)
+    return (time.perf_counter() - t0) * 1e6, result
+
+
+def probe(torch, driver, repeats, busy_ms):
+    """Per call and state (idle, busy), the host microseconds of each repetition and,
+    when busy, the kernel's milliseconds left when the call returned."""
+    side = torch.cuda.Stream()
+    # calibrate _sleep: cycles per ms on this GPU
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(side):
+        start.record(); torch.cuda._sleep(10_000_000); end.record()
+    end.synchronize()
+    cycles_per_ms = 10_000_000 / start.elapsed_time(end)
+    base = driver.reserve(GRANULE * 4 * repeats)
+    figures = {"cycles_per_ms": cycles_per_ms, "busy_ms": busy_ms, "calls": {}}
+
+    def run(state, slot):
+        out = {}
+        addr = base + GRANULE * slot
+        kernel_end = torch.cuda.Event()
+        busy_t0 = None
+        if state == "busy":
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(int(cycles_per_ms * busy_ms))
+                kernel_end.record()
+            time.sleep(0.001)  # let the launch reach the device
+            busy_t0 = time.perf_counter()
+        for name, fn in (("create", lambda: driver.create()),):
+            out[name], handle = timed(fn)
+        out["map_access"], _ = timed(driver.map, addr, handle)
+        out["unmap"], _ = timed(driver.unmap, addr)
+        out["release"], _ = timed(driver.release, handle)
+        if state == "busy":
+            # did the four calls wait for the kernel? it was queued busy_ms long
+            out["kernel_done_after_calls"] = kernel_end.query()
+            out["host_ms_since_launch"] = (time.perf_counter() - busy_t0) * 1e3
+            kernel_end.synchronize()
+        return out
+
+    slot = 0
+    for state in ("idle", "busy", "idle", "busy"):
+        rows = []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            rows.append(run(state, slot % (4 * repeats)))
+            slot += 1
+        figures["calls"].setdefault(state, []).extend(rows)
+    return figures
+
+
+def summarize(figures):
+    lines = []
+    for state, rows in figures["calls"].items():
+        for name in ("create", "map_access", "unmap", "release"):
+            values = [r[name] for r in rows]
+            lines.append(f"{state:5s} {name:11s} median {statistics.median(values):9.1f} us  "
+                         f"max {max(values):9.1f} us")
+        if state == "busy":
+            done = sum(1 for r in rows if r["kernel_done_after_calls"])
+            lines.append(f"busy: kernel of {figures['busy_ms']} ms finished before the four calls returned in "
+                         f"{done} of {len(rows)}; host ms from launch to return, median "
+                         f"{statistics.median(r['host_ms_since_launch'] for r in rows):.2f}")
+    return lines
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--busy-ms", type=float, default=20.0)
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print("vmm_busy_probe: no CUDA GPU here", file=sys.stderr)
+        return 2
+    torch.cuda.set_device(args.device)
+    torch.cuda.init()
+    torch.empty(1, device="cuda")  # the primary context, current on this thread
+    figures = {**environment(torch, args.device), **probe(torch, Driver(args.device), args.repeats, args.busy_ms)}
+    for line in summarize(figures):
+        print(line)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(figures, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
