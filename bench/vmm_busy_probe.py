@@ -138,6 +138,36 @@ def probe(torch, driver, repeats, busy_ms):
     return figures
 
 
+def slowdown(torch, driver, rounds, cycles):
+    """Do VMM calls slow the kernels running meanwhile (a TLB flush, a device-wide fence)? GPU time of
+    a queue of memory-bound copies (events), with and without `cycles` create + map + unmap + release
+    cycles made by the host while the queue runs, alternating, `rounds` each."""
+    src = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    base = driver.reserve(GRANULE * 4)
+    out = {"quiet_ms": [], "with_calls_ms": [], "host_calls_ms": [], "cycles": cycles}
+    for _ in range(rounds):
+        for state in ("quiet", "with_calls"):
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(200):
+                dst.copy_(src)
+            end.record()
+            if state == "with_calls":
+                t0 = time.perf_counter()
+                for i in range(cycles):
+                    handle = driver.create()
+                    driver.map(base + GRANULE * (i % 4), handle)
+                    driver.unmap(base + GRANULE * (i % 4))
+                    driver.release(handle)
+                out["host_calls_ms"].append((time.perf_counter() - t0) * 1e3)
+                out["queue_done_after_calls"] = end.query()
+            end.synchronize()
+            out[f"{state}_ms"].append(start.elapsed_time(end))
+    return out
+
+
 def summarize(figures):
     lines = []
     for state, rows in figures["calls"].items():
@@ -150,6 +180,13 @@ def summarize(figures):
             lines.append(f"busy: kernel of {figures['busy_ms']} ms finished before the four calls returned in "
                          f"{done} of {len(rows)}; host ms from launch to return, median "
                          f"{statistics.median(r['host_ms_since_launch'] for r in rows):.2f}")
+    slow = figures.get("slowdown")
+    if slow:
+        lines.append(f"copies queue, GPU ms: quiet median {statistics.median(slow['quiet_ms']):.2f}, with "
+                     f"{slow['cycles']} create+map+unmap+release cycles on the host meanwhile "
+                     f"{statistics.median(slow['with_calls_ms']):.2f} (host spent "
+                     f"{statistics.median(slow['host_calls_ms']):.2f} ms on them; queue done when they "
+                     f"returned: {slow.get('queue_done_after_calls')})")
     return lines
 
 
@@ -158,6 +195,8 @@ def main(argv=None):
     parser.add_argument("--device", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--busy-ms", type=float, default=20.0)
+    parser.add_argument("--cycles", type=int, default=50,
+                        help="driver call cycles made while the copies queue runs")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     import torch
@@ -167,7 +206,9 @@ def main(argv=None):
     torch.cuda.set_device(args.device)
     torch.cuda.init()
     torch.empty(1, device="cuda")  # the primary context, current on this thread
-    figures = {**environment(torch, args.device), **probe(torch, Driver(args.device), args.repeats, args.busy_ms)}
+    driver = Driver(args.device)
+    figures = {**environment(torch, args.device), **probe(torch, driver, args.repeats, args.busy_ms)}
+    figures["slowdown"] = slowdown(torch, driver, rounds=5, cycles=args.cycles)
     for line in summarize(figures):
         print(line)
     if args.out:
