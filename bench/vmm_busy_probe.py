@@ -92,8 +92,8 @@ def timed(fn, *args):
 
 
 def probe(torch, driver, repeats, busy_ms):
-    """Per call and state (idle, busy), the host microseconds of each repetition and,
-    when busy, the kernel's milliseconds left when the call returned."""
+    """Per call and state (idle, busy), the host microseconds of each repetition and, when busy,
+    whether the kernel launched just before the call had finished when it returned."""
     side = torch.cuda.Stream()
     # calibrate _sleep: cycles per ms on this GPU
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -105,26 +105,27 @@ def probe(torch, driver, repeats, busy_ms):
     figures = {"cycles_per_ms": cycles_per_ms, "busy_ms": busy_ms, "calls": {}}
 
     def run(state, slot):
+        """One create, map, unmap, release; when busy, each call right after its own kernel launch."""
         out = {}
         addr = base + GRANULE * slot
-        kernel_end = torch.cuda.Event()
-        busy_t0 = None
-        if state == "busy":
-            with torch.cuda.stream(side):
-                torch.cuda._sleep(int(cycles_per_ms * busy_ms))
-                kernel_end.record()
-            time.sleep(0.001)  # let the launch reach the device
-            busy_t0 = time.perf_counter()
-        for name, fn in (("create", lambda: driver.create()),):
-            out[name], handle = timed(fn)
-        out["map_access"], _ = timed(driver.map, addr, handle)
-        out["unmap"], _ = timed(driver.unmap, addr)
-        out["release"], _ = timed(driver.release, handle)
-        if state == "busy":
-            # did the four calls wait for the kernel? it was queued busy_ms long
-            out["kernel_done_after_calls"] = kernel_end.query()
-            out["host_ms_since_launch"] = (time.perf_counter() - busy_t0) * 1e3
-            kernel_end.synchronize()
+
+        def call(name, fn, *args):
+            kernel_end = torch.cuda.Event()
+            if state == "busy":
+                with torch.cuda.stream(side):
+                    torch.cuda._sleep(int(cycles_per_ms * busy_ms))
+                    kernel_end.record()
+                time.sleep(0.001)  # let the launch reach the device
+            out[name], result = timed(fn, *args)
+            if state == "busy":
+                out[name + "_waited"] = kernel_end.query()  # done already: the call waited for it
+                kernel_end.synchronize()
+            return result
+
+        handle = call("create", driver.create)
+        call("map_access", driver.map, addr, handle)
+        call("unmap", driver.unmap, addr)
+        call("release", driver.release, handle)
         return out
 
     slot = 0
@@ -176,10 +177,10 @@ def summarize(figures):
             lines.append(f"{state:5s} {name:11s} median {statistics.median(values):9.1f} us  "
                          f"max {max(values):9.1f} us")
         if state == "busy":
-            done = sum(1 for r in rows if r["kernel_done_after_calls"])
-            lines.append(f"busy: kernel of {figures['busy_ms']} ms finished before the four calls returned in "
-                         f"{done} of {len(rows)}; host ms from launch to return, median "
-                         f"{statistics.median(r['host_ms_since_launch'] for r in rows):.2f}")
+            waited = {name: sum(1 for r in rows if r[name + "_waited"])
+                      for name in ("create", "map_access", "unmap", "release")}
+            lines.append(f"busy: calls that returned after their {figures['busy_ms']} ms kernel had finished "
+                         f"(of {len(rows)}): {waited}")
     slow = figures.get("slowdown")
     if slow:
         lines.append(f"copies queue, GPU ms: quiet median {statistics.median(slow['quiet_ms']):.2f}, with "
