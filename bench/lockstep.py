@@ -234,38 +234,48 @@ def steady_table(rows, baseline="native"):
     Only the same group's baseline is a fair one: processes of one group take turns step by step and
     so share the machine's pace, while two groups run one after the other, and the pace can move
     between them by more than the differences being measured (BENCHMARKS.md, Budget regime)."""
-    runs = {}  # (workload, seed, budget, no budget?) -> the baseline's step times, per process
+    runs, bands = {}, {}  # (workload, seed, budget, no budget?) -> the baseline's step times, host bands
     for row in rows:
         if row["allocator"] in (baseline, reference_label(baseline)) and row.get("oom_at_step") is None:
             key = (row["workload"], row["seed"], row.get("budget"), bool(row.get("reference")))
             runs.setdefault(key, []).append(row["step_s"])
+            bands.setdefault(key, []).append(host_band(row))
     medians = {key: [statistics.median(step) for step in zip(*r)] for key, r in runs.items()}
     lines = [f"| workload | budget | allocator | quiet from step | steady steps | driver calls | barriers | "
-             f"time / {baseline}, same steps | {baseline} of |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"time / {baseline}, same steps | {baseline} of | host band, us: this / {baseline}'s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in sorted(rows, key=lambda r: (r["workload"], r.get("budget") or 0, r["allocator"], r["seed"])):
         if (row.get("budget") is None or row.get("reference")
                 or (row["allocator"] == baseline and row.get("oom_at_step") is None)):
             continue
         label = f"| {row['workload']} | {budget_label(row['budget'])} | {row['allocator']} |"
         if row.get("oom_at_step") is not None:
-            lines.append(f"{label} OOM | - | - | - | - | - |")
+            lines.append(f"{label} OOM | - | - | - | - | - | {host_band(row)} / - |")
             continue
         quiet = quiet_from(row)
         n = steady_steps(row, quiet)
         # The fairest baseline first: the same group at the budget, the same group with no budget,
         # then the unconstrained group (run minutes apart).
-        base, against = next(((medians[key], label) for key, label in (
+        base, against, key_used = next(((medians[key], label, key) for key, label in (
             ((row["workload"], row["seed"], row["budget"], False), "the same budget"),
             ((row["workload"], row["seed"], row["budget"], True), "no budget, same group"),
             ((row["workload"], row["seed"], None, False), "no budget (another group)")) if key in medians),
-            (None, None))
+            (None, None, None))
         ratio = f"{sum(row['step_s'][-n:]) / sum(base[-n:]):.3f}" if base and len(base) >= n else "-"
         calls = sum((row.get("driver_calls_per_step") or [])[-n:])
         waits = sum((row.get("barriers_per_step") or [])[-n:])
+        theirs = " ".join(bands.get(key_used, [])) or "-"
         lines.append(f"{label} {'never' if quiet is None else quiet} | {n} | {calls} | {waits} | {ratio} | "
-                     f"{against if base else '-'} |")
+                     f"{against if base else '-'} | {host_band(row)} / {theirs} |")
     return "\n".join(lines)
+
+
+def host_band(row):
+    """The process's own host pace: us per `torch.empty` on the meta device (gpu_workloads.host_speed).
+    Processes fall in bands up to 2x apart on one CPU; on host-bound steps a ratio between two
+    processes of different bands measures the bands, not the allocators."""
+    speed = (row.get("host_speed") or {}).get("meta_s_per_alloc")
+    return f"{speed * 1e6:.2f}" if speed else "-"
 
 
 def warmup_table(rows):
