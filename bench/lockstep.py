@@ -285,11 +285,13 @@ def warmup_table(rows):
     the same process). "Per call" is what is left of that time once the passes and a third of a
     step per barrier (Note [Barrier cost]) are taken out, divided by the calls: the in-situ cost of
     a driver call that the replay's time model has to match."""
-    from torchmem.cli.anchors import step_cost_us  # the replay's own barrier price (imports torch: here only)
+    from torchmem import _C  # the simulator's call prices (imports torch: here only)
+    from torchmem.cli.anchors import step_cost_us  # the replay's own barrier price
 
+    prices = _C.sim_costs()
     lines = ["| workload | budget | allocator | process | warm-up steps | driver calls | of them unmaps | barriers | "
-             "planning passes: ms | time added, ms | per call, us |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "planning passes: ms | time added, ms | per call, us | model, ms | model error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in sorted(rows, key=lambda r: (r["workload"], r.get("budget") or 0, r["allocator"], r["seed"])):
         quiet = quiet_from(row)
         if row.get("budget") is None or row.get("reference") or row.get("oom_at_step") is not None or not quiet:
@@ -310,11 +312,24 @@ def warmup_table(rows):
         added_ms = sum(steps[i] - warm[i % shapes] for i in range(quiet)) * 1e3
         drain_ms = sum(step_cost_us(0.0, waits[i], warm[i % shapes] * 1e3) for i in range(quiet)) / 1e3
         per_call = f"{(added_ms - pass_ms - drain_ms) * 1e3 / sum(calls):.1f}" if sum(calls) else "-"
+        model, error = "-", "-"
+        if unmaps != "-":
+            model_ms = sum(call_cost_us(p, prices) for p in plans) / 1e3 + pass_ms + drain_ms
+            model, error = f"{model_ms:.0f}", f"{model_ms / added_ms - 1:+.0%}" if added_ms > 0 else "-"
         process = (row.get("lockstep") or {}).get("process", "")
         lines.append(f"| {row['workload']} | {budget_label(row['budget'])} | {row['allocator']} | {process} | "
                      f"{quiet} | {sum(calls):,} | {unmaps} | {sum(waits)} | {passes}: {pass_ms:.0f} | {added_ms:.0f} | "
-                     f"{per_call} |")
+                     f"{per_call} | {model} | {error} |")
     return "\n".join(lines)
+
+
+def call_cost_us(step, prices):
+    """The replay's time model of one step's driver calls (the backend's counts by kind): each at the
+    simulator's price (torchmem._C.sim_costs(), measured in isolation on an H200); a map is a map and
+    its access call."""
+    return (step.get("create_calls", 0) * prices["create_us"]
+            + step.get("map_calls", 0) * (prices["map_us"] + prices["set_access_us"])
+            + step.get("unmap_calls", 0) * prices["unmap_us"] + step.get("release_calls", 0) * prices["release_us"])
 
 
 def worker_argv(workload, allocator, seed, args, out, fraction=None):

@@ -54,6 +54,22 @@ def test_vmm_primitives_count_and_cost():
     assert sim.device_used() == 0
 
 
+def test_the_default_prices_are_readable_and_are_the_ones_charged():
+    prices = _C.sim_costs()
+    assert prices["create_us"] > 0 and prices["unmap_us"] > 0 and prices["device_sync_us"] > 0
+    default, explicit = _C.SimBackend(capacity=8 * G), _C.SimBackend(capacity=8 * G, costs=prices)
+    for sim in (default, explicit):
+        base = sim.reserve(4 * G)
+        handles = [sim.create_granule() for _ in range(2)]
+        sim.map(base, handles)
+        sim.unmap(base, 2)
+        for h in handles:
+            sim.release_granule(h)
+    assert default.modeled_us() == explicit.modeled_us() == pytest.approx(
+        prices["reserve_us"] + 2 * (prices["create_us"] + prices["map_us"] + prices["set_access_us"]
+                                    + prices["unmap_us"] + prices["release_us"]))
+
+
 def test_capacity_makes_create_return_zero():
     sim = _C.SimBackend(capacity=2 * G)
     assert sim.create_granule() and sim.create_granule()

@@ -102,6 +102,19 @@ void bind_core(py::module_& m) {
       .def("counters", [](const Backend& b) { return backend_counters_to_dict(b.counters()); },
            "How many times each primitive was called");
 
+  m.def(
+      "sim_costs",
+      [] {
+        py::dict costs;
+        const SimCosts defaults;
+#define TORCHMEM_SIM_COST_ITEM(name, default_value) costs[#name] = defaults.name;
+        TORCHMEM_SIM_COSTS(TORCHMEM_SIM_COST_ITEM)
+#undef TORCHMEM_SIM_COST_ITEM
+        return costs;
+      },
+      "The simulated backend's price of each call in microseconds (csrc/backend/sim_backend.h: "
+      "measured in isolation on an H200), the keys SimBackend's and replay's costs= take");
+
   py::class_<SimBackend, Backend>(m, "SimBackend",
                                   "A simulated device: fake addresses, a capacity, per-call costs")
       .def(py::init([](std::size_t capacity, std::size_t granularity, bool vmm, bool host_memory,
