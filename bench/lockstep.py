@@ -285,7 +285,7 @@ def warmup_table(rows):
     the same process). "Per call" is what is left of that time once the passes and a third of a
     step per barrier (Note [Barrier cost]) are taken out, divided by the calls: the in-situ cost of
     a driver call that the replay's time model has to match."""
-    from torchmem import _C  # the simulator's call prices (imports torch: here only)
+    from torchmem._loader import _C  # the simulator's call prices (imports torch: here only)
     from torchmem.cli.anchors import step_cost_us  # the replay's own barrier price
 
     prices = _C.sim_costs()
@@ -306,16 +306,19 @@ def warmup_table(rows):
         plans = row.get("plan_per_step") or []
         plans = plans[len(plans) - len(steps):][:quiet]  # the counters cover the untimed warm-up too
         passes = sum(p.get("num_plan_passes", 0) for p in plans)
-        # The backend's unmap calls per step, where the run recorded calls by kind ("-": it did not).
-        unmaps = f"{sum(p['unmap_calls'] for p in plans):,}" if plans and all("unmap_calls" in p for p in plans) else "-"
+        # The backend's calls by kind per step, where the run recorded them (older runs did not).
+        by_kind = bool(plans) and all("unmap_calls" in p for p in plans)
+        unmaps = f"{sum(p['unmap_calls'] for p in plans):,}" if by_kind else "-"
         pass_ms = sum(p.get("plan_pass_us", 0) for p in plans) / 1e3
         added_ms = sum(steps[i] - warm[i % shapes] for i in range(quiet)) * 1e3
         drain_ms = sum(step_cost_us(0.0, waits[i], warm[i % shapes] * 1e3) for i in range(quiet)) / 1e3
         per_call = f"{(added_ms - pass_ms - drain_ms) * 1e3 / sum(calls):.1f}" if sum(calls) else "-"
         model, error = "-", "-"
-        if unmaps != "-":
+        if by_kind:
             model_ms = sum(call_cost_us(p, prices) for p in plans) / 1e3 + pass_ms + drain_ms
-            model, error = f"{model_ms:.0f}", f"{model_ms / added_ms - 1:+.0%}" if added_ms > 0 else "-"
+            model = f"{model_ms:.0f}"
+            if added_ms > 0:
+                error = f"{model_ms / added_ms - 1:+.0%}"
         process = (row.get("lockstep") or {}).get("process", "")
         lines.append(f"| {row['workload']} | {budget_label(row['budget'])} | {row['allocator']} | {process} | "
                      f"{quiet} | {sum(calls):,} | {unmaps} | {sum(waits)} | {passes}: {pass_ms:.0f} | {added_ms:.0f} | "

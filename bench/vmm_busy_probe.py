@@ -24,6 +24,7 @@ import time
 from common import environment  # bench/common.py, beside this file
 
 GRANULE = 2 << 20
+CALLS = ("create", "map_access", "unmap", "release")  # one granule's life, in order
 
 
 class MemLocation(ctypes.Structure):
@@ -84,6 +85,13 @@ class Driver:
     def release(self, handle):
         self._check("cuMemRelease", self.lib.cuMemRelease(ctypes.c_uint64(handle)))
 
+    def cycle(self, addr):
+        """One granule's whole life at addr: create, map with access, unmap, release."""
+        handle = self.create()
+        self.map(addr, handle)
+        self.unmap(addr)
+        self.release(handle)
+
 
 def timed(fn, *args):
     t0 = time.perf_counter()
@@ -128,14 +136,10 @@ def probe(torch, driver, repeats, busy_ms):
         call("release", driver.release, handle)
         return out
 
-    slot = 0
-    for state in ("idle", "busy", "idle", "busy"):
-        rows = []
-        for _ in range(repeats):
+    for round_, state in enumerate(("idle", "busy", "idle", "busy")):
+        for i in range(repeats):
             torch.cuda.synchronize()
-            rows.append(run(state, slot % (4 * repeats)))
-            slot += 1
-        figures["calls"].setdefault(state, []).extend(rows)
+            figures["calls"].setdefault(state, []).append(run(state, round_ * repeats + i))
     return figures
 
 
@@ -146,7 +150,7 @@ def slowdown(torch, driver, rounds, cycles):
     src = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     base = driver.reserve(GRANULE * 4)
-    out = {"quiet_ms": [], "with_calls_ms": [], "host_calls_ms": [], "cycles": cycles}
+    out = {"quiet_ms": [], "with_calls_ms": [], "host_calls_ms": [], "queue_done_after_calls": [], "cycles": cycles}
     for _ in range(rounds):
         for state in ("quiet", "with_calls"):
             torch.cuda.synchronize()
@@ -158,12 +162,9 @@ def slowdown(torch, driver, rounds, cycles):
             if state == "with_calls":
                 t0 = time.perf_counter()
                 for i in range(cycles):
-                    handle = driver.create()
-                    driver.map(base + GRANULE * (i % 4), handle)
-                    driver.unmap(base + GRANULE * (i % 4))
-                    driver.release(handle)
+                    driver.cycle(base + GRANULE * (i % 4))
                 out["host_calls_ms"].append((time.perf_counter() - t0) * 1e3)
-                out["queue_done_after_calls"] = end.query()
+                out["queue_done_after_calls"].append(end.query())
             end.synchronize()
             out[f"{state}_ms"].append(start.elapsed_time(end))
     return out
@@ -172,13 +173,12 @@ def slowdown(torch, driver, rounds, cycles):
 def summarize(figures):
     lines = []
     for state, rows in figures["calls"].items():
-        for name in ("create", "map_access", "unmap", "release"):
+        for name in CALLS:
             values = [r[name] for r in rows]
             lines.append(f"{state:5s} {name:11s} median {statistics.median(values):9.1f} us  "
                          f"max {max(values):9.1f} us")
         if state == "busy":
-            waited = {name: sum(1 for r in rows if r[name + "_waited"])
-                      for name in ("create", "map_access", "unmap", "release")}
+            waited = {name: sum(1 for r in rows if r[name + "_waited"]) for name in CALLS}
             lines.append(f"busy: calls that returned after their {figures['busy_ms']} ms kernel had finished "
                          f"(of {len(rows)}): {waited}")
     slow = figures.get("slowdown")
@@ -187,7 +187,7 @@ def summarize(figures):
                      f"{slow['cycles']} create+map+unmap+release cycles on the host meanwhile "
                      f"{statistics.median(slow['with_calls_ms']):.2f} (host spent "
                      f"{statistics.median(slow['host_calls_ms']):.2f} ms on them; queue done when they "
-                     f"returned: {slow.get('queue_done_after_calls')})")
+                     f"returned, per round: {slow['queue_done_after_calls']})")
     return lines
 
 
