@@ -309,6 +309,8 @@ def warmup_table(rows):
         # The backend's calls by kind per step, where the run recorded them (older runs did not).
         by_kind = bool(plans) and all("unmap_calls" in p for p in plans)
         unmaps = f"{sum(p['unmap_calls'] for p in plans):,}" if by_kind else "-"
+        if by_kind:  # the backend's count, the one the model prices (older runs' counts left out alias unmaps)
+            calls = [sum(p.get(f"{k}_calls", 0) for k in ("create", "map", "unmap", "release")) for p in plans]
         pass_ms = sum(p.get("plan_pass_us", 0) for p in plans) / 1e3
         added_ms = sum(steps[i] - warm[i % shapes] for i in range(quiet)) * 1e3
         drain_ms = sum(step_cost_us(0.0, waits[i], warm[i % shapes] * 1e3) for i in range(quiet)) / 1e3
