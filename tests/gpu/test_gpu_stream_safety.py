@@ -106,14 +106,17 @@ def test_a_block_handed_to_another_stream_waits_for_the_old_one(stream_order):
     figures = last_json(run_python(textwrap.dedent(f"""
         import json, torch, torchmem
         torchmem.install(stream_order={stream_order})
-        from torch.testing._internal.common_utils import get_cycles_per_ms
+        # _sleep's cycles per ms, measured here (torch.testing._internal needs expecttest, a test-only package)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(); torch.cuda._sleep(10_000_000); end.record(); end.synchronize()
+        cycles_per_ms = 10_000_000 / start.elapsed_time(end)
         n = 16 << 20
         side = torch.cuda.Stream()
         sums = []
         for trial in range(3):
             a = torch.ones(n, device="cuda")
             ptr = a.data_ptr()
-            torch.cuda._sleep(int(200 * get_cycles_per_ms()))  # the read below runs late
+            torch.cuda._sleep(int(200 * cycles_per_ms))  # the read below runs late
             sums.append(a.sum())
             del a  # freed on the default stream while its read is still queued
             with torch.cuda.stream(side):
