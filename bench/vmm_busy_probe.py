@@ -123,7 +123,10 @@ def probe(torch, driver, repeats, busy_ms):
                 with torch.cuda.stream(side):
                     torch.cuda._sleep(int(cycles_per_ms * busy_ms))
                     kernel_end.record()
-                time.sleep(0.001)  # let the launch reach the device
+            # Both states sleep alike before the call (busy: so that the launch reaches the device), so
+            # that the kernel is the only difference: with the sleep in the busy state alone, busy calls
+            # took 3-6x the idle ones, while calls made back to back during copies cost the idle price.
+            time.sleep(0.001)
             out[name], result = timed(fn, *args)
             if state == "busy":
                 out[name + "_waited"] = kernel_end.query()  # done already: the call waited for it
