@@ -42,10 +42,12 @@ def step_timing(anchor_rows):
 # workload's measured step per wait. Why a third: a least-squares fit of the
 # H200's warm-up steps under a budget gives about a third of a step per wait.
 # The model leaves out the planning pass (host time, reported apart:
-# Note [Planning pass cost]) and what a call costs inside a busy training
-# process, which depends on the budget: close to the simulator's price at
-# 1.10x the peak request, about two to three times it at 1.05x
-# (BENCHMARKS.md, Budget regime: the replay's time model).
+# Note [Planning pass cost]). Driver calls themselves neither wait for the
+# device nor slow its kernels (bench/vmm_busy_probe.py), so what they and the
+# barriers add is host time: the step's time where the step is host-bound,
+# and an upper bound where the GPU is the bottleneck and hides it (a barrier
+# drains only what the host queued ahead of it; long accumulation steps are
+# the case). BENCHMARKS.md, The replay's time model against the GPU.
 BARRIER_DRAIN_STEPS = 1 / 3
 
 

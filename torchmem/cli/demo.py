@@ -56,7 +56,8 @@ LEGEND = (
                      "to milliseconds of the host's time"),
     ("... after warm-up", "the same in the trace's second half, once the working set is known"),
     ("driver time", "those calls at the costs measured on the H200, plus a third of a step for each wait "
-                    "for the whole device (the queued work it drains), per training step"),
+                    "for the whole device (the queued work it drains), per training step: host time, "
+                    "so an upper bound where the GPU is the bottleneck and hides it"),
     ("failed allocations", "requests the allocator could not serve within the budget: each would "
                            "be an out-of-memory error in training"),
     ("granules stitched", "2 MiB granules torchmem moved out of cached free space to where a new "
