@@ -234,12 +234,7 @@ def steady_table(rows, baseline="native"):
     Only the same group's baseline is a fair one: processes of one group take turns step by step and
     so share the machine's pace, while two groups run one after the other, and the pace can move
     between them by more than the differences being measured (BENCHMARKS.md, Budget regime)."""
-    runs, bands = {}, {}  # (workload, seed, budget, no budget?) -> the baseline's step times, host bands
-    for row in rows:
-        if row["allocator"] in (baseline, reference_label(baseline)) and row.get("oom_at_step") is None:
-            key = (row["workload"], row["seed"], row.get("budget"), bool(row.get("reference")))
-            runs.setdefault(key, []).append(row["step_s"])
-            bands.setdefault(key, []).append(host_band(row))
+    runs, bands = baseline_runs(rows, baseline)
     medians = {key: [statistics.median(step) for step in zip(*r)] for key, r in runs.items()}
     lines = [f"| workload | budget | allocator | quiet from step | steady steps | driver calls | barriers | "
              f"time / {baseline}, same steps | {baseline} of | host band, us: this / {baseline}'s |",
@@ -254,19 +249,69 @@ def steady_table(rows, baseline="native"):
             continue
         quiet = quiet_from(row)
         n = steady_steps(row, quiet)
-        # The fairest baseline first: the same group at the budget, the same group with no budget,
-        # then the unconstrained group (run minutes apart).
-        base, against, key_used = next(((medians[key], label, key) for key, label in (
-            ((row["workload"], row["seed"], row["budget"], False), "the same budget"),
-            ((row["workload"], row["seed"], row["budget"], True), "no budget, same group"),
-            ((row["workload"], row["seed"], None, False), "no budget (another group)")) if key in medians),
-            (None, None, None))
+        key_used, against = fairest_baseline(row, medians)
+        base = medians.get(key_used)
         ratio = f"{sum(row['step_s'][-n:]) / sum(base[-n:]):.3f}" if base and len(base) >= n else "-"
         calls = sum((row.get("driver_calls_per_step") or [])[-n:])
         waits = sum((row.get("barriers_per_step") or [])[-n:])
         theirs = " ".join(bands.get(key_used, [])) or "-"
         lines.append(f"{label} {'never' if quiet is None else quiet} | {n} | {calls} | {waits} | {ratio} | "
                      f"{against if base else '-'} | {host_band(row)} / {theirs} |")
+    return "\n".join(lines)
+
+
+def baseline_runs(rows, baseline):
+    """(workload, seed, budget, no budget?) -> the baseline's step times per process, and their host bands."""
+    runs, bands = {}, {}
+    for row in rows:
+        if row["allocator"] in (baseline, reference_label(baseline)) and row.get("oom_at_step") is None:
+            key = (row["workload"], row["seed"], row.get("budget"), bool(row.get("reference")))
+            runs.setdefault(key, []).append(row["step_s"])
+            bands.setdefault(key, []).append(host_band(row))
+    return runs, bands
+
+
+def fairest_baseline(row, available):
+    """(key, label) of the fairest baseline run for `row` among `available`'s keys, (None, None) if none:
+    the same group at the budget, the same group with no budget, then the unconstrained group (run
+    minutes apart)."""
+    return next(((key, label) for key, label in (
+        ((row["workload"], row["seed"], row["budget"], False), "the same budget"),
+        ((row["workload"], row["seed"], row["budget"], True), "no budget, same group"),
+        ((row["workload"], row["seed"], None, False), "no budget (another group)")) if key in available),
+        (None, None))
+
+
+def pooled_table(rows, baseline="native", line=1.03):
+    """Each allocator's steady steps at a budget against its fairest baseline, pooled over processes:
+    per step, the mean over the allocator's processes over the mean over the baseline's, then the
+    geometric mean over the steps with an approximate 95% interval (two standard errors of the mean
+    log ratio). Steps of one process vary by more than the 3% that #34 reads against, so one process's
+    ratio cannot resolve it; the interval says whether these steps do: "under" when all of it lies
+    below `line`, "over" when all of it lies above, else "unresolved" (more steps needed)."""
+    runs, _ = baseline_runs(rows, baseline)
+    groups = {}
+    for row in rows:
+        if (row.get("budget") is None or row.get("reference") or row.get("oom_at_step") is not None
+                or row["allocator"] == baseline):
+            continue
+        groups.setdefault((row["workload"], row.get("budget"), row["seed"], row["allocator"]), []).append(row)
+    lines = [f"| workload | budget | allocator | processes | steady steps | time / {baseline}, pooled: geomean "
+             f"(~95%) | against | {line:.2f} line |", "|---|---|---|---|---|---|---|---|"]
+    for (workload, budget, _seed, allocator), members in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][3], kv[0][2])):
+        key, against = fairest_baseline(members[0], runs)
+        if key is None:
+            continue
+        base = runs[key]
+        n = min(min(steady_steps(r, quiet_from(r)) for r in members), min(len(b) for b in base))
+        logs = [math.log(statistics.mean(r["step_s"][-n + i] for r in members)
+                         / statistics.mean(b[-n + i] for b in base)) for i in range(n)]
+        mean = statistics.mean(logs)
+        half = 2 * statistics.stdev(logs) / math.sqrt(n) if n > 1 else float("inf")
+        low, high = math.exp(mean - half), math.exp(mean + half)
+        verdict = "under" if high < line else "over" if low > line else "unresolved"
+        lines.append(f"| {workload} | {budget_label(budget)} | {allocator} | {len(members)} | {n} | "
+                     f"{math.exp(mean):.3f} ({low:.3f}-{high:.3f}) | {against} | {verdict} |")
     return "\n".join(lines)
 
 
@@ -394,6 +439,8 @@ def print_tables(rows):
     if any(row.get("budget") is not None for row in rows):
         print()
         print(steady_table(rows))
+        print()
+        print(pooled_table(rows))
         print()
         print(warmup_table(rows))
 

@@ -231,3 +231,24 @@ def test_a_run_that_ends_before_it_settles_says_so(tmp_path):
                     driver_calls_per_step=[0, 900, 0, 0, 0, 0, 0, 14000], barriers_per_step=[0] * 8)
     table = "\n".join(tables(tmp_path, [native, torchmem]))
     assert "| llama_ckpt | 1.05x | torchmem | never | 4 | 14000 | 0 | 2.000 |" in table
+
+
+def test_pooled_table_says_whether_the_steady_steps_resolve_the_line():
+    """Per step, the mean over the allocator's processes over the baseline's, geomean over the
+    steady steps with two standard errors either side; the verdict reads the interval, not the mean."""
+    def at_budget(allocator, steps, process):
+        return dict(result(allocator, 1, steps, process), budget=1.10, driver_calls_per_step=[0] * len(steps),
+                    barriers_per_step=[0] * len(steps))
+
+    native = [at_budget("native", [0.1] * 12, "native#0")]
+    # Every step exactly 1% slower: no spread, so the interval is the point and lies under 1.03.
+    steady = lockstep.pooled_table(native + [at_budget("torchmem", [0.101] * 12, "torchmem#0")])
+    assert "| llama_ckpt | 1.1x | torchmem | 1 | 12 | 1.010 (1.010-1.010) | the same budget | under |" in steady
+    # The same mean with steps 0.9x and 1.1x in turn: the interval spans the line.
+    noisy = [0.09, 0.11] * 6
+    table = lockstep.pooled_table(native + [at_budget("torchmem", noisy, "torchmem#0")])
+    assert "| unresolved |" in table
+    # Two processes pooled: their per-step mean (1.05x) is what is compared.
+    table = lockstep.pooled_table(native + [at_budget("torchmem", [0.100] * 12, "torchmem#0"),
+                                            at_budget("torchmem", [0.110] * 12, "torchmem#1")])
+    assert "| llama_ckpt | 1.1x | torchmem | 2 | 12 | 1.050 (1.050-1.050) | the same budget | over |" in table
