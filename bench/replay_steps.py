@@ -3,6 +3,7 @@ replay, with each step's driver calls, device barriers and stream waits.
 
     python bench/replay_steps.py fsdp_accum --repeats 6 --budgets 0 1.02 1.05 1.10
     python bench/replay_steps.py fsdp_train --budgets 1.05 --config stream_order=false
+    python bench/replay_steps.py fsdp_accum --budgets 0 1.10 --host-time
 
 Why: "once warm, a step makes no driver call and takes no barrier" is a claim
 about every step after some step, which the replay's whole-trace or
@@ -16,6 +17,7 @@ that runs behind the host, as tests/test_step_plan.py does.
 import argparse
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -42,6 +44,26 @@ def step_costs(events, period, limit, config=None, event_delay=10):
     return rows, result
 
 
+def host_us_per_alloc(trace_events, repeats, limit, config=None, event_delay=10, extra=12, tries=3):
+    """The replay's host time per allocation (its free included) of the repeated step, on this CPU:
+    the whole replay with the step appended `repeats` and `repeats + extra` times, best of `tries`
+    each, the difference over the extra allocations. The pool's own work on a steady step (the plan
+    path where one is in force, the online path where not), the replay's event loop included; the
+    simulated driver calls cost no host time here (the step is quiet once warm)."""
+    best = []
+    for n in (repeats, repeats + extra):
+        rows, period = patterns.repeat_last_step(trace_events, n)
+        events = np.asarray(rows, dtype=np.int64)
+        times = []
+        for _ in range(tries):
+            start = time.perf_counter()
+            replay.replay(events, limit=limit, config=config, event_delay=event_delay)
+            times.append(time.perf_counter() - start)
+        best.append(min(times))
+    allocs = sum(1 for row in rows[-period:] if row[0] == patterns.ALLOC)
+    return (best[1] - best[0]) / (extra * allocs) * 1e6
+
+
 def quiet_from(rows):
     """The first step from which every step makes no driver call and takes no barrier (None: never)."""
     return next((i for i in range(len(rows)) if all(c == 0 and b == 0 for c, b, _ in rows[i:])), None)
@@ -55,20 +77,26 @@ def main(argv=None):
                         help="multiples of the peak request (0: no budget)")
     parser.add_argument("--config", default=None, help="torchmem options, key=value,...")
     parser.add_argument("--event-delay", type=int, default=10)
+    parser.add_argument("--host-time", action="store_true",
+                        help="also the replay's host time per allocation of the repeated step (host_us_per_alloc)")
     args = parser.parse_args(argv)
     source = args.trace if os.path.exists(args.trace) else trace_io.bundled_trace(args.trace)
-    rows, period = patterns.repeat_last_step(trace_io.load(source).events, args.repeats)
+    trace = trace_io.load(source)
+    rows, period = patterns.repeat_last_step(trace.events, args.repeats)
     events = np.asarray(rows, dtype=np.int64)
     peak = replay.replay(events, config=args.config, event_delay=args.event_delay).peak_requested
     print(f"{args.trace}: {len(events) // period} steps of {period} events, peak request {peak / GiB:.2f} GiB")
-    print("| budget | per step: driver calls / barriers / stream waits | quiet from step | peak reserved GiB |")
-    print("|---|---|---|---|")
+    print("| budget | per step: driver calls / barriers / stream waits | quiet from step | peak reserved GiB |"
+          + (" host us per allocation |" if args.host_time else ""))
+    print("|---|---|---|---|" + ("---|" if args.host_time else ""))
     for budget in args.budgets:
         costs, last = step_costs(events, period, int(peak * budget), args.config, args.event_delay)
         per_step = ", ".join("/".join(str(v) for v in step) for step in costs)
         quiet = quiet_from(costs)
+        host = (f" {host_us_per_alloc(trace.events, args.repeats, int(peak * budget) or None, args.config, args.event_delay):.3f} |"
+                if args.host_time else "")
         print(f"| {budget or 'none'} | {per_step} | {'never' if quiet is None else quiet} | "
-              f"{last.peak_reserved / GiB:.2f} |")
+              f"{last.peak_reserved / GiB:.2f} |{host}")
     return 0
 
 

@@ -34,3 +34,13 @@ def test_the_table_for_a_bundled_trace(capsys):
     out = capsys.readouterr().out
     assert out.startswith("fsdp_train: 6 steps of 10544 events")
     assert "| none |" in out
+
+
+def test_host_time_column_is_a_positive_time_per_allocation(capsys):
+    """--host-time adds the replay's host microseconds per allocation of the repeated step: a
+    positive figure (the extra steps cost time), and of the order of a microsecond, not of a step."""
+    assert replay_steps.main(["fsdp_train", "--repeats", "2", "--budgets", "0", "--host-time"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].endswith("| host us per allocation |")
+    us = float(lines[-1].split("|")[-2])
+    assert 0 < us < 50
