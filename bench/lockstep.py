@@ -358,19 +358,33 @@ def warmup_table(rows):
             calls = [sum(p.get(f"{k}_calls", 0) for k in ("create", "map", "unmap", "release")) for p in plans]
         pass_ms = sum(p.get("plan_pass_us", 0) for p in plans) / 1e3
         added_ms = sum(steps[i] - warm[i % shapes] for i in range(quiet)) * 1e3
+        noise_ms = added_noise_ms(steps, quiet, shapes)
         drain_ms = sum(step_cost_us(0.0, waits[i], warm[i % shapes] * 1e3) for i in range(quiet)) / 1e3
         per_call = f"{(added_ms - pass_ms - drain_ms) * 1e3 / sum(calls):.1f}" if sum(calls) else "-"
         model, error = "-", "-"
         if by_kind:
             model_ms = sum(call_cost_us(p, prices) for p in plans) / 1e3 + pass_ms + drain_ms
             model = f"{model_ms:.0f}"
-            if added_ms > 0:
+            if abs(added_ms) <= noise_ms:
+                error = f"added within noise (±{noise_ms:.0f} ms)"
+            elif added_ms > 0:
                 error = f"{model_ms / added_ms - 1:+.0%}"
         process = (row.get("lockstep") or {}).get("process", "")
         lines.append(f"| {row['workload']} | {budget_label(row['budget'])} | {row['allocator']} | {process} | "
                      f"{quiet} | {sum(calls):,} | {unmaps} | {sum(waits)} | {passes}: {pass_ms:.0f} | {added_ms:.0f} | "
                      f"{per_call} | {model} | {error} |")
     return "\n".join(lines)
+
+
+def added_noise_ms(steps, quiet, shapes):
+    """How much of a warm-up's added time its steps' own spread can make: two standard deviations of
+    a sum of `quiet` steps, each as spread as the quiet steps of its shape (0 where a shape has a
+    single quiet step). A model error against an added time inside it is an error against noise."""
+    variance = 0.0
+    for i in range(quiet):
+        same_shape = [steps[j] for j in range(quiet, len(steps)) if j % shapes == i % shapes]
+        variance += statistics.variance(same_shape) if len(same_shape) > 1 else 0.0
+    return 2 * math.sqrt(variance) * 1e3
 
 
 def call_cost_us(step, prices):

@@ -252,3 +252,11 @@ def test_pooled_table_says_whether_the_steady_steps_resolve_the_line():
     table = lockstep.pooled_table(native + [at_budget("torchmem", [0.100] * 12, "torchmem#0"),
                                             at_budget("torchmem", [0.110] * 12, "torchmem#1")])
     assert "| llama_ckpt | 1.1x | torchmem | 2 | 12 | 1.050 (1.050-1.050) | the same budget | over |" in table
+
+
+def test_added_noise_is_two_deviations_of_the_warm_up_sum():
+    """Each warm-up step is as spread as the quiet steps of its shape; their variances add."""
+    # quiet from step 2, two shapes: shape 0's quiet steps 0.1, 0.3 (variance 0.02), shape 1's 0.2, 0.2 (0)
+    steps = [0.5, 0.5, 0.1, 0.2, 0.3, 0.2]
+    assert lockstep.added_noise_ms(steps, 2, 2) == pytest.approx(2 * 0.02 ** 0.5 * 1e3)
+    assert lockstep.added_noise_ms([0.5, 0.1], 1, 1) == 0  # one quiet step: no spread known
