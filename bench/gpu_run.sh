@@ -39,7 +39,8 @@
 #                  ROUND_KERNEL_TIME): LOCKSTEP_PER processes per allocator (default 2), alive together, taking
 #                  turns step by step, one group per seed in LOCKSTEP_SEEDS (default "1 2"); lockstep.jsonl;
 #                  LOCKSTEP_BUDGETS="1.05 1.10": each seed again under those multiples of its peak request,
-#                  beside native with no budget (LOCKSTEP_REFERENCE=none leaves it out)
+#                  beside native with no budget (LOCKSTEP_REFERENCE=none leaves it out); T_LOCKSTEP: seconds per
+#                  workload (default 420; long runs that resolve the pooled table's 3% line need more)
 #   peer           PyTorch's test_cuda.py, native vs torchmem (.peer/, carried)
 #   host           bench/host_bench.py and bench/offload_bench.py (pinned pool, offload;
 #                  OFFLOAD_MODELS, OFFLOAD_KEEP: the --keep fractions, OFFLOAD_ROUNDS: --rounds)
@@ -252,7 +253,7 @@ job_lockstep() {  # the steps of every allocator side by side in time (bench/loc
   local w
   for w in ${ROUND_WORKLOADS:-gpt2 llama_ckpt kv_generate vision}; do
     [ "$(left)" -lt 60 ] && { echo "lockstep: no time left for $w"; continue; }
-    pinned timeout "$(bounded 420)" python3 bench/lockstep.py --workload "$w" \
+    pinned timeout "$(bounded ${T_LOCKSTEP:-420})" python3 bench/lockstep.py --workload "$w" \
       --allocators ${ROUND_ALLOCATORS:-native expandable torchmem} --per-allocator "${LOCKSTEP_PER:-2}" \
       --steps "${ROUND_STEPS:-14}" --shapes "${ROUND_SHAPES:-4}" --seeds ${LOCKSTEP_SEEDS:-1 2} \
       $( [ "${ROUND_KERNEL_TIME:-0}" = 1 ] && echo --kernel-time ) \
