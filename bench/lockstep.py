@@ -298,7 +298,8 @@ def pooled_table(rows, baseline="native", line=1.03):
         groups.setdefault((row["workload"], row.get("budget"), row["seed"], row["allocator"]), []).append(row)
     lines = [f"| workload | budget | allocator | processes | steady steps | time / {baseline}, pooled: geomean "
              f"(~95%) | against | {line:.2f} line |", "|---|---|---|---|---|---|---|---|"]
-    for (workload, budget, _seed, allocator), members in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][3], kv[0][2])):
+    by_table_order = sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][3], kv[0][2]))
+    for (workload, budget, _seed, allocator), members in by_table_order:
         key, against = fairest_baseline(members[0], runs)
         if key is None:
             continue

@@ -93,8 +93,10 @@ def main(argv=None):
         costs, last = step_costs(events, period, int(peak * budget), args.config, args.event_delay)
         per_step = ", ".join("/".join(str(v) for v in step) for step in costs)
         quiet = quiet_from(costs)
-        host = (f" {host_us_per_alloc(trace.events, args.repeats, int(peak * budget) or None, args.config, args.event_delay):.3f} |"
-                if args.host_time else "")
+        host = ""
+        if args.host_time:
+            us = host_us_per_alloc(trace.events, args.repeats, int(peak * budget) or None, args.config, args.event_delay)
+            host = f" {us:.3f} |"
         print(f"| {budget or 'none'} | {per_step} | {'never' if quiet is None else quiet} | "
               f"{last.peak_reserved / GiB:.2f} |{host}")
     return 0
