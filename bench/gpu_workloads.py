@@ -171,12 +171,13 @@ def step_counters(torch):
 
 def cost_counters(torch):
     """(driver calls, device barriers) so far: torchmem's driver calls as its backend counts them
-    (cuMemCreate, cuMemMap, cuMemUnmap, cuMemRelease: a granule or a run each) and its waits for
-    the whole device; for PyTorch's allocators cudaMalloc/cudaFree (segments;
+    (cuMemCreate, cuMemMap, cuMemUnmap, cuMemRelease: a granule or a run each; cudaMalloc and
+    cudaFree of a segment under the cuda_malloc backend) and its waits for the whole device; for PyTorch's allocators cudaMalloc/cudaFree (segments;
     expandable_segments' pages) and the cache releases that synchronize the device."""
     stats = allocator_stats(torch)
     if "torchmem.backend.unmap_calls" in stats:  # the backend's own count: alias unmaps and parked granules too
-        return (sum(stats.get(f"torchmem.backend.{k}_calls", 0) for k in ("create", "map", "unmap", "release")),
+        kinds = ("create", "map", "unmap", "release", "segment_alloc", "segment_free")
+        return (sum(stats.get(f"torchmem.backend.{k}_calls", 0) for k in kinds),
                 stats["torchmem.num_device_barriers"])
     if "torchmem.num_device_barriers" in stats:
         return (stats.get("num_device_alloc", 0) + stats.get("num_device_free", 0)

@@ -285,10 +285,12 @@ def fairest_baseline(row, available):
 def pooled_table(rows, baseline="native", line=1.03):
     """Each allocator's steady steps at a budget against its fairest baseline, pooled over processes:
     per step, the mean over the allocator's processes over the mean over the baseline's, then the
-    geometric mean over the steps with an approximate 95% interval (two standard errors of the mean
-    log ratio). Steps of one process vary by more than the 3% that #34 reads against, so one process's
-    ratio cannot resolve it; the interval says whether these steps do: "under" when all of it lies
-    below `line`, "over" when all of it lies above, else "unresolved" (more steps needed)."""
+    geometric mean over the steps (every step weighs the same, where steady_table divides summed
+    times) with a 95% interval (Student's t over the per-step log ratios). Steps of one process vary
+    by more than the 3% that #34 reads against, so one process's ratio cannot resolve it; the
+    interval says whether these steps do: "under" when all of it lies below `line`, "over" when all
+    of it lies above, else "unresolved" (more steps needed). Only a baseline of the same group gets a
+    verdict (another group ran minutes apart, at its own pace); fewer than two steps get no row."""
     runs, _ = baseline_runs(rows, baseline)
     groups = {}
     for row in rows:
@@ -296,24 +298,38 @@ def pooled_table(rows, baseline="native", line=1.03):
                 or row["allocator"] == baseline):
             continue
         groups.setdefault((row["workload"], row.get("budget"), row["seed"], row["allocator"]), []).append(row)
-    lines = [f"| workload | budget | allocator | processes | steady steps | time / {baseline}, pooled: geomean "
-             f"(~95%) | against | {line:.2f} line |", "|---|---|---|---|---|---|---|---|"]
+    lines = [f"| workload | budget | seed | allocator | processes | steady steps | time / {baseline}, pooled: "
+             f"geomean (95%) | against | {line:.2f} line |", "|---|---|---|---|---|---|---|---|---|"]
     by_table_order = sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][3], kv[0][2]))
-    for (workload, budget, _seed, allocator), members in by_table_order:
+    for (workload, budget, seed, allocator), members in by_table_order:
         key, against = fairest_baseline(members[0], runs)
         if key is None:
             continue
         base = runs[key]
-        n = min(min(steady_steps(r, quiet_from(r)) for r in members), min(len(b) for b in base))
+        n = min([steady_steps(r, quiet_from(r)) for r in members] + [len(r["step_s"]) for r in members]
+                + [len(b) for b in base])
+        if n < 2:
+            continue
         logs = [math.log(statistics.mean(r["step_s"][-n + i] for r in members)
                          / statistics.mean(b[-n + i] for b in base)) for i in range(n)]
         mean = statistics.mean(logs)
-        half = 2 * statistics.stdev(logs) / math.sqrt(n) if n > 1 else float("inf")
+        half = student_t95(n - 1) * statistics.stdev(logs) / math.sqrt(n)
         low, high = math.exp(mean - half), math.exp(mean + half)
         verdict = "under" if high < line else "over" if low > line else "unresolved"
-        lines.append(f"| {workload} | {budget_label(budget)} | {allocator} | {len(members)} | {n} | "
+        if against == "no budget (another group)":
+            verdict = "- (another group)"
+        lines.append(f"| {workload} | {budget_label(budget)} | {seed} | {allocator} | {len(members)} | {n} | "
                      f"{math.exp(mean):.3f} ({low:.3f}-{high:.3f}) | {against} | {verdict} |")
     return "\n".join(lines)
+
+
+# Student's t, two-sided 95%, by degrees of freedom (1-30; the normal 1.96 beyond).
+T95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14, 2.13,
+       2.12, 2.11, 2.10, 2.09, 2.09, 2.08, 2.07, 2.07, 2.06, 2.06, 2.06, 2.05, 2.05, 2.05, 2.04)
+
+
+def student_t95(dof):
+    return T95[dof - 1] if dof <= len(T95) else 1.96
 
 
 def host_band(row):
@@ -361,14 +377,18 @@ def warmup_table(rows):
         added_ms = sum(steps[i] - warm[i % shapes] for i in range(quiet)) * 1e3
         noise_ms = added_noise_ms(steps, quiet, shapes)
         drain_ms = sum(step_cost_us(0.0, waits[i], warm[i % shapes] * 1e3) for i in range(quiet)) / 1e3
-        per_call = f"{(added_ms - pass_ms - drain_ms) * 1e3 / sum(calls):.1f}" if sum(calls) else "-"
+        inside_noise = abs(added_ms) <= noise_ms
+        per_call = (f"{(added_ms - pass_ms - drain_ms) * 1e3 / sum(calls):.1f}" if sum(calls) and not inside_noise
+                    else "-")
         model, error = "-", "-"
         if by_kind:
             model_ms = sum(call_cost_us(p, prices) for p in plans) / 1e3 + pass_ms + drain_ms
             model = f"{model_ms:.0f}"
-            if abs(added_ms) <= noise_ms:
-                error = f"added within noise (±{noise_ms:.0f} ms)"
-            elif added_ms > 0:
+            if abs(model_ms - added_ms) <= noise_ms:
+                error = f"within noise (±{noise_ms:.0f} ms)"
+            elif inside_noise or added_ms <= 0:
+                error = f"{model_ms - added_ms:+.0f} ms (added within ±{noise_ms:.0f} ms)"
+            else:
                 error = f"{model_ms / added_ms - 1:+.0%}"
         process = (row.get("lockstep") or {}).get("process", "")
         lines.append(f"| {row['workload']} | {budget_label(row['budget'])} | {row['allocator']} | {process} | "
@@ -380,7 +400,9 @@ def warmup_table(rows):
 def added_noise_ms(steps, quiet, shapes):
     """How much of a warm-up's added time its steps' own spread can make: two standard deviations of
     a sum of `quiet` steps, each as spread as the quiet steps of its shape (0 where a shape has a
-    single quiet step). A model error against an added time inside it is an error against noise."""
+    single quiet step: the spread is then unknown, not zero, and the figure says too little). A
+    percentage error against an added time inside it would be an error against noise. It leaves out
+    the error of the quiet medians that every warm-up step is measured from."""
     variance = 0.0
     for i in range(quiet):
         same_shape = [steps[j] for j in range(quiet, len(steps)) if j % shapes == i % shapes]

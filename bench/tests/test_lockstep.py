@@ -243,7 +243,7 @@ def test_pooled_table_says_whether_the_steady_steps_resolve_the_line():
     native = [at_budget("native", [0.1] * 12, "native#0")]
     # Every step exactly 1% slower: no spread, so the interval is the point and lies under 1.03.
     steady = lockstep.pooled_table(native + [at_budget("torchmem", [0.101] * 12, "torchmem#0")])
-    assert "| llama_ckpt | 1.1x | torchmem | 1 | 12 | 1.010 (1.010-1.010) | the same budget | under |" in steady
+    assert "| llama_ckpt | 1.1x | 1 | torchmem | 1 | 12 | 1.010 (1.010-1.010) | the same budget | under |" in steady
     # The same mean with steps 0.9x and 1.1x in turn: the interval spans the line.
     noisy = [0.09, 0.11] * 6
     table = lockstep.pooled_table(native + [at_budget("torchmem", noisy, "torchmem#0")])
@@ -251,7 +251,14 @@ def test_pooled_table_says_whether_the_steady_steps_resolve_the_line():
     # Two processes pooled: their per-step mean (1.05x) is what is compared.
     table = lockstep.pooled_table(native + [at_budget("torchmem", [0.100] * 12, "torchmem#0"),
                                             at_budget("torchmem", [0.110] * 12, "torchmem#1")])
-    assert "| llama_ckpt | 1.1x | torchmem | 2 | 12 | 1.050 (1.050-1.050) | the same budget | over |" in table
+    assert "| llama_ckpt | 1.1x | 1 | torchmem | 2 | 12 | 1.050 (1.050-1.050) | the same budget | over |" in table
+    # A baseline from another group (run minutes apart) gets a ratio but no verdict.
+    unconstrained = [dict(at_budget("native", [0.1] * 12, "native#0"), budget=None)]
+    table = lockstep.pooled_table(unconstrained + [at_budget("torchmem", [0.101] * 12, "torchmem#0")])
+    assert "| no budget (another group) | - (another group) |" in table
+    # A run shorter than its steady window, or of one step, gives no row and no error.
+    table = lockstep.pooled_table(native + [at_budget("torchmem", [0.1], "torchmem#0")])
+    assert len(table.splitlines()) == 2
 
 
 def test_added_noise_is_two_deviations_of_the_warm_up_sum():
@@ -260,3 +267,19 @@ def test_added_noise_is_two_deviations_of_the_warm_up_sum():
     steps = [0.5, 0.5, 0.1, 0.2, 0.3, 0.2]
     assert lockstep.added_noise_ms(steps, 2, 2) == pytest.approx(2 * 0.02 ** 0.5 * 1e3)
     assert lockstep.added_noise_ms([0.5, 0.1], 1, 1) == 0  # one quiet step: no spread known
+
+
+def test_warmup_table_reads_the_model_against_the_steps_spread(tmp_path):
+    """An added time inside the quiet steps' spread gets no percentage: the model is either within
+    that noise or off by a stated number of ms."""
+    steps = [0.12, 0.08, 0.12, 0.10, 0.08, 0.12, 0.08]  # quiet from step 1, one shape, spread ~0.02 s
+    plan = [{"num_plan_passes": 0, "plan_pass_us": 0, "create_calls": 0, "map_calls": 100,
+             "unmap_calls": 0, "release_calls": 0}] + [{}] * 6
+    row = dict(result("torchmem", 1, steps, "torchmem#0"), shapes=1, budget=1.05,
+               driver_calls_per_step=[100] + [0] * 6, barriers_per_step=[0] * 7, plan_per_step=plan)
+    table = "\n".join(tables(tmp_path, [row]))
+    assert "| 30 | - | 2 | within noise (±39 ms) |" in table  # added 0.12 - median 0.09; 100 maps: 2 ms
+    plan[0]["map_calls"] = 10_000  # ~196 ms modeled against 30 ms added inside ±39 ms
+    (tmp_path / "over").mkdir()
+    table = "\n".join(tables(tmp_path / "over", [dict(row, plan_per_step=plan)]))
+    assert "ms (added within ±39 ms) |" in table and "| 30 | - |" in table
