@@ -221,6 +221,13 @@ def quiet_from(row):
     return quiet if quiet < len(calls) else None
 
 
+def budget_rows(rows):
+    """The processes that ran under a budget (not the reference processes with none), in table
+    order: workload, budget, allocator, seed."""
+    return sorted((r for r in rows if r.get("budget") is not None and not r.get("reference")),
+                  key=lambda r: (r["workload"], r["budget"], r["allocator"], r["seed"]))
+
+
 def steady_table(rows, baseline="native"):
     """Each group at a budget once warm: its timed steps from the one it went quiet (no driver call, no
     barrier after it) in whole shape cycles, or the last third if it never did, with
@@ -239,9 +246,8 @@ def steady_table(rows, baseline="native"):
     lines = [f"| workload | budget | allocator | quiet from step | steady steps | driver calls | barriers | "
              f"time / {baseline}, same steps | {baseline} of | host band, us: this / {baseline}'s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for row in sorted(rows, key=lambda r: (r["workload"], r.get("budget") or 0, r["allocator"], r["seed"])):
-        if (row.get("budget") is None or row.get("reference")
-                or (row["allocator"] == baseline and row.get("oom_at_step") is None)):
+    for row in budget_rows(rows):
+        if row["allocator"] == baseline and row.get("oom_at_step") is None:
             continue
         label = f"| {row['workload']} | {budget_label(row['budget'])} | {row['allocator']} |"
         if row.get("oom_at_step") is not None:
@@ -293,15 +299,13 @@ def pooled_table(rows, baseline="native", line=1.03):
     verdict (another group ran minutes apart, at its own pace); fewer than two steps get no row."""
     runs, _ = baseline_runs(rows, baseline)
     groups = {}
-    for row in rows:
-        if (row.get("budget") is None or row.get("reference") or row.get("oom_at_step") is not None
-                or row["allocator"] == baseline):
+    for row in budget_rows(rows):
+        if row.get("oom_at_step") is not None or row["allocator"] == baseline:
             continue
         groups.setdefault((row["workload"], row.get("budget"), row["seed"], row["allocator"]), []).append(row)
     lines = [f"| workload | budget | seed | allocator | processes | steady steps | time / {baseline}, pooled: "
              f"geomean (95%) | against | {line:.2f} line |", "|---|---|---|---|---|---|---|---|---|"]
-    by_table_order = sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][3], kv[0][2]))
-    for (workload, budget, seed, allocator), members in by_table_order:
+    for (workload, budget, seed, allocator), members in groups.items():  # in budget_rows' order
         key, against = fairest_baseline(members[0], runs)
         if key is None:
             continue
@@ -354,9 +358,9 @@ def warmup_table(rows):
     lines = ["| workload | budget | allocator | process | warm-up steps | driver calls | of them unmaps | barriers | "
              "planning passes: ms | time added, ms | per call, us | model, ms | model error |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for row in sorted(rows, key=lambda r: (r["workload"], r.get("budget") or 0, r["allocator"], r["seed"])):
+    for row in budget_rows(rows):
         quiet = quiet_from(row)
-        if row.get("budget") is None or row.get("reference") or row.get("oom_at_step") is not None or not quiet:
+        if row.get("oom_at_step") is not None or not quiet:
             continue
         steps, shapes = row["step_s"], max(1, row.get("shapes") or 1)
         if (len(steps) - quiet) < shapes:
