@@ -320,7 +320,7 @@ def pooled_table(rows, baseline="native", line=1.03):
         half = student_t95(n - 1) * statistics.stdev(logs) / math.sqrt(n)
         low, high = math.exp(mean - half), math.exp(mean + half)
         verdict = "under" if high < line else "over" if low > line else "unresolved"
-        if against == "no budget (another group)":
+        if key[2] is None:  # the unconstrained group: run minutes apart
             verdict = "- (another group)"
         lines.append(f"| {workload} | {budget_label(budget)} | {seed} | {allocator} | {len(members)} | {n} | "
                      f"{math.exp(mean):.3f} ({low:.3f}-{high:.3f}) | {against} | {verdict} |")
@@ -365,8 +365,8 @@ def warmup_table(rows):
         steps, shapes = row["step_s"], max(1, row.get("shapes") or 1)
         if (len(steps) - quiet) < shapes:
             continue  # no whole quiet cycle: no warm time for every shape
-        warm = {k: statistics.median(steps[i] for i in range(quiet, len(steps)) if i % shapes == k)
-                for k in range(shapes)}
+        by_shape = quiet_by_shape(steps, quiet, shapes)
+        warm = {k: statistics.median(times) for k, times in by_shape.items()}
         calls = (row.get("driver_calls_per_step") or [])[:quiet]
         waits = (row.get("barriers_per_step") or [0] * quiet)[:quiet]
         plans = row.get("plan_per_step") or []
@@ -376,10 +376,10 @@ def warmup_table(rows):
         by_kind = bool(plans) and all("unmap_calls" in p for p in plans)
         unmaps = f"{sum(p['unmap_calls'] for p in plans):,}" if by_kind else "-"
         if by_kind:  # the backend's count, the one the model prices (older runs' counts left out alias unmaps)
-            calls = [sum(p.get(f"{k}_calls", 0) for k in ("create", "map", "unmap", "release")) for p in plans]
+            calls = [sum(p.get(f"{kind}_calls", 0) for kind in CALL_PRICES) for p in plans]
         pass_ms = sum(p.get("plan_pass_us", 0) for p in plans) / 1e3
         added_ms = sum(steps[i] - warm[i % shapes] for i in range(quiet)) * 1e3
-        noise_ms = added_noise_ms(steps, quiet, shapes)
+        noise_ms = added_noise_ms(by_shape, quiet)
         drain_ms = sum(step_cost_us(0.0, waits[i], warm[i % shapes] * 1e3) for i in range(quiet)) / 1e3
         inside_noise = abs(added_ms) <= noise_ms
         per_call = (f"{(added_ms - pass_ms - drain_ms) * 1e3 / sum(calls):.1f}" if sum(calls) and not inside_noise
@@ -401,26 +401,34 @@ def warmup_table(rows):
     return "\n".join(lines)
 
 
-def added_noise_ms(steps, quiet, shapes):
+def quiet_by_shape(steps, quiet, shapes):
+    """shape -> the times of its steps from `quiet` on (a timed step i ran shape i % shapes)."""
+    return {k: [steps[i] for i in range(quiet, len(steps)) if i % shapes == k] for k in range(shapes)}
+
+
+def added_noise_ms(by_shape, warmup_steps):
     """How much of a warm-up's added time its steps' own spread can make: two standard deviations of
-    a sum of `quiet` steps, each as spread as the quiet steps of its shape (0 where a shape has a
-    single quiet step: the spread is then unknown, not zero, and the figure says too little). A
-    percentage error against an added time inside it would be an error against noise. It leaves out
-    the error of the quiet medians that every warm-up step is measured from."""
-    variance = 0.0
-    for i in range(quiet):
-        same_shape = [steps[j] for j in range(quiet, len(steps)) if j % shapes == i % shapes]
-        variance += statistics.variance(same_shape) if len(same_shape) > 1 else 0.0
+    a sum of the `warmup_steps` first steps, each as spread as the quiet steps of its shape
+    (`by_shape`, quiet_by_shape; 0 where a shape has a single quiet step: the spread is then unknown,
+    not zero, and the figure says too little). A percentage error against an added time inside it
+    would be an error against noise. It leaves out the error of the quiet medians that every
+    warm-up step is measured from."""
+    shapes = len(by_shape)
+    variance = sum(statistics.variance(by_shape[i % shapes]) if len(by_shape[i % shapes]) > 1 else 0.0
+                   for i in range(warmup_steps))
     return 2 * math.sqrt(variance) * 1e3
+
+
+# The backend's driver calls by kind (its "<kind>_calls" counters) and the simulator's prices each
+# is charged (torchmem._C.sim_costs() keys): a map is a map and its access call.
+CALL_PRICES = {"create": ("create_us",), "map": ("map_us", "set_access_us"), "unmap": ("unmap_us",),
+               "release": ("release_us",)}
 
 
 def call_cost_us(step, prices):
     """The replay's time model of one step's driver calls (the backend's counts by kind): each at the
-    simulator's price (torchmem._C.sim_costs(), measured in isolation on an H200); a map is a map and
-    its access call."""
-    return (step.get("create_calls", 0) * prices["create_us"]
-            + step.get("map_calls", 0) * (prices["map_us"] + prices["set_access_us"])
-            + step.get("unmap_calls", 0) * prices["unmap_us"] + step.get("release_calls", 0) * prices["release_us"])
+    simulator's price (torchmem._C.sim_costs(), measured in isolation on an H200)."""
+    return sum(step.get(f"{kind}_calls", 0) * sum(prices[key] for key in keys) for kind, keys in CALL_PRICES.items())
 
 
 def worker_argv(workload, allocator, seed, args, out, fraction=None):

@@ -27,6 +27,7 @@ from torchmem.analysis import patterns, replay  # noqa: E402
 from torchmem.analysis import trace as trace_io  # noqa: E402
 
 GiB = 1 << 30
+HOST_TIME_STEPS = 12  # --host-time: copies of the step the longer replay adds
 DRIVER_CALLS = ("create_calls", "map_calls", "unmap_calls", "release_calls")
 
 
@@ -44,24 +45,22 @@ def step_costs(events, period, limit, config=None, event_delay=10):
     return rows, result
 
 
-def host_us_per_alloc(trace_events, repeats, limit, config=None, event_delay=10, extra=12, tries=3):
+def host_us_per_alloc(events, longer, extra_allocs, limit, config=None, event_delay=10, tries=3):
     """The replay's host time per allocation (its free included) of the repeated step, on this CPU:
-    the whole replay with the step appended `repeats` and `repeats + extra` times, best of `tries`
-    each, the difference over the extra allocations. The pool's own work on a steady step (the plan
-    path where one is in force, the online path where not), the replay's event loop included; the
-    simulated driver calls cost no host time here (the step is quiet once warm)."""
+    the whole replay of `events` and of `longer` (the same with more copies of the step, holding
+    `extra_allocs` more allocations), best of `tries` each, the difference over those allocations.
+    The pool's own work on a steady step (the plan path where one is in force, the online path
+    where not), the replay's event loop included; the simulated driver calls cost no host time here
+    (the step is quiet once warm)."""
     best = []
-    for n in (repeats, repeats + extra):
-        rows, period = patterns.repeat_last_step(trace_events, n)
-        events = np.asarray(rows, dtype=np.int64)
+    for run in (events, longer):
         times = []
         for _ in range(tries):
             start = time.perf_counter()
-            replay.replay(events, limit=limit, config=config, event_delay=event_delay)
+            replay.replay(run, limit=limit, config=config, event_delay=event_delay)
             times.append(time.perf_counter() - start)
         best.append(min(times))
-    allocs = sum(1 for row in rows[-period:] if row[0] == patterns.ALLOC)
-    return (best[1] - best[0]) / (extra * allocs) * 1e6
+    return (best[1] - best[0]) / extra_allocs * 1e6
 
 
 def quiet_from(rows):
@@ -84,6 +83,10 @@ def main(argv=None):
     trace = trace_io.load(source)
     rows, period = patterns.repeat_last_step(trace.events, args.repeats)
     events = np.asarray(rows, dtype=np.int64)
+    if args.host_time:  # the same run HOST_TIME_STEPS steps longer: host_us_per_alloc's difference
+        longer_rows, _ = patterns.repeat_last_step(trace.events, args.repeats + HOST_TIME_STEPS)
+        longer = np.asarray(longer_rows, dtype=np.int64)
+        extra_allocs = HOST_TIME_STEPS * sum(1 for row in rows[-period:] if row[0] == patterns.ALLOC)
     peak = replay.replay(events, config=args.config, event_delay=args.event_delay).peak_requested
     print(f"{args.trace}: {len(events) // period} steps of {period} events, peak request {peak / GiB:.2f} GiB")
     print("| budget | per step: driver calls / barriers / stream waits | quiet from step | peak reserved GiB |"
@@ -95,7 +98,7 @@ def main(argv=None):
         quiet = quiet_from(costs)
         host = ""
         if args.host_time:
-            us = host_us_per_alloc(trace.events, args.repeats, int(peak * budget) or None, args.config, args.event_delay)
+            us = host_us_per_alloc(events, longer, extra_allocs, int(peak * budget), args.config, args.event_delay)
             host = f" {us:.3f} |"
         print(f"| {budget or 'none'} | {per_step} | {'never' if quiet is None else quiet} | "
               f"{last.peak_reserved / GiB:.2f} |{host}")

@@ -265,8 +265,10 @@ def test_added_noise_is_two_deviations_of_the_warm_up_sum():
     """Each warm-up step is as spread as the quiet steps of its shape; their variances add."""
     # quiet from step 2, two shapes: shape 0's quiet steps 0.1, 0.3 (variance 0.02), shape 1's 0.2, 0.2 (0)
     steps = [0.5, 0.5, 0.1, 0.2, 0.3, 0.2]
-    assert lockstep.added_noise_ms(steps, 2, 2) == pytest.approx(2 * 0.02 ** 0.5 * 1e3)
-    assert lockstep.added_noise_ms([0.5, 0.1], 1, 1) == 0  # one quiet step: no spread known
+    by_shape = lockstep.quiet_by_shape(steps, 2, 2)
+    assert by_shape == {0: [0.1, 0.3], 1: [0.2, 0.2]}
+    assert lockstep.added_noise_ms(by_shape, 2) == pytest.approx(2 * 0.02 ** 0.5 * 1e3)
+    assert lockstep.added_noise_ms(lockstep.quiet_by_shape([0.5, 0.1], 1, 1), 1) == 0  # one quiet step: no spread known
 
 
 def test_warmup_table_reads_the_model_against_the_steps_spread(tmp_path):
