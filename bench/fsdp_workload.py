@@ -4,6 +4,7 @@
     torchrun --standalone --nproc-per-node=1 bench/fsdp_workload.py --allocator native --micro-batch 8
     python bench/fsdp_workload.py sweep --nproc 2 --limit-fracs 1.0 0.17 --out fsdp.jsonl   (every allocator, a table)
     python bench/fsdp_workload.py sweep --budgets 1.05 1.10 --micro-batch 8 --out fsdp.jsonl  (x the peak request)
+    python bench/fsdp_workload.py sweep --budgets 1.05 --micro-batch 8 --fallback-micro-batches 4 2  (time per sample)
 
 Why: people who outgrow one GPU train with FSDP2 (`fully_shard` per decoder
 layer, bf16 MixedPrecisionPolicy), and torchmem must hold there what it holds on
@@ -29,7 +30,11 @@ allocator and budget, one after the other, and prints a table with each run's
 losses against native's at the same budget. Its budgets are fractions of the
 device (--limit-fracs) or multiples of the workload's own peak request
 (--budgets, for a fixed --micro-batch: a native run without a limit measures
-the peak first), the regime where an allocator's packing decides what fits.
+the peak first), the regime where an allocator's packing decides what fits. With
+--fallback-micro-batches, a run that runs out of memory runs again at smaller
+micro-batches until one fits, and the sweep prints torchmem's time per sample
+at its micro-batch against each other allocator's at its own largest: where
+only torchmem fits the larger micro-batch, that is the comparison a user makes.
 """
 
 import argparse
@@ -261,14 +266,20 @@ def sweep(argv):
                              "without a limit measures first (max_memory_allocated, the largest rank's)")
     parser.add_argument("--out", default="fsdp_workload.jsonl")
     parser.add_argument("--timeout-s", type=int, default=1200, help="per run")
+    parser.add_argument("--fallback-micro-batches", nargs="+", type=int, default=[], metavar="M",
+                        help="where a run runs out of memory, run that allocator at that budget again at each of "
+                             "these micro-batches in turn until one fits: its own largest, whose time per sample "
+                             "the table sets beside the others' (the global batch stays, so a step is the same "
+                             "samples in more micro-steps)")
     args, rest = parser.parse_known_args(argv)
     if not args.limit_fracs and not args.budgets:
         args.limit_fracs = [1.0]
     runs = []
     with open(args.out, "a") as out:
-        def run(label, frac, allocator):
+        def run_once(label, frac, allocator, extra=()):
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-                   os.path.abspath(__file__), "--allocator", allocator, "--limit-frac", f"{frac:.6f}"] + rest
+                   os.path.abspath(__file__), "--allocator", allocator, "--limit-frac", f"{frac:.6f}",
+                   *rest, *extra]  # argparse takes the last --micro-batch given
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s)
             reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
             for report in reports:
@@ -279,15 +290,25 @@ def sweep(argv):
             runs.append((label, allocator, sorted(reports, key=lambda r: r["rank"])))
             return reports
 
+        def run(label, frac, allocator):
+            reports = run_once(label, frac, allocator)
+            for micro in args.fallback_micro_batches:
+                if not reports or not any(r.get("oom") for r in reports):
+                    break  # it fits, or it failed for a reason a smaller micro-batch does not cure
+                reports = run_once(label, frac, allocator, ["--micro-batch", str(micro)])
+            return reports
+
         for frac in args.limit_fracs:
             for allocator in args.allocators:
                 run(f"{frac:g}", frac, allocator)
         if args.budgets:
-            fracs = budget_fractions(run("peak", 1.0, "native"), args.budgets)
+            fracs = budget_fractions(run_once("peak", 1.0, "native"), args.budgets)
             for budget, frac in zip(args.budgets, fracs):
                 for allocator in args.allocators:
                     run(f"{budget:g}x", frac, allocator)
     print(table(runs))
+    for line in per_sample_lines(runs):
+        print(line)
     return 0
 
 
@@ -329,6 +350,26 @@ def table(runs):
         lines.append(f"{label:>6} {allocator:>10} {step:>7} {tps:>8} {str(micro):>8} {peaks:>24} "
                      f"{r0['counters'].get('num_device_alloc', '-'):>9} {oom:>4} {diff:>14}")
     return "\n".join(lines)
+
+
+def per_sample_lines(runs):
+    """Where torchmem runs a larger micro-batch at a budget than another allocator fits there
+    (--fallback-micro-batches), its time per sample against that allocator's at its own largest."""
+    fitted = {}  # (budget, allocator) -> (micro-batch, seconds per sample) of the last run that fit
+    for label, allocator, reports in runs:
+        if reports and not any(r.get("oom") for r in reports) and reports[0].get("median_step_s"):
+            r0 = reports[0]
+            fitted[(label, allocator)] = (max(r0["micro_batches"]), r0["median_step_s"] / r0["global_batch"])
+    lines = []
+    for (label, allocator), (micro, per_sample) in fitted.items():
+        if allocator != "torchmem":
+            continue
+        for (other_label, other), (other_micro, other_per_sample) in fitted.items():
+            if other_label == label and other != "torchmem" and other_micro < micro:
+                lines.append(f"{label}: torchmem at micro-batch {micro} {per_sample * 1e3:.2f} ms/sample, "
+                             f"{other} at its largest that fits, {other_micro}, {other_per_sample * 1e3:.2f} "
+                             f"ms/sample: {per_sample / other_per_sample:.3f}x")
+    return lines
 
 
 def main(argv=None):

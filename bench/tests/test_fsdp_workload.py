@@ -72,3 +72,32 @@ def test_budgets_are_multiples_of_the_largest_ranks_peak_request():
     assert bench.budget_fractions(ranks, [1.05, 1.10, 20.0]) == pytest.approx([0.126, 0.132, 1.0])
     with pytest.raises(SystemExit, match="no peak request"):
         bench.budget_fractions([dict(ranks[0], oom="CUDA out of memory")], [1.05])
+
+
+def test_sweep_falls_back_to_smaller_micro_batches_and_compares_time_per_sample(tmp_path, monkeypatch, capsys):
+    """A run that runs out of memory is run again at each fallback micro-batch until one fits;
+    the peak-request run never falls back (its micro-batch defines the budgets); torchmem's time
+    per sample at its larger micro-batch is set beside the other allocator's at its own largest."""
+    bench = load_bench("fsdp_workload")
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        allocator = cmd[cmd.index("--allocator") + 1]
+        frac = float(cmd[cmd.index("--limit-frac") + 1])
+        micro = int([cmd[i + 1] for i, a in enumerate(cmd) if a == "--micro-batch"][-1])
+        calls.append((allocator, frac, micro))
+        fits = frac == 1.0 or allocator == "torchmem" or micro <= 4
+        report = {"rank": 0, "global_batch": 32, "losses": [2.0] if fits else [], "oom": None if fits else "OOM",
+                  "micro_batches": [micro] if fits else [], "median_step_s": (0.64 if micro == 8 else 0.8)
+                  if fits else None, "tokens_per_s": 1.0, "peak_reserved": 1 << 30, "peak_allocated": 10 << 30,
+                  "device_total": 100 << 30, "counters": {}}
+        return subprocess.CompletedProcess(cmd, 0 if fits else 3, stdout=json.dumps(report) + "\n", stderr="")
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    assert bench.sweep(["--allocators", "torchmem", "native", "--budgets", "1.05", "--fallback-micro-batches",
+                        "6", "4", "2", "--out", str(tmp_path / "f.jsonl"), "--micro-batch", "8"]) == 0
+    assert [(a, m) for a, _, m in calls] == [("native", 8), ("torchmem", 8), ("native", 8), ("native", 6),
+                                             ("native", 4)]
+    out = capsys.readouterr().out
+    assert "1.05x: torchmem at micro-batch 8 20.00 ms/sample, native at its largest that fits, 4, " \
+           "25.00 ms/sample: 0.800x" in out
