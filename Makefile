@@ -10,7 +10,7 @@ TORCH_PIP_ARGS ?=
 PIP := $(PYTHON) -m pip
 
 .PHONY: setup setup-test build demo test test-gpu test-budget bench-micro bench-host-micro clean \
-	bench-vmm-chunks bench-vmm-chunks-build
+	bench-vmm-chunks bench-vmm-chunks-build bench-cache-probe
 
 # Each long step says what it does and about how long it takes, then shows pip's or
 # the build's progress: minutes of silence look like a hang.
@@ -55,6 +55,13 @@ test-budget:
 	$(CXX) -std=c++17 -O1 -pthread -Icsrc csrc/core/pool.cpp $(wildcard csrc/core/detail/*.cpp) \
 	  csrc/backend/sim_backend.cpp csrc/shim/budget.cpp tests/cpp/budget_test.cpp -o build/bench/budget_test
 	./build/bench/budget_test
+
+# One replay under the pool, for callgrind's cache simulator (bench/replay_cache_probe.cpp).
+bench-cache-probe:
+	@mkdir -p build/bench
+	$(CXX) -std=c++17 -O2 -g -DNDEBUG -DTORCHMEM_DEBUG=0 -pthread -Icsrc csrc/core/pool.cpp \
+	  $(wildcard csrc/core/detail/*.cpp) csrc/backend/sim_backend.cpp $(wildcard csrc/replay/*.cpp) \
+	  bench/replay_cache_probe.cpp -o build/bench/replay_cache_probe
 
 bench-host-micro:
 	@mkdir -p build/bench

@@ -4,6 +4,7 @@ replay, with each step's driver calls, device barriers and stream waits.
     python bench/replay_steps.py fsdp_accum --repeats 6 --budgets 0 1.02 1.05 1.10
     python bench/replay_steps.py fsdp_train --budgets 1.05 --config stream_order=false
     python bench/replay_steps.py fsdp_accum --budgets 0 1.10 --host-time
+    python bench/replay_steps.py fsdp_train --budgets 0 1.10 --host-time --evict-kib 1024
 
 Why: "once warm, a step makes no driver call and takes no barrier" is a claim
 about every step after some step, which the replay's whole-trace or
@@ -45,19 +46,21 @@ def step_costs(events, period, limit, config=None, event_delay=10):
     return rows, result
 
 
-def host_us_per_alloc(events, longer, extra_allocs, limit, config=None, event_delay=10, tries=3):
+def host_us_per_alloc(events, longer, extra_allocs, limit, config=None, event_delay=10, tries=3, evict_bytes=0):
     """The replay's host time per allocation (its free included) of the repeated step, on this CPU:
     the whole replay of `events` and of `longer` (the same with more copies of the step, holding
     `extra_allocs` more allocations), best of `tries` each, the difference over those allocations.
     The pool's own work on a steady step (the plan path where one is in force, the online path
     where not), the replay's event loop included; the simulated driver calls cost no host time here
-    (the step is quiet once warm)."""
+    (the step is quiet once warm). `evict_bytes`: a scratch walk after every alloc and free
+    (Note [Cold caches] in csrc/replay/replay.h), whose own time the difference of two runs
+    does not cancel: compare paths at the same setting, not across settings."""
     best = []
     for run in (events, longer):
         times = []
         for _ in range(tries):
             start = time.perf_counter()
-            replay.replay(run, limit=limit, config=config, event_delay=event_delay)
+            replay.replay(run, limit=limit, config=config, event_delay=event_delay, evict_bytes=evict_bytes)
             times.append(time.perf_counter() - start)
         best.append(min(times))
     return (best[1] - best[0]) / extra_allocs * 1e6
@@ -78,6 +81,9 @@ def main(argv=None):
     parser.add_argument("--event-delay", type=int, default=10)
     parser.add_argument("--host-time", action="store_true",
                         help="also the replay's host time per allocation of the repeated step (host_us_per_alloc)")
+    parser.add_argument("--evict-kib", type=int, default=0,
+                        help="--host-time with the CPU caches evicted between events: a scratch walk of this many "
+                             "KiB after every alloc and free, as a training step's own host work does")
     args = parser.parse_args(argv)
     source = args.trace if os.path.exists(args.trace) else trace_io.bundled_trace(args.trace)
     trace = trace_io.load(source)
@@ -98,7 +104,8 @@ def main(argv=None):
         quiet = quiet_from(costs)
         host = ""
         if args.host_time:
-            us = host_us_per_alloc(events, longer, extra_allocs, int(peak * budget), args.config, args.event_delay)
+            us = host_us_per_alloc(events, longer, extra_allocs, int(peak * budget), args.config, args.event_delay,
+                                   evict_bytes=args.evict_kib * 1024)
             host = f" {us:.3f} |"
         print(f"| {budget or 'none'} | {per_step} | {'never' if quiet is None else quiet} | "
               f"{last.peak_reserved / GiB:.2f} |{host}")

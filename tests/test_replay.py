@@ -194,3 +194,15 @@ def test_bad_input_errors():
         _C.replay(events([ALLOC, 1, 512, 0]), "native", native_config={"bogus": 1})
     # A plain list of rows is accepted too.
     assert _C.replay([[ALLOC, 1, 512, 0], [FREE_REQUESTED, 1, 512, 0]], "native")["frees"] == 1
+
+
+def test_evicting_the_caches_between_events_changes_no_decision():
+    """Note [Cold caches]: the scratch walk is for host-time measurements; every figure of the
+    replay is the same with and without it (vision's first 20,000 events under a budget)."""
+    trace = trace_io.load(trace_io.bundled_trace("vision"))
+    part = trace.events[:20_000]
+    hot = replay_api.replay(part, limit=int(1.05 * replay_api.replay(part).peak_requested), event_delay=10)
+    cold = replay_api.replay(part, limit=hot.limit, event_delay=10, evict_bytes=256 << 10)
+    assert hot.allocs > 1000
+    for field in ("allocs", "frees", "ooms", "peak_reserved", "final_reserved", "device_barriers", "backend_calls"):
+        assert getattr(cold, field) == getattr(hot, field), field

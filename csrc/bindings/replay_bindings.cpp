@@ -3,12 +3,15 @@
 //
 //   _C.replay(events, policy="torchmem", pool_config=None, limit=0,
 //             capacity=140 GiB, stop_at=-1, progress=None, native_config=None,
-//             costs=None, snapshot=False, timeline=False, event_delay=0) -> dict
+//             costs=None, snapshot=False, timeline=False, event_delay=0,
+//             evict_bytes=0) -> dict
 //   _C.min_cap(events, policy="torchmem", pool_config=None, capacity=...,
 //              precision=2 MiB, progress=None, native_config=None, costs=None,
 //              event_delay=0) -> dict
 // event_delay: the simulated device's events answer "not done" to that many
 // polls (SimConfig.event_delay), modelling a GPU that lags behind the host.
+// evict_bytes: a scratch walk after every alloc and free (Note [Cold caches]
+// in replay.h), for host-time measurements.
 //   _C.NativeModel(capacity=..., limit=0, max_split_size=None): the model alone,
 //             for tests (allocate/free/release_cached/stats/segments/check_invariants)
 //   _C.ExpandableModel(capacity=..., limit=0): expandable_segments' model alone
@@ -172,11 +175,12 @@ py::dict native_snapshot_to_dict(const NativeModel& model) {
 py::dict replay_py(const py::object& events, const std::string& policy, const py::object& pool_config,
                    std::size_t limit, std::size_t capacity, std::int64_t stop_at, const py::object& progress,
                    const py::object& native_config, const py::object& costs, bool snapshot, bool timeline,
-                   std::uint64_t event_delay) {
+                   std::uint64_t event_delay, std::size_t evict_bytes) {
   const EventArray array = as_event_array(events);
   ReplayOptions options =
       make_options(policy, pool_config, limit, capacity, stop_at, native_config, costs, event_delay);
   options.progress = progress_callback(progress);
+  options.cache_evict_bytes = evict_bytes;
   std::vector<std::int64_t> held_after;
   if (timeline) options.timeline = &held_after;
   const TraceEvent* rows = event_rows(array);
@@ -274,6 +278,7 @@ void bind_replay(py::module_& m) {
         py::arg("limit") = 0, py::arg("capacity") = kReplayCapacity, py::arg("stop_at") = -1,
         py::arg("progress") = py::none(), py::arg("native_config") = py::none(), py::arg("costs") = py::none(),
         py::arg("snapshot") = false, py::arg("timeline") = false, py::arg("event_delay") = 0,
+        py::arg("evict_bytes") = 0,
         "Replays a trace's allocs and frees under a policy ('torchmem', 'native' or 'expandable'); returns a dict of "
         "peaks, OOMs and backend calls (see csrc/replay/replay.h)");
   m.def("min_cap", &min_cap_py, py::arg("events"), py::arg("policy") = "torchmem",

@@ -76,6 +76,14 @@ struct ReplayOptions {
   // Called every progress_every events with (events done, events total).
   std::function<void(std::size_t, std::size_t)> progress;
   std::size_t progress_every = std::size_t{1} << 16;
+  // Note [Cold caches] After every alloc and free, walk this many bytes of a
+  // scratch buffer (one write per cache line) before the next event. In a
+  // training step the host runs ~30 us of Python, autograd and CUDA launches
+  // between two allocations, which evicts the pool's data from the CPU's
+  // nearer caches; a replay's tight loop keeps it all hot and so hides the
+  // cost of a path that touches more cache lines. Host-time measurements
+  // only (bench/replay_steps.py --evict-kib): it changes no decision.
+  std::size_t cache_evict_bytes = 0;
   // When set, receives the held bytes after every event walked (one entry
   // per trace row, up to stop_at), for plots of the reserved curve.
   std::vector<std::int64_t>* timeline = nullptr;
@@ -111,6 +119,7 @@ struct ReplayResult {
   // map, unmap, device barriers (torchmem); cudaMalloc/cudaFree (native).
   double steady_backend_us = 0.0;
   std::uint64_t steady_driver_calls = 0;
+  unsigned evict_checksum = 0;  // Note [Cold caches]: what the scratch walk summed, unused
 };
 
 // Owns one target, so a caller can look at it after run() (e.g. a snapshot

@@ -127,7 +127,8 @@ def _progress_adapter(progress, label):
 
 
 def replay(source, policy="torchmem", *, limit=0, config=None, capacity=DEFAULT_CAPACITY, min_cap=False,
-           min_device=False, stop_at=-1, progress=None, device=None, native_config=None, costs=None, name=None, event_delay=0):
+           min_device=False, stop_at=-1, progress=None, device=None, native_config=None, costs=None, name=None, event_delay=0,
+           evict_bytes=0):
     """Replays a trace (a path, a Trace, or an (N, 4) int64 events array) under `policy`
     ("torchmem" or "native") and returns a ReplayResult.
 
@@ -140,7 +141,11 @@ def replay(source, policy="torchmem", *, limit=0, config=None, capacity=DEFAULT_
     ``native_config``: {"max_split_size": bytes} for the native model;
     ``costs``: per-call microseconds overriding the simulated backend's table;
     ``event_delay``: how many polls a simulated stream event stays pending, to
-    model a GPU running behind the host (0 = events complete at once)."""
+    model a GPU running behind the host (0 = events complete at once);
+    ``evict_bytes``: a scratch walk of that many bytes after every alloc and free,
+    evicting the pool's data from the CPU caches as a training step's own host
+    work does (Note [Cold caches] in csrc/replay/replay.h; host-time
+    measurements only, no decision changes)."""
     _check_policy(policy)
     trace = _as_trace(source, device=device)
     core = pool_config(config, capacity)
@@ -150,7 +155,8 @@ def replay(source, policy="torchmem", *, limit=0, config=None, capacity=DEFAULT_
     started = time.perf_counter()
     raw = _core.replay(trace.events, policy, pool_config=core, limit=budget, capacity=int(capacity),
                     stop_at=int(stop_at), progress=_progress_adapter(progress, f"{trace.name} {policy}"),
-                    native_config=native_config, costs=costs, event_delay=int(event_delay))
+                    native_config=native_config, costs=costs, event_delay=int(event_delay),
+                    evict_bytes=int(evict_bytes))
     result = _result_from(raw, label, policy, trace, budget)
     if min_cap:
         found = find_min_cap(trace, policy, config=config, capacity=capacity, progress=progress,
