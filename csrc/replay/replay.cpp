@@ -115,7 +115,9 @@ void replay_events(Target target, const TraceEvent* events, std::size_t count, c
   std::vector<unsigned char> scratch(options.cache_evict_bytes);
   unsigned char evict_sum = 0;
   auto evict_caches = [&] {
-    for (std::size_t at = 0; at < scratch.size(); at += 64) evict_sum = scratch[at] = static_cast<unsigned char>(scratch[at] + evict_sum + 1);
+    for (std::size_t at = 0; at < scratch.size(); at += 64) {
+      evict_sum = scratch[at] = static_cast<unsigned char>(scratch[at] + evict_sum + 1);
+    }
   };
   std::size_t requested = 0;
 

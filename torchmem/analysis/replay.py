@@ -127,8 +127,8 @@ def _progress_adapter(progress, label):
 
 
 def replay(source, policy="torchmem", *, limit=0, config=None, capacity=DEFAULT_CAPACITY, min_cap=False,
-           min_device=False, stop_at=-1, progress=None, device=None, native_config=None, costs=None, name=None, event_delay=0,
-           evict_bytes=0):
+           min_device=False, stop_at=-1, progress=None, device=None, native_config=None, costs=None, name=None,
+           event_delay=0, evict_bytes=0):
     """Replays a trace (a path, a Trace, or an (N, 4) int64 events array) under `policy`
     ("torchmem" or "native") and returns a ReplayResult.
 
