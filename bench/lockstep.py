@@ -481,6 +481,33 @@ def run_group(args, seed, budget=None, fraction=None):
     return rows, failed
 
 
+def shape_table(rows):
+    """Where a step's time goes, per shape: each process's steady steps (steady_steps) by shape, the
+    median step and the median time until the host had queued it (enqueue_s), in ms. A shape whose
+    step outlasts its enqueue by little is host-bound: a gap between allocators there is host time;
+    where the GPU is the bottleneck the step is the GPU's, and the host's time is hidden."""
+    lines = ["| workload | budget | allocator | process | per shape, steady steps: step / enqueue, ms |",
+             "|---|---|---|---|---|"]
+    order = sorted(rows, key=lambda r: (r["workload"], r.get("budget") or 0, r["allocator"],
+                                        (r.get("lockstep") or {}).get("process", "")))
+    for row in order:
+        steps, enqueue, shapes = row["step_s"], row.get("enqueue_s") or [], row.get("shapes") or 0
+        if row.get("oom_at_step") is not None or shapes < 1 or not steps:
+            continue
+        start = len(steps) - steady_steps(row, quiet_from(row))
+        cells = []
+        for k in range(shapes):
+            mine = [i for i in range(start, len(steps)) if i % shapes == k]
+            step = f"{statistics.median(steps[i] for i in mine) * 1e3:.1f}" if mine else "-"
+            queued = (f"{statistics.median(enqueue[i] for i in mine) * 1e3:.1f}"
+                      if mine and len(enqueue) == len(steps) else "-")
+            cells.append(f"{step} / {queued}")
+        process = (row.get("lockstep") or {}).get("process", row["allocator"])
+        lines.append(f"| {row['workload']} | {budget_label(row.get('budget'))} | {row['allocator']} | {process} | "
+                     f"{'; '.join(cells)} |")
+    return "\n".join(lines)
+
+
 def print_tables(rows):
     print(process_table(rows))
     print()
@@ -492,6 +519,9 @@ def print_tables(rows):
         print(pooled_table(rows))
         print()
         print(warmup_table(rows))
+    if any(row.get("enqueue_s") and row.get("shapes") for row in rows):
+        print()
+        print(shape_table(rows))
 
 
 def main(argv=None):

@@ -285,3 +285,17 @@ def test_warmup_table_reads_the_model_against_the_steps_spread(tmp_path):
     (tmp_path / "over").mkdir()
     table = "\n".join(tables(tmp_path / "over", [dict(row, plan_per_step=plan)]))
     assert "ms (added within ±39 ms) |" in table and "| 30 | - |" in table
+
+
+def test_shape_table_gives_each_shapes_steady_step_and_enqueue_medians(tmp_path):
+    """Two shapes in turn, quiet from timed step 2: shape 0's steady steps are 2, 4, 6 and shape 1's
+    3, 5, 7; the table prints each one's median step and median enqueue, in ms, per process."""
+    steps = [0.5, 0.5, 0.10, 0.20, 0.12, 0.22, 0.11, 0.21]
+    row = dict(result("torchmem", 1, steps, "torchmem#0"), shapes=2, budget=1.1,
+               enqueue_s=[s - 0.01 for s in steps], driver_calls_per_step=[9, 9, 0, 0, 0, 0, 0, 0],
+               barriers_per_step=[0] * 8)
+    lines = tables(tmp_path, [row])
+    shape_rows = [line for line in lines if line.startswith("| llama_ckpt | 1.1x | torchmem | torchmem#0 |")]
+    assert shape_rows[-1].endswith("| 110.0 / 100.0; 210.0 / 200.0 |")
+    no_enqueue = lockstep.shape_table([dict(row, enqueue_s=[])])
+    assert no_enqueue.splitlines()[-1].endswith("| 110.0 / -; 210.0 / - |")
