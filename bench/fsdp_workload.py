@@ -293,7 +293,7 @@ def sweep(argv):
         def run(label, frac, allocator):
             reports = run_once(label, frac, allocator)
             for micro in args.fallback_micro_batches:
-                if not reports or not any(r.get("oom") for r in reports):
+                if not reports or fitted(reports):
                     break  # it fits, or it failed for a reason a smaller micro-batch does not cure
                 reports = run_once(label, frac, allocator, ["--micro-batch", str(micro)])
             return reports
@@ -352,19 +352,24 @@ def table(runs):
     return "\n".join(lines)
 
 
+def fitted(reports):
+    """Every rank reported and none ran out of memory."""
+    return bool(reports) and not any(r.get("oom") for r in reports)
+
+
 def per_sample_lines(runs):
     """Where torchmem runs a larger micro-batch at a budget than another allocator fits there
     (--fallback-micro-batches), its time per sample against that allocator's at its own largest."""
-    fitted = {}  # (budget, allocator) -> (micro-batch, seconds per sample) of the last run that fit
+    largest = {}  # (budget, allocator) -> (micro-batch, seconds per sample) of the last run that fit
     for label, allocator, reports in runs:
-        if reports and not any(r.get("oom") for r in reports) and reports[0].get("median_step_s"):
+        if fitted(reports) and reports[0].get("median_step_s"):
             r0 = reports[0]
-            fitted[(label, allocator)] = (max(r0["micro_batches"]), r0["median_step_s"] / r0["global_batch"])
+            largest[(label, allocator)] = (max(r0["micro_batches"]), r0["median_step_s"] / r0["global_batch"])
     lines = []
-    for (label, allocator), (micro, per_sample) in fitted.items():
+    for (label, allocator), (micro, per_sample) in largest.items():
         if allocator != "torchmem":
             continue
-        for (other_label, other), (other_micro, other_per_sample) in fitted.items():
+        for (other_label, other), (other_micro, other_per_sample) in largest.items():
             if other_label == label and other != "torchmem" and other_micro < micro:
                 lines.append(f"{label}: torchmem at micro-batch {micro} {per_sample * 1e3:.2f} ms/sample, "
                              f"{other} at its largest that fits, {other_micro}, {other_per_sample * 1e3:.2f} "

@@ -495,13 +495,13 @@ def shape_table(rows):
         if row.get("oom_at_step") is not None or shapes < 1 or not steps:
             continue
         start = len(steps) - steady_steps(row, quiet_from(row))
-        cells = []
-        for k in range(shapes):
-            mine = [i for i in range(start, len(steps)) if i % shapes == k]
-            step = f"{statistics.median(steps[i] for i in mine) * 1e3:.1f}" if mine else "-"
-            queued = (f"{statistics.median(enqueue[i] for i in mine) * 1e3:.1f}"
-                      if mine and len(enqueue) == len(steps) else "-")
-            cells.append(f"{step} / {queued}")
+        step_by_shape = quiet_by_shape(steps, start, shapes)
+        queued_by_shape = quiet_by_shape(enqueue, start, shapes) if len(enqueue) == len(steps) else {}
+
+        def median_ms(times):
+            return f"{statistics.median(times) * 1e3:.1f}" if times else "-"
+
+        cells = [f"{median_ms(step_by_shape[k])} / {median_ms(queued_by_shape.get(k))}" for k in range(shapes)]
         process = (row.get("lockstep") or {}).get("process", row["allocator"])
         lines.append(f"| {row['workload']} | {budget_label(row.get('budget'))} | {row['allocator']} | {process} | "
                      f"{'; '.join(cells)} |")

@@ -119,7 +119,6 @@ struct ReplayResult {
   // map, unmap, device barriers (torchmem); cudaMalloc/cudaFree (native).
   double steady_backend_us = 0.0;
   std::uint64_t steady_driver_calls = 0;
-  unsigned evict_checksum = 0;  // Note [Cold caches]: what the scratch walk summed, unused
 };
 
 // Owns one target, so a caller can look at it after run() (e.g. a snapshot
