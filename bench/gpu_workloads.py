@@ -150,7 +150,9 @@ STEP_COUNTER_KEYS = ("torchmem.num_plans", "torchmem.num_plan_hits", "torchmem.n
              # the driver calls by kind: what a step's calls cost depends on the mix (an unmap waits
              # for more than a map does)
              "torchmem.backend.create_calls", "torchmem.backend.map_calls", "torchmem.backend.unmap_calls",
-             "torchmem.backend.release_calls")
+             "torchmem.backend.release_calls",
+             # the pool's own host time (time_host_ops only: 0 otherwise), Note [Host time]
+             "torchmem.host_alloc_ns", "torchmem.host_free_ns", "torchmem.host_plan_ns")
 
 
 def allocator_stats(torch):

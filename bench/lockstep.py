@@ -508,6 +508,36 @@ def shape_table(rows):
     return "\n".join(lines)
 
 
+def host_time_table(rows):
+    """The pool's own host time over each process's steady steps (torchmem with time_host_ops, Note
+    [Host time]): per allocation, allocate's and free's nanoseconds and the step plan's part of both;
+    per step, their sum beside the step's median enqueue. Says how much of a host-bound step's time
+    is the pool's, and so whether a gap between allocators is the pool's work or the step's."""
+    lines = ["| workload | budget | allocator | process | steady steps | pool ns per allocation: alloc + free "
+             "(of them, plan) | pool ms per step | enqueue ms per step |", "|---|---|---|---|---|---|---|---|"]
+    order = sorted(rows, key=lambda r: (r["workload"], r.get("budget") or 0, r["allocator"],
+                                        (r.get("lockstep") or {}).get("process", "")))
+    for row in order:
+        per_step, steps = row.get("plan_per_step") or [], row["step_s"]
+        if row.get("oom_at_step") is not None or not steps or len(per_step) < len(steps):
+            continue
+        if not any(s.get("host_alloc_ns") for s in per_step):
+            continue
+        n = steady_steps(row, quiet_from(row))
+        steady, allocs = per_step[-n:], sum((row.get("allocs_per_step") or [])[-n:])
+        if allocs <= 0:
+            continue
+        alloc_ns, free_ns, plan_ns = (sum(s.get(k, 0) for s in steady) for k in
+                                      ("host_alloc_ns", "host_free_ns", "host_plan_ns"))
+        enqueue = (row.get("enqueue_s") or [])[-n:]
+        enqueue_ms = f"{statistics.median(enqueue) * 1e3:.1f}" if enqueue else "-"
+        process = (row.get("lockstep") or {}).get("process", row["allocator"])
+        lines.append(f"| {row['workload']} | {budget_label(row.get('budget'))} | {row['allocator']} | {process} | "
+                     f"{n} | {alloc_ns / allocs:,.0f} + {free_ns / allocs:,.0f} ({plan_ns / allocs:,.0f}) | "
+                     f"{(alloc_ns + free_ns) / n / 1e6:.2f} | {enqueue_ms} |")
+    return "\n".join(lines)
+
+
 def print_tables(rows):
     print(process_table(rows))
     print()
@@ -522,6 +552,9 @@ def print_tables(rows):
     if any(row.get("enqueue_s") and row.get("shapes") for row in rows):
         print()
         print(shape_table(rows))
+    if any(any(s.get("host_alloc_ns") for s in row.get("plan_per_step") or []) for row in rows):
+        print()
+        print(host_time_table(rows))
 
 
 def main(argv=None):

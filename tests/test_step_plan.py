@@ -338,3 +338,17 @@ def test_empty_cache_lets_a_plan_given_up_with_no_limit_be_learnt_again():
             pool.free(live.pop(addr))
     assert pool.stats()["num_plans"] > 1
     pool.check_invariants()
+
+
+def test_host_time_is_counted_only_when_asked():
+    """Note [Host time]: time_host_ops counts the pool's host time per allocate and free, the
+    plan's part inside it; off (the default), the counters stay at zero."""
+    timed, _ = pool_with_plan(time_host_ops=True)
+    stats = timed.stats()
+    assert stats["num_plan_hits"] > 0
+    assert stats["host_alloc_ns"] > 0 and stats["host_free_ns"] > 0
+    # The plan's part is inside the two totals.
+    assert 0 < stats["host_plan_ns"] < stats["host_alloc_ns"] + stats["host_free_ns"]
+    untimed, _ = pool_with_plan()
+    stats = untimed.stats()
+    assert (stats["host_alloc_ns"], stats["host_free_ns"], stats["host_plan_ns"]) == (0, 0, 0)

@@ -299,3 +299,20 @@ def test_shape_table_gives_each_shapes_steady_step_and_enqueue_medians(tmp_path)
     assert shape_rows[-1].endswith("| 110.0 / 100.0; 210.0 / 200.0 |")
     no_enqueue = lockstep.shape_table([dict(row, enqueue_s=[])])
     assert no_enqueue.splitlines()[-1].endswith("| 110.0 / -; 210.0 / - |")
+
+
+def test_host_time_table_gives_the_pools_share_of_steady_steps(tmp_path):
+    """time_host_ops counters per step (plan_per_step, warm-up steps included) over the steady
+    steps only: per allocation and per step, beside the median enqueue."""
+    steps = [0.5, 0.5, 0.10, 0.10]
+    counters = [dict(host_alloc_ns=9_000_000, host_free_ns=9_000_000, host_plan_ns=1)] * 3  # warm-up, 2 noisy
+    counters += [dict(host_alloc_ns=1_000_000, host_free_ns=500_000, host_plan_ns=300_000)] * 2
+    row = dict(result("torchmem", 1, steps, "torchmem#0"), shapes=1, budget=1.1, warmup=1,
+               enqueue_s=[0.4, 0.4, 0.09, 0.07], driver_calls_per_step=[9, 9, 0, 0], barriers_per_step=[0] * 4,
+               allocs_per_step=[1000] * 4, plan_per_step=counters)
+    lines = tables(tmp_path, [row])
+    timed = [line for line in lines if line.startswith("| llama_ckpt | 1.1x | torchmem | torchmem#0 | 2 |")]
+    assert timed[-1] == "| llama_ckpt | 1.1x | torchmem | torchmem#0 | 2 | 1,000 + 500 (300) | 1.50 | 80.0 |"
+    # Without the option every counter is 0: no table.
+    quiet = [dict(c, host_alloc_ns=0, host_free_ns=0, host_plan_ns=0) for c in counters]
+    assert "pool ns per allocation" not in "\n".join(tables(tmp_path, [dict(row, plan_per_step=quiet)]))

@@ -198,6 +198,10 @@ namespace torchmem {
     "Learn a static layout for a repeating step once the pool stitches or waits for the device, "   \
     "and keep it (Note [Step plan] in detail/step_plan.h; VMM backends).")                            \
   X(std::size_t, virtual_bytes, 0, "Virtual address space reserved per heap; 0 = 2x the device's total memory.") \
+  X(bool, time_host_ops, false,                                                                      \
+    "Count the host time of every allocate and free (two clock reads each, more on the step "      \
+    "plan's path) in host_alloc_ns, host_free_ns and host_plan_ns: the pool's share of a step's "    \
+    "host time (Note [Host time]). Off: no clock is read.")                                          \
   X(bool, debug_checks, false,                                                                       \
     "Run check_invariants() after every operation and throw std::logic_error naming the "          \
     "violation. Always on in DEBUG=1 builds.")                                                       \

@@ -27,6 +27,7 @@
 #include "core/detail/addr_map.h"
 #include "core/detail/block.h"
 #include "core/detail/heap.h"
+#include "core/detail/host_clock.h"
 #include "core/detail/step_plan.h"
 #include "core/detail/streams.h"
 #include "core/detail/trace_ring.h"
