@@ -44,6 +44,7 @@ Pool::Impl::Impl(Backend& backend_in, PoolConfig& config_in)
     throw PoolError("backend '" + backend.name() + "' must serve exactly one of vmm() and segments()");
   }
   capacity = backend.mem_info().total_bytes;
+  time_host_ops = config.time_host_ops;
   virtual_span = round_up(config.virtual_bytes ? config.virtual_bytes : 2 * capacity, gran);
 #if TORCHMEM_DEBUG
   checks = true;
@@ -283,7 +284,7 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
   // Note [Step plan]: named (and placed, while a plan is in force) first.
   std::uint32_t item = detail::StepPlan::kNoItem;
   if (__builtin_expect(plan.naming(), 0) && pool == 0 && !cached_only) {
-    detail::HostClock clock(config.time_host_ops, stats_.host_plan_ns);  // Note [Host time]
+    detail::HostClock clock(time_host_ops, stats_.host_plan_ns);  // Note [Host time]
     b = plan_allocate(rounded, stream, &item);
   }
   if (!b) b = attempt();
@@ -492,7 +493,7 @@ Addr Pool::allocate_cached(std::size_t size, StreamId stream, PoolId pool, std::
 
 Addr Pool::allocate_locked(std::size_t size, StreamId stream, PoolId pool, std::uint64_t context, bool cached_only) {
   std::lock_guard<std::mutex> lock(mutex_);
-  detail::HostClock clock(config_.time_host_ops, impl_->stats_.host_alloc_ns);  // Note [Host time]
+  detail::HostClock clock(impl_->time_host_ops, impl_->stats_.host_alloc_ns);  // Note [Host time]
   OpContext op(impl_->op_context, context);
   Addr a = impl_->allocate(size, stream, pool, context, cached_only);
   impl_->after_op(cached_only ? "allocate_cached" : "allocate");
@@ -501,7 +502,7 @@ Addr Pool::allocate_locked(std::size_t size, StreamId stream, PoolId pool, std::
 
 void Pool::deallocate(Addr addr, std::uint64_t free_context) {
   std::lock_guard<std::mutex> lock(mutex_);
-  detail::HostClock clock(config_.time_host_ops, impl_->stats_.host_free_ns);  // Note [Host time]
+  detail::HostClock clock(impl_->time_host_ops, impl_->stats_.host_free_ns);  // Note [Host time]
   OpContext op(impl_->op_context, free_context);
   impl_->deallocate(addr, free_context);
   impl_->after_op("free");

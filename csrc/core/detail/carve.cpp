@@ -48,7 +48,7 @@ Block* Pool::Impl::release_block(Block* b, StreamId free_stream) {
   const std::uint32_t slot = slot_for(free_stream);
   slots[slot].last_free_seq = seq;
   if (__builtin_expect(b->plan_item != detail::StepPlan::kNoItem, 0)) {  // Note [Step plan]: its name is free again
-    detail::HostClock clock(config.time_host_ops, stats_.host_plan_ns);  // Note [Host time]
+    detail::HostClock clock(time_host_ops, stats_.host_plan_ns);  // Note [Host time]
     plan.on_free(b->plan_item);
     b->plan_item = detail::StepPlan::kNoItem;
   }
@@ -100,7 +100,7 @@ Block* Pool::Impl::release_block(Block* b, StreamId free_stream) {
   }
   ++free_blocks[kind];
   if (__builtin_expect(heap.arena, 0)) {
-    detail::HostClock clock(config.time_host_ops, stats_.host_plan_ns);  // Note [Host time]
+    detail::HostClock clock(time_host_ops, stats_.host_plan_ns);  // Note [Host time]
     arena_note_free(heap, b);
   }
   return b;

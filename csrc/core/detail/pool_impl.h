@@ -423,6 +423,9 @@ struct Pool::Impl {
   std::size_t free_blocks[2] = {0, 0};
   std::size_t heap_count[2] = {0, 0};
   bool memory_dirty = false;  // tallies above moved since the last sync_memory_stats()
+  // config.time_host_ops (Note [Host time]), beside memory_dirty: read on every
+  // operation, from a line the operation touches anyway.
+  bool time_host_ops = false;
 
   // Note [Step plan]
   detail::StepPlan plan;
