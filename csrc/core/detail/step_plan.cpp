@@ -29,6 +29,7 @@ void StepPlan::reset() {
   item_index_.clear();
   items_.clear();
   before_ = ~std::uint32_t{0};
+  last_item_ = kNoItem;
   named_live_bytes_ = planned_live_bytes_ = low_live_ = high_live_ = 0;
   clock_ = allocs_ = record_start_ = last_new_ = 0;
   min_window_ = kMinQuiet;
@@ -47,42 +48,92 @@ void StepPlan::rerecord() {
   ++clock_;
 }
 
-std::uint32_t StepPlan::on_alloc(std::size_t rounded, StreamId stream, bool small) {
-  if (state_ == State::kOff) return kNoItem;
+std::uint32_t StepPlan::Sig::next_slot() const {
+  if (low_free != 0) return static_cast<std::uint32_t>(__builtin_ctzll(low_free));
+  if (high_count != 0) {
+    for (std::size_t w = 0;; ++w) {
+      if (high_free[w] != 0) return static_cast<std::uint32_t>(64 + 64 * w + __builtin_ctzll(high_free[w]));
+    }
+  }
+  return slots;
+}
+
+std::uint32_t StepPlan::Sig::take() {
+  const std::uint32_t slot = next_slot();
+  if (slot == slots) {
+    ++slots;
+  } else if (slot < 64) {
+    low_free &= low_free - 1;
+  } else {
+    high_free[(slot - 64) / 64] &= ~(std::uint64_t{1} << ((slot - 64) % 64));
+    --high_count;
+  }
+  return slot;
+}
+
+void StepPlan::Sig::give(std::uint32_t slot) {
+  if (slot < 64) {
+    low_free |= std::uint64_t{1} << slot;
+    return;
+  }
+  const std::size_t word = (slot - 64) / 64;
+  if (high_free.size() <= word) high_free.resize(word + 1, 0);
+  high_free[word] |= std::uint64_t{1} << ((slot - 64) % 64);
+  ++high_count;
+}
+
+std::uint32_t StepPlan::predicted(std::size_t rounded, StreamId stream, bool small) {
+  if (last_item_ == kNoItem) return kNoItem;
+  const std::uint32_t idx = items_[last_item_].next;
+  if (idx == kNoItem) return kNoItem;
+  Item& x = items_[idx];
+  // Its signature is the request's, and the one before it was the last item's
+  // (it followed that item once): its key matches if the sub-slot does.
+  if (x.size != rounded || x.stream != stream || x.small != small || x.live) return kNoItem;
+  Sig& s = sigs_[x.sig];
+  if (s.next_slot() != x.slot) return kNoItem;
+  s.take();
+  before_ = x.sig;
+  return idx;
+}
+
+std::uint32_t StepPlan::looked_up(std::size_t rounded, StreamId stream, bool small) {
   auto [it, inserted] = sig_index_.try_emplace(SigKey{rounded, stream, small}, static_cast<std::uint32_t>(sigs_.size()));
   if (inserted) sigs_.emplace_back();
   const std::uint32_t sig = it->second;
   Sig& s = sigs_[sig];
-  std::uint32_t slot;
-  if (!s.free_slots.empty()) {
-    slot = s.free_slots.top();
-    s.free_slots.pop();
-  } else {
-    slot = s.slots++;
-  }
+  const std::uint32_t slot = s.take();
   const ItemKey key{sig, slot, before_};
   before_ = sig;
   auto found = item_index_.find(key);
-  std::uint32_t idx;
-  if (found != item_index_.end()) {
-    idx = found->second;
-  } else {
-    if (items_.size() >= kMaxItems) {
-      s.free_slots.push(slot);
-      return kNoItem;
-    }
-    idx = static_cast<std::uint32_t>(items_.size());
-    Item x;
-    x.sig = sig;
-    x.slot = slot;
-    x.size = rounded;
-    x.stream = stream;
-    items_.push_back(std::move(x));
-    item_index_.emplace(key, idx);
-    last_new_ = allocs_;
-    last_new_clock_ = clock_;
-    low_live_ = high_live_ = named_live_bytes_;  // the quiet stretch (a whole cycle) sets the range
+  if (found != item_index_.end()) return found->second;
+  if (items_.size() >= kMaxItems) {
+    s.give(slot);
+    return kNoItem;
   }
+  const auto idx = static_cast<std::uint32_t>(items_.size());
+  Item x;
+  x.sig = sig;
+  x.slot = slot;
+  x.size = rounded;
+  x.stream = stream;
+  x.small = small;
+  items_.push_back(std::move(x));
+  item_index_.emplace(key, idx);
+  last_new_ = allocs_;
+  last_new_clock_ = clock_;
+  low_live_ = high_live_ = named_live_bytes_;  // the quiet stretch (a whole cycle) sets the range
+  return idx;
+}
+
+std::uint32_t StepPlan::on_alloc(std::size_t rounded, StreamId stream, bool small) {
+  if (state_ == State::kOff) return kNoItem;
+  // Note [Naming on the host]: the prediction first, the hash lookups if it misses.
+  std::uint32_t idx = predicted(rounded, stream, small);
+  if (idx == kNoItem) idx = looked_up(rounded, stream, small);
+  if (last_item_ != kNoItem && items_[last_item_].next != idx) items_[last_item_].next = idx;
+  last_item_ = idx;
+  if (idx == kNoItem) return kNoItem;
   Item& x = items_[idx];
   x.live = true;
   named_live_bytes_ += x.size;
@@ -101,7 +152,7 @@ void StepPlan::on_free(std::uint32_t item) {
   if (!x.live) return;
   x.live = false;
   named_live_bytes_ -= x.size;
-  sigs_[x.sig].free_slots.push(x.slot);
+  sigs_[x.sig].give(x.slot);
   if (state_ == State::kRecording) {
     low_live_ = std::min(low_live_, named_live_bytes_);
     if (!x.intervals.empty() && x.intervals.back().end == kOpen) x.intervals.back().end = clock_++;

@@ -47,11 +47,21 @@
 //
 // The plan is a hint, never a promise: the pool places a planned item at its
 // offset only if that range is free, and otherwise serves it as before.
+//
+// Note [Naming on the host]
+// Naming runs on every request of a step under a plan, between two stretches
+// of the framework's own host work that push the pool's data out of the CPU
+// caches; a host-bound step pays for each cache line it touches. So a request
+// that repeats the step touches two lines: the item named right after the
+// last one the time before (a prediction, checked against the request's key:
+// its signature, the sub-slot its signature would hand out and, implied, the
+// signature before) and that item's signature, whose free sub-slots are
+// bits. Only a request the prediction misses (a new step shape, the first
+// cycle) pays for the two hash lookups. The names are the same either way.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <queue>
 #include <unordered_map>
 #include <vector>
 
@@ -123,10 +133,18 @@ class StepPlan {
       return std::hash<std::size_t>()(k.size * 0x9E3779B97F4A7C15ull ^ (k.stream + (k.small ? 1 : 0)));
     }
   };
+  // Free sub-slots below `slots` as bits, the lowest handed out first: slots
+  // 0-63 in one word beside the count (most signatures never hold more), the
+  // rest in words of their own (Note [Naming on the host]).
   struct Sig {
-    std::uint32_t slots = 0;  // sub-slots handed out so far
-    // Free sub-slots below `slots`, lowest first.
-    std::priority_queue<std::uint32_t, std::vector<std::uint32_t>, std::greater<std::uint32_t>> free_slots;
+    std::uint32_t slots = 0;      // sub-slots handed out so far
+    std::uint32_t high_count = 0;  // bits set in high_free
+    std::uint64_t low_free = 0;    // sub-slots 0-63
+    std::vector<std::uint64_t> high_free;  // sub-slot 64 + i at bit i % 64 of word i / 64
+    // The sub-slot the next request of this signature gets (the lowest free, else a new one).
+    std::uint32_t next_slot() const;
+    std::uint32_t take();
+    void give(std::uint32_t slot);
   };
   // An item: a signature, a sub-slot and the signature of the request before it.
   struct ItemKey {
@@ -141,13 +159,16 @@ class StepPlan {
   struct Interval {
     std::uint64_t start, end;  // end == kOpen while live
   };
-  struct Item {
+  // One cache line: a planned request touches its item and its signature only.
+  struct alignas(64) Item {
     std::uint32_t sig;
     std::uint32_t slot;
     std::size_t size;
     StreamId stream;
-    bool live = false;
     std::uint64_t offset = kNoOffset;
+    std::uint32_t next = kNoItem;  // the item named right after this one, last time
+    bool live = false;
+    bool small = false;
     std::vector<Interval> intervals;
   };
   static constexpr std::uint64_t kOpen = ~std::uint64_t{0};
@@ -157,6 +178,12 @@ class StepPlan {
     return item & 0xFFFFFF;
   }
   static bool overlap(const Item& a, const Item& b);
+  // The item of a request by prediction (the one named after the last one,
+  // last time), when its key is the request's; kNoItem otherwise. Takes its
+  // sub-slot.
+  std::uint32_t predicted(std::size_t rounded, StreamId stream, bool small);
+  // The item of a request by its key (made if new), or kNoItem when full. Takes its sub-slot.
+  std::uint32_t looked_up(std::size_t rounded, StreamId stream, bool small);
   // Greedy placement of `order`'s items (each at the smallest gap it fits
   // between the placed items it overlaps in time, else above them); fills
   // (*offsets)[item] and returns the region's top.
@@ -169,6 +196,7 @@ class StepPlan {
   std::unordered_map<ItemKey, std::uint32_t, ItemHash> item_index_;
   std::vector<Item> items_;
   std::uint32_t before_ = ~std::uint32_t{0};  // the signature of the last named request
+  std::uint32_t last_item_ = kNoItem;         // the item of the last named request (an index)
   std::uint64_t clock_ = 0;          // ticks at every recorded alloc and free
   std::uint64_t allocs_ = 0;         // named allocations
   std::uint64_t record_start_ = 0;   // allocs_ when the window opened
