@@ -138,12 +138,13 @@ void Pool::Impl::teardown() {
   stale_at.clear();
 }
 
-Heap* Pool::Impl::make_heap(PoolId pool, bool small) {
+Heap* Pool::Impl::make_heap(PoolId pool, bool small, bool is_arena) {
   auto heap = std::make_unique<Heap>();
   heap->id = static_cast<std::uint32_t>(heaps.size());
   heap->pool = pool;
   heap->small = small;
-  heap->frozen = pool != 0;  // Note [Private pools]
+  heap->frozen = pool != 0 || is_arena;  // Note [Private pools], Note [Step plan arena]
+  heap->arena = is_arena;
   if (vmm) {
     heap->base = vmm_ops->reserve(virtual_span);
     if (!heap->base) {
@@ -157,7 +158,7 @@ Heap* Pool::Impl::make_heap(PoolId pool, bool small) {
     tail->size = heap->span;
     tail->heap = heap.get();
     heap->first = tail;
-    heap->free.insert(tail);
+    heap->insert_free(tail);
     ++free_blocks[small ? 0 : 1];
   }
   ++heap_count[small ? 0 : 1];
@@ -172,7 +173,7 @@ void Pool::Impl::drop_heap(Heap* heap) {
     arena.recycle(b);
     b = next;
   }
-  free_blocks[heap->small ? 0 : 1] -= heap->free.size();
+  free_blocks[heap->small ? 0 : 1] -= heap->free_count();
   if (vmm) vmm_ops->unreserve(heap->base, heap->span);
   --heap_count[heap->small ? 0 : 1];
   heaps[heap->id].reset();

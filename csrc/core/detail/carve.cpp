@@ -21,10 +21,11 @@ Block* Pool::Impl::carve(Block* b, std::size_t size) {
   if (b->size > size) {
     // Split: the rest stays free, with the same fence tag.
     Block* rest = split_off(b, b->addr + size);
-    heap.free.carve(b, rest);  // Note [Deferred carve] (free_index.h)
+    // Note [Deferred carve] (free_index.h); an arena's caller indexes the rest itself.
+    if (!heap.arena) heap.free.carve(b, rest);
     b->size = size;
   } else {
-    heap.free.carve(b, nullptr);
+    if (!heap.arena) heap.free.carve(b, nullptr);
     --free_blocks[heap.small ? 0 : 1];
   }
   b->state = BlockState::kAllocated;
@@ -80,7 +81,7 @@ Block* Pool::Impl::release_block(Block* b, StreamId free_stream) {
   }
   if (Block* n = b->next; n && n->is_free()) {
     if (indexed) {
-      heap.free.erase(n);
+      if (!heap.arena) heap.free.erase(n);
     } else {
       old_size = n->size;
       old_addr = n->addr;
@@ -93,13 +94,14 @@ Block* Pool::Impl::release_block(Block* b, StreamId free_stream) {
     arena.recycle(n);
     --free_blocks[kind];
   }
-  if (indexed) {
-    heap.free.replace(old_size, old_addr, b);
-  } else {
-    heap.free.insert(b);
-  }
   ++free_blocks[kind];
-  if (__builtin_expect(heap.arena, 0)) {
+  if (__builtin_expect(!heap.arena, 1)) {
+    if (indexed) {
+      heap.free.replace(old_size, old_addr, b);
+    } else {
+      heap.free.insert(b);
+    }
+  } else {
     detail::HostClock clock(time_host_ops, stats_.host_plan_ns);  // Note [Host time]
     arena_note_free(heap, b);
   }

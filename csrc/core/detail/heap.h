@@ -137,6 +137,20 @@ struct Heap {
   // only where the plan says, found through free_by_addr (its free blocks by
   // address). Frozen while its plan is in force.
   bool arena = false;
+  // The free set: an arena's is its address index, every other heap's its FreeIndex.
+  void insert_free(Block* b) {
+    if (arena) {
+      free_by_addr.emplace(b->addr, b);
+    } else {
+      free.insert(b);
+    }
+  }
+  std::size_t free_count() const { return arena ? free_by_addr.size() : free.size(); }
+  bool holds_free(const Block* b) const {
+    if (!arena) return free.contains(b);
+    auto it = free_by_addr.find(b->addr);
+    return it != free_by_addr.end() && it->second == b;
+  }
   // A planned request and its free each insert and erase entries here: their
   // nodes are recycled (NodeCache) rather than taken from malloc every time.
   NodeCache free_by_addr_nodes;
@@ -152,7 +166,7 @@ struct Heap {
   std::vector<std::unique_ptr<Segment>> segments;
   std::size_t segment_bytes = 0;
 
-  FreeIndex free;
+  FreeIndex free;          // an arena's stays empty (Note [Arena free set] in plan_pool.cpp)
   Block* first = nullptr;  // VMM: the lowest block of the range
   // Tallies of live blocks, kept by the carving code for invariants and for
   // largest-free and snapshot queries (stats proper live in PoolStats).

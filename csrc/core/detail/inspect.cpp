@@ -50,7 +50,7 @@ std::string Pool::Impl::check_invariants() const {
       if (b->addr != at) { err << where(h) << ": gap or overlap at " << hex(at) << " (next block at " << hex(b->addr) << ")"; return false; }
       if (b->size == 0 || b->size % kMinBlockSize) { err << where(h) << ": block " << hex(b->addr) << " has size " << b->size; return false; }
       if (b->heap != &h) { err << where(h) << ": block " << hex(b->addr) << " names another heap"; return false; }
-      const bool in_set = h.free.contains(b);
+      const bool in_set = h.holds_free(b);
       if (b->is_free()) {
         if (prev && prev->is_free()) { err << where(h) << ": adjacent free blocks at " << hex(prev->addr) << " and " << hex(b->addr) << " were not merged"; return false; }
         if (!in_set) { err << where(h) << ": free block " << hex(b->addr) << " is missing from the free set"; return false; }
@@ -149,8 +149,8 @@ std::string Pool::Impl::check_invariants() const {
       }
       if (indexed != h.free_by_addr.size()) { err << where(h) << ": arena address index has " << h.free_by_addr.size() << " entries for " << indexed << " free blocks"; return err.str(); }
     }
-    if (free_count[h.small ? 0 : 1] - before != h.free.size()) {
-      err << where(h) << ": free set has " << h.free.size() << " blocks, the range has " << free_count[h.small ? 0 : 1] - before;
+    if (free_count[h.small ? 0 : 1] - before != h.free_count()) {
+      err << where(h) << ": free set has " << h.free_count() << " blocks, the range has " << free_count[h.small ? 0 : 1] - before;
       return err.str();
     }
   }
@@ -298,7 +298,7 @@ std::size_t Pool::Impl::largest_free_block() const {
   for (const auto& hp : heaps) {
     if (!hp) continue;
     const Heap& h = *hp;
-    h.free.for_each_descending([&](const Block* b) {
+    auto visit = [&](const Block* b) {
       if (b->size <= best) return false;
       if (!vmm) {
         best = b->size;
@@ -320,7 +320,12 @@ std::size_t Pool::Impl::largest_free_block() const {
         i = j;
       }
       return true;
-    });
+    };
+    if (h.arena) {  // Note [Arena free set]: by address, so every block is seen
+      for (const auto& entry : h.free_by_addr) visit(entry.second);
+    } else {
+      h.free.for_each_descending(visit);
+    }
   }
   return best;
 }

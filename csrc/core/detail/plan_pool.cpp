@@ -31,6 +31,13 @@
 //     cache may back the request), and at empty_cache or a lower budget.
 // A dropped arena thaws: its cached granules become reclaimable, its live
 // blocks are freed as usual, and the heap goes once it holds nothing.
+//
+// Note [Arena free set]
+// No request searches an arena by size: a planned one goes to its offset,
+// found through free_by_addr. So an arena's free set is that address index
+// alone, and its FreeIndex stays empty: a planned request and its free pay
+// for one index, not two (Note [Naming on the host] says why a line counts).
+// Heap::insert_free, free_count and holds_free read whichever is the set.
 #include <algorithm>
 #include <chrono>
 
@@ -129,10 +136,7 @@ void Pool::Impl::plan_adopt() {
     return;
   }
   drop_retired_arenas();
-  plan_arena = make_heap(0, /*small=*/false);
-  plan_arena->frozen = true;
-  plan_arena->arena = true;
-  plan_arena->free_by_addr.emplace(plan_arena->first->addr, plan_arena->first);
+  plan_arena = make_heap(0, /*small=*/false, /*arena=*/true);
   plan.activate();
   plan_window = std::max<std::uint64_t>(window, StepPlan::kMinQuiet);
   plan_window_allocs = plan_window_misses = 0;
@@ -208,10 +212,13 @@ Block* Pool::Impl::split_free_at(Block* f, Addr at, bool index_upper) {
   Block* upper = split_off(f, at);
   const std::size_t old_size = f->size;
   f->size = at - f->addr;
-  heap.free.replace(old_size, f->addr, f);
-  heap.free.insert(upper);
+  if (heap.arena) {  // Note [Arena free set]: f keeps its entry
+    if (index_upper) heap.free_by_addr.emplace(upper->addr, upper);
+  } else {
+    heap.free.replace(old_size, f->addr, f);
+    heap.free.insert(upper);
+  }
   ++free_blocks[heap.small ? 0 : 1];
-  if (heap.arena && index_upper) heap.free_by_addr.emplace(upper->addr, upper);
   return upper;
 }
 

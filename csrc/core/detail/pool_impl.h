@@ -94,7 +94,8 @@ struct Pool::Impl {
   }
 
   // ---- heaps ---------------------------------------------------------------------
-  detail::Heap* make_heap(PoolId pool, bool small);
+  // is_arena: a step plan's arena (Note [Step plan arena]): frozen, its free set the address index.
+  detail::Heap* make_heap(PoolId pool, bool small, bool is_arena = false);
   void drop_heap(detail::Heap* heap);
   // The default pool's heaps inline (every allocate asks); a private pool
   // takes private_heap_for(), which also throws for an unknown or released id.
