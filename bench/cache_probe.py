@@ -1,0 +1,96 @@
+"""The pool's host work per allocation and free, by callgrind's cache simulator (CPU only).
+
+    make bench-cache-probe
+    python bench/cache_probe.py --trace llama_ckpt_train --step 10 --budgets 0 1.10
+
+One step of a bundled real trace is run 6 and then 18 times in turn (patterns.repeated_steps),
+under each budget (a multiple of the trace's peak request; 0: no limit), once with the CPU caches
+hot and once with a scratch walk after every event that evicts the pool's data from a 64 KiB L1
+(Note [Cold caches] in csrc/replay/replay.h), as a training step's own host work does between two
+allocations. The difference between the two lengths, over the allocations added, is one steady
+allocation and its free: instructions, L1 misses hot, and L1 misses evicted (the cache lines the
+pool touches). Counts, not seconds: the same on any machine for the same binary and input.
+Needs valgrind and build/bench/replay_cache_probe.
+"""
+
+import argparse
+import concurrent.futures
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+PROBE = os.path.join(REPO, "build", "bench", "replay_cache_probe")
+SHORT, LONG = 6, 18
+EVICT_BYTES = 256 * 1024  # past the simulated 64 KiB L1 (and the 256 KiB last level)
+CALLGRIND = ["valgrind", "--tool=callgrind", "--cache-sim=yes", "--D1=65536,8,64", "--LL=262144,16,64",
+             "--toggle-collect=torchmem::Pool::*", "--callgrind-out-file=/dev/null"]
+
+
+def write_events(trace, step, repeats, path):
+    """The trace's set-up, then its step `step` `repeats` times; returns (allocations, peak request)."""
+    sys.path.insert(0, REPO)
+    from torchmem.analysis import patterns, replay
+    from torchmem.analysis import trace as trace_io
+
+    rows = trace_io.load(trace_io.bundled_trace(trace)).events.tolist()
+    events = np.asarray(patterns.repeated_steps(rows, (step,), repeats), dtype=np.int64)
+    events.tofile(path)
+    peak = replay.replay(events, "torchmem").peak_requested
+    return int((events[:, 0] == 0).sum()), int(peak)
+
+
+def totals(stderr):
+    """(instructions, L1 data misses) of a callgrind run's summary."""
+    refs = re.search(r"I\s+refs:\s+([\d,]+)", stderr)
+    misses = re.search(r"D1\s+misses:\s+([\d,]+)", stderr)
+    if not refs or not misses:
+        raise RuntimeError("cache_probe: no callgrind summary in:\n" + stderr[-2000:])
+    return int(refs.group(1).replace(",", "")), int(misses.group(1).replace(",", ""))
+
+
+def measure(events_path, budget, evict, peak):
+    proc = subprocess.run(CALLGRIND + [PROBE, events_path, str(budget), str(evict), str(peak)],
+                          capture_output=True, text=True, check=True)
+    return totals(proc.stderr)
+
+
+def per_allocation(short, long, added):
+    """The difference of two runs' (instructions, misses) over the allocations added."""
+    return tuple((b - a) / added for a, b in zip(short, long))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trace", default="llama_ckpt_train")
+    parser.add_argument("--step", type=int, default=10, help="index of the step to repeat")
+    parser.add_argument("--budgets", type=float, nargs="+", default=[0.0, 1.10])
+    args = parser.parse_args(argv)
+    if not os.path.exists(PROBE):
+        sys.exit(f"cache_probe: {PROBE} is missing: run `make bench-cache-probe` first")
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {n: os.path.join(tmp, f"events_{n}.bin") for n in (SHORT, LONG)}
+        counts = {n: write_events(args.trace, args.step, n, files[n]) for n in (SHORT, LONG)}
+        added, peak = counts[LONG][0] - counts[SHORT][0], counts[SHORT][1]
+        print(f"{args.trace}, step {args.step} repeated {SHORT} and {LONG} times: {added:,} allocations added, "
+              f"peak request {peak:,} bytes")
+        print("| budget | instructions | L1 misses, hot | L1 misses, caches evicted |")
+        print("|---|---|---|---|")
+        runs = [(budget, evict, n) for budget in args.budgets for evict in (0, EVICT_BYTES) for n in (SHORT, LONG)]
+        with concurrent.futures.ThreadPoolExecutor(max(1, os.cpu_count() or 1)) as pool:  # each run is one process
+            counted = dict(zip(runs, pool.map(lambda r: measure(files[r[2]], r[0], r[1], peak), runs)))
+        for budget in args.budgets:
+            hot = per_allocation(counted[budget, 0, SHORT], counted[budget, 0, LONG], added)
+            cold = per_allocation(counted[budget, EVICT_BYTES, SHORT], counted[budget, EVICT_BYTES, LONG], added)
+            label = f"{budget:.2f}x" if budget else "no limit"
+            print(f"| {label} | {hot[0]:,.0f} | {hot[1]:.1f} | {cold[1]:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""bench/cache_probe.py's arithmetic and inputs (its callgrind runs take minutes: run by hand)."""
+
+import numpy as np
+
+from bench_support import load_bench
+
+probe = load_bench("cache_probe")
+
+SUMMARY = """==1== Events    : Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw
+==1== I   refs:      165,607,071
+==1== D   refs:       53,644,083  (40,377,487 rd + 13,266,596 wr)
+==1== D1  misses:      1,511,305  ( 1,440,651 rd +     70,654 wr)
+"""
+
+
+def test_totals_reads_instructions_and_l1_misses_from_callgrinds_summary():
+    assert probe.totals(SUMMARY) == (165_607_071, 1_511_305)
+
+
+def test_a_steady_allocation_is_the_difference_of_two_lengths_over_the_allocations_added():
+    assert probe.per_allocation((100, 10), (1100, 60), 50) == (20.0, 1.0)
+
+
+def test_the_events_repeat_one_real_step(tmp_path):
+    path = tmp_path / "events.bin"
+    short = probe.write_events("llama_ckpt_train", 10, 2, str(path))
+    long = probe.write_events("llama_ckpt_train", 10, 3, str(tmp_path / "more.bin"))
+    events = np.fromfile(path, dtype=np.int64).reshape(-1, 4)
+    assert short[0] == int((events[:, 0] == 0).sum())
+    assert long[0] > short[0] and long[1] == short[1]  # one more step, the same peak
