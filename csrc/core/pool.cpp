@@ -603,7 +603,7 @@ std::size_t Pool::block_size(Addr addr) const {
 
 Pool::Usage Pool::usage() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  const std::int64_t allocated = detail::current_of(impl_->stats_.allocated_bytes[kStatAll]);  // Note [Lazy current]
+  const std::int64_t allocated = impl_->hot_[kStatAll].allocated_bytes.current();  // Note [Hot gauges]
   return Usage{static_cast<std::size_t>(std::max<std::int64_t>(0, allocated)),
                impl_->mapped_bytes[0] + impl_->mapped_bytes[1]};
 }

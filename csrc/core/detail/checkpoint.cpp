@@ -134,11 +134,11 @@ RestoreDelta Pool::Impl::restore_private_pool(const PoolCheckpoint& checkpoint) 
   // step 1 nothing throws PoolError, so changing it now is safe).
   auto keep = [&](Block* b, const CheckpointBlock& c) {
     const int kind = b->heap->small ? kStatSmallPool : kStatLargePool;
-    for (int k : {int(kStatAll), kind}) {  // lazy: Note [Lazy current] (pool_impl.h)
+    for (int k : {int(kStatAll), kind}) {  // Note [Hot gauges] (pool_impl.h)
       if (c.requested > b->requested) {
-        detail::lazy_increase(stats_.requested_bytes[k], static_cast<std::int64_t>(c.requested - b->requested));
+        hot_[k].requested_bytes.increase(c.requested - b->requested);
       } else if (c.requested < b->requested) {
-        detail::lazy_decrease(stats_.requested_bytes[k], static_cast<std::int64_t>(b->requested - c.requested));
+        hot_[k].requested_bytes.decrease(b->requested - c.requested);
       }
     }
     b->requested = c.requested;

@@ -188,28 +188,30 @@ std::string Pool::Impl::check_invariants() const {
   }
   // Stats equal sums.
   const int kinds[2] = {kStatSmallPool, kStatLargePool};
-  // current_of, not .current: the fast path leaves .current stale (Note [Lazy current]).
+  // A copy with the hot gauges in it (Note [Hot gauges]): stats_'s own are stale.
+  PoolStats now = stats_;
+  hot_into(now);
   auto expect = [&](const char* name, const Stat* stat, const std::size_t* per_kind) -> bool {
     for (int j = 0; j < 2; ++j) {
-      if (detail::current_of(stat[kinds[j]]) != static_cast<std::int64_t>(per_kind[j])) {
-        err << "stat " << name << "[" << (j ? "large_pool" : "small_pool") << "].current = " << detail::current_of(stat[kinds[j]]) << ", expected " << per_kind[j];
+      if (stat[kinds[j]].current != static_cast<std::int64_t>(per_kind[j])) {
+        err << "stat " << name << "[" << (j ? "large_pool" : "small_pool") << "].current = " << stat[kinds[j]].current << ", expected " << per_kind[j];
         return false;
       }
     }
-    if (detail::current_of(stat[kStatAll]) != static_cast<std::int64_t>(per_kind[0] + per_kind[1])) {
-      err << "stat " << name << "[all].current = " << detail::current_of(stat[kStatAll]) << ", expected " << per_kind[0] + per_kind[1];
+    if (stat[kStatAll].current != static_cast<std::int64_t>(per_kind[0] + per_kind[1])) {
+      err << "stat " << name << "[all].current = " << stat[kStatAll].current << ", expected " << per_kind[0] + per_kind[1];
       return false;
     }
     return true;
   };
   std::size_t alloc_blocks[2] = {0, 0};
   live.for_each([&](Addr, const Block* b) { ++alloc_blocks[b->heap->small ? 0 : 1]; });
-  if (!expect("allocation", stats_.allocation, alloc_blocks)) return err.str();
-  if (!expect("allocated_bytes", stats_.allocated_bytes, alloc_bytes)) return err.str();
-  if (!expect("requested_bytes", stats_.requested_bytes, requested_bytes)) return err.str();
-  if (!expect("active", stats_.active, active_blocks)) return err.str();
-  if (!expect("active_bytes", stats_.active_bytes, active_bytes)) return err.str();
-  if (!expect("reserved_bytes", stats_.reserved_bytes, mapped_bytes)) return err.str();
+  if (!expect("allocation", now.allocation, alloc_blocks)) return err.str();
+  if (!expect("allocated_bytes", now.allocated_bytes, alloc_bytes)) return err.str();
+  if (!expect("requested_bytes", now.requested_bytes, requested_bytes)) return err.str();
+  if (!expect("active", now.active, active_blocks)) return err.str();
+  if (!expect("active_bytes", now.active_bytes, active_bytes)) return err.str();
+  if (!expect("reserved_bytes", now.reserved_bytes, mapped_bytes)) return err.str();
   return "";
 }
 

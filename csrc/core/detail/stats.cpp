@@ -24,10 +24,17 @@ inline void set_gauge(Stat& stat, std::int64_t value) {
 
 }  // namespace
 
-void Pool::Impl::sync_current() {
-  for (Stat* gauge : {stats_.allocation, stats_.active, stats_.allocated_bytes, stats_.active_bytes,
-                      stats_.requested_bytes}) {
-    for (int i = 0; i < kStatKinds; ++i) gauge[i].current = detail::current_of(gauge[i]);
+void Pool::Impl::hot_into(PoolStats& s) const {
+  for (const detail::HotGaugeName& g : detail::kHotGauges) {
+    for (int i = 0; i < kStatKinds; ++i) detail::copy_gauge(hot_[i].*g.hot, (s.*g.stat)[i]);
+  }
+}
+
+void Pool::Impl::sync_current() { hot_into(stats_); }
+
+void Pool::Impl::load_hot() {
+  for (const detail::HotGaugeName& g : detail::kHotGauges) {
+    for (int i = 0; i < kStatKinds; ++i) detail::copy_gauge((stats_.*g.stat)[i], hot_[i].*g.hot);
   }
 }
 
@@ -91,6 +98,7 @@ void Pool::reset_peak_stats() {
   std::lock_guard<std::mutex> lock(mutex_);
   impl_->sync_memory_stats();
   reset_each_stat(impl_->stats_, &Stat::reset_peak);
+  impl_->load_hot();  // Note [Hot gauges]
 }
 
 void Pool::reset_accumulated_stats() {
@@ -98,6 +106,7 @@ void Pool::reset_accumulated_stats() {
   impl_->sync_memory_stats();
   PoolStats& s = impl_->stats_;
   reset_each_stat(s, &Stat::reset_accumulated);
+  impl_->load_hot();  // Note [Hot gauges]
 #define TORCHMEM_RESET_COUNTER(name) s.name = 0;
   TORCHMEM_COUNTERS(TORCHMEM_RESET_COUNTER)
 #undef TORCHMEM_RESET_COUNTER
