@@ -2,6 +2,7 @@
 
     make bench-cache-probe
     python bench/cache_probe.py --trace llama_ckpt_train --step 10 --budgets 0 1.10
+    python bench/cache_probe.py --timed --evict-mib 0 2 8   (the pool's own time instead, no valgrind)
 
 One step of a bundled real trace is run 6 and then 18 times in turn (patterns.repeated_steps),
 under each budget (a multiple of the trace's peak request; 0: no limit), once with the CPU caches
@@ -11,6 +12,12 @@ allocations. The difference between the two lengths, over the allocations added,
 allocation and its free: instructions, L1 misses hot, and L1 misses evicted (the cache lines the
 pool touches). Counts, not seconds: the same on any machine for the same binary and input.
 Needs valgrind and build/bench/replay_cache_probe.
+
+--timed: the pool's own host time per allocation and free on this machine instead (config
+time_host_ops, Note [Host time]), by torchmem's replay with a scratch walk of each --evict-mib
+after every event: seconds, not counts, so a proxy for what the GPU host measures in a
+training process (lockstep.py's pool-time table), where the framework's own work between two
+allocations evicts the pool's data from caches larger than the simulated ones.
 """
 
 import argparse
@@ -65,13 +72,38 @@ def per_allocation(short, long, added):
     return tuple((b - a) / added for a, b in zip(short, long))
 
 
+def timed(files, counts, budgets, evict_mib):
+    """The pool's ns per steady allocation and free (alloc, free, the plan's part of both), by
+    replay with time_host_ops, per budget and scratch walk."""
+    sys.path.insert(0, REPO)
+    from torchmem.analysis import replay
+
+    added, peak = counts[LONG][0] - counts[SHORT][0], counts[SHORT][1]
+    print("| budget | evicted after every event | alloc ns | free ns | of them, plan ns |")
+    print("|---|---|---|---|---|")
+    for mib in evict_mib:
+        for budget in budgets:
+            runs = []
+            for n in (SHORT, LONG):
+                events = np.fromfile(files[n], dtype=np.int64).reshape(-1, 4)
+                r = replay.replay(events, "torchmem", limit=int(peak * budget), config={"time_host_ops": True},
+                                  event_delay=10, evict_bytes=int(mib * 2**20))
+                runs.append((r.host_alloc_ns, r.host_free_ns, r.host_plan_ns))
+            alloc, free, plan = per_allocation(runs[0], runs[1], added)
+            label = f"{budget:.2f}x" if budget else "no limit"
+            print(f"| {label} | {mib:g} MiB | {alloc:,.0f} | {free:,.0f} | {plan:,.0f} |")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trace", default="llama_ckpt_train")
     parser.add_argument("--step", type=int, default=10, help="index of the step to repeat")
     parser.add_argument("--budgets", type=float, nargs="+", default=[0.0, 1.10])
+    parser.add_argument("--timed", action="store_true", help="the pool's own time instead of callgrind's counts")
+    parser.add_argument("--evict-mib", type=float, nargs="+", default=[0, 2, 8],
+                        help="with --timed: scratch walked after every event, MiB")
     args = parser.parse_args(argv)
-    if not os.path.exists(PROBE):
+    if not args.timed and not os.path.exists(PROBE):
         sys.exit(f"cache_probe: {PROBE} is missing: run `make bench-cache-probe` first")
     with tempfile.TemporaryDirectory() as tmp:
         files = {n: os.path.join(tmp, f"events_{n}.bin") for n in (SHORT, LONG)}
@@ -79,6 +111,9 @@ def main(argv=None):
         added, peak = counts[LONG][0] - counts[SHORT][0], counts[SHORT][1]
         print(f"{args.trace}, step {args.step} repeated {SHORT} and {LONG} times: {added:,} allocations added, "
               f"peak request {peak:,} bytes")
+        if args.timed:
+            timed(files, counts, args.budgets, args.evict_mib)
+            return 0
         print("| budget | instructions | L1 misses, hot | L1 misses, caches evicted |")
         print("|---|---|---|---|")
         runs = [(budget, evict, n) for budget in args.budgets for evict in (0, EVICT_BYTES) for n in (SHORT, LONG)]

@@ -28,3 +28,13 @@ def test_the_events_repeat_one_real_step(tmp_path):
     events = np.fromfile(path, dtype=np.int64).reshape(-1, 4)
     assert short[0] == int((events[:, 0] == 0).sum())
     assert long[0] > short[0] and long[1] == short[1]  # one more step, the same peak
+
+
+def test_timed_prints_the_pools_own_time_per_allocation(capsys):
+    """--timed replays with time_host_ops: every cell is a measured time, the plan's part 0 with no limit."""
+    assert probe.main(["--timed", "--evict-mib", "0", "--budgets", "0", "1.10", "--step", "10"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "MiB" in line]
+    assert len(rows) == 2
+    unlimited, budget = ([float(c.replace(",", "")) for c in row.split("|")[3:6]] for row in rows)
+    assert unlimited[0] > 0 and unlimited[1] > 0 and unlimited[2] == 0
+    assert budget[2] > 0  # a plan in force at 1.10x

@@ -135,6 +135,9 @@ py::dict result_to_dict(const ReplayResult& r, ReplayPolicy policy) {
   d["plan_misses"] = r.plan_misses;
   d["plan_passes"] = r.plan_passes;
   d["plan_pass_us"] = r.plan_pass_us;
+  d["host_alloc_ns"] = r.host_alloc_ns;
+  d["host_free_ns"] = r.host_free_ns;
+  d["host_plan_ns"] = r.host_plan_ns;
   d["backend_calls"] = backend_counters_to_dict(r.backend_calls);
   d["modeled_backend_us"] = r.modeled_backend_us;
   d["steady_backend_us"] = r.steady_backend_us;

@@ -233,6 +233,9 @@ ReplayResult Replayer::run(const TraceEvent* events, std::size_t count) {
     result.plan_drops = stats.num_plan_drops;
     result.plan_passes = stats.num_plan_passes;
     result.plan_pass_us = stats.plan_pass_us;
+    result.host_alloc_ns = stats.host_alloc_ns;
+    result.host_free_ns = stats.host_free_ns;
+    result.host_plan_ns = stats.host_plan_ns;
     result.backend_calls = backend_->counters();
     result.modeled_backend_us = backend_->modeled_us();
   }

@@ -110,6 +110,8 @@ struct ReplayResult {
   // torchmem: planning passes run (adopted or not) and their host time on this
   // machine (Note [Planning pass cost]).
   std::uint64_t plan_passes = 0, plan_pass_us = 0;
+  // The pool's own host time (config time_host_ops only, Note [Host time]).
+  std::uint64_t host_alloc_ns = 0, host_free_ns = 0, host_plan_ns = 0;
   std::uint64_t steady_barriers = 0;  // device barriers in the second half of the walk
   BackendCounters backend_calls;    // native: segment_alloc/free calls only; expandable: a create and a
                                     // map per page mapped, an unmap and a release per page unmapped

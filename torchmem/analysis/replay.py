@@ -65,6 +65,11 @@ class ReplayResult:
     plan_misses: int = 0       # allocations a plan in force could not place
     plan_passes: int = 0       # planning passes run, adopted or not (Note [Planning pass cost])
     plan_pass_us: int = 0      # their host time on this machine, microseconds
+    # The pool's own host time in allocations, frees and the step plan's part of them, ns
+    # (config time_host_ops only, Note [Host time]).
+    host_alloc_ns: int = 0
+    host_free_ns: int = 0
+    host_plan_ns: int = 0
     alloc_retries: int = 0
     final_reserved: int = 0
     skipped_frees: int = 0     # frees of allocations that failed
@@ -196,6 +201,9 @@ def _result_from(raw, label, policy, trace, limit):
         plan_misses=raw["plan_misses"],
         plan_passes=raw["plan_passes"],
         plan_pass_us=raw["plan_pass_us"],
+        host_alloc_ns=raw["host_alloc_ns"],
+        host_free_ns=raw["host_free_ns"],
+        host_plan_ns=raw["host_plan_ns"],
         alloc_retries=raw["alloc_retries"],
         final_reserved=raw["final_reserved"],
         skipped_frees=raw["skipped_frees"],
