@@ -352,3 +352,31 @@ def test_host_time_is_counted_only_when_asked():
     untimed, _ = pool_with_plan()
     stats = untimed.stats()
     assert (stats["host_alloc_ns"], stats["host_free_ns"], stats["host_plan_ns"]) == (0, 0, 0)
+
+
+def test_a_repeating_step_is_named_without_hash_lookups_once_followed():
+    """Note [Naming on the host]: the history of names predicts every request of a step that
+    repeats (a real Llama step, its layers' items recurring with different successors): the last
+    steps make no hash lookup at all, where the first cycle makes one per new item."""
+    from torchmem.analysis import trace as trace_io
+
+    rows = patterns.repeated_steps(trace_io.load(trace_io.bundled_trace("llama_ckpt_train")).events.tolist(),
+                                   (10,), 8)
+    events = np.asarray(rows, dtype=np.int64)
+    limit = int(run(events)["peak_requested"] * 1.10)
+    pool = make_pool(limit=limit, trace_capacity=0, capacity=140 << 30, event_delay=LAG)
+    live, lookups = {}, {}
+    marks = {len(rows) * 3 // 4, len(rows) - 1}  # the last quarter: more than one whole step
+    for i, (action, addr, size, stream) in enumerate(rows):
+        if action == 0:
+            live[addr] = pool.allocate(size, stream)
+            assert live[addr]
+        else:
+            pool.free(live.pop(addr))
+        if i in marks:
+            lookups[i] = pool.stats()["num_plan_lookups"]
+    stats = pool.stats()
+    assert stats["num_plans"] >= 1 and stats["num_plan_hits"] > 0
+    first, last = sorted(lookups)
+    assert lookups[first] > 0  # the first cycle was looked up
+    assert lookups[last] == lookups[first]  # the last steps: none

@@ -74,7 +74,9 @@ Block* Pool::Impl::plan_allocate(std::size_t rounded, StreamId stream, std::uint
   } else if (plan.active()) {
     plan_check_window();
   }
+  const std::uint64_t lookups = plan.lookups();
   *item = plan.on_alloc(rounded, stream, rounded <= config.small_threshold);
+  stats_.num_plan_lookups += plan.lookups() - lookups;
   if (!plan.active()) return nullptr;
   ++plan_window_allocs;
   Block* b = nullptr;

@@ -28,8 +28,10 @@ void StepPlan::reset() {
   sigs_.clear();
   item_index_.clear();
   items_.clear();
+  intervals_.clear();
   before_ = ~std::uint32_t{0};
-  last_item_ = kNoItem;
+  history_.clear();
+  cursor_ = kNever;
   named_live_bytes_ = planned_live_bytes_ = low_live_ = high_live_ = 0;
   clock_ = allocs_ = record_start_ = last_new_ = 0;
   min_window_ = kMinQuiet;
@@ -40,10 +42,10 @@ void StepPlan::rerecord() {
   record_start_ = last_new_ = allocs_;
   last_new_clock_ = clock_;
   low_live_ = high_live_ = named_live_bytes_;
-  for (Item& x : items_) {
-    x.intervals.clear();
+  for (std::size_t i = 0; i < items_.size(); ++i) {
+    intervals_[i].clear();
     // A block live now counts as live from the window's start.
-    if (x.live) x.intervals.push_back(Interval{clock_, kOpen});
+    if (items_[i].live) intervals_[i].push_back(Interval{clock_, kOpen});
   }
   ++clock_;
 }
@@ -83,18 +85,30 @@ void StepPlan::Sig::give(std::uint32_t slot) {
 }
 
 std::uint32_t StepPlan::predicted(std::size_t rounded, StreamId stream, bool small) {
-  if (last_item_ == kNoItem) return kNoItem;
-  const std::uint32_t idx = items_[last_item_].next;
-  if (idx == kNoItem) return kNoItem;
+  // cursor_ < allocs_ always, and the entry before it is the item named last
+  // (note_named): the candidate followed that item once, so the signature
+  // before it in its key is before_. An entry older than kHistory is gone.
+  if (cursor_ == kNever || allocs_ - cursor_ >= kHistory) return kNoItem;
+  const std::uint32_t idx = history_[cursor_ & (kHistory - 1)];
   Item& x = items_[idx];
-  // Its signature is the request's, and the one before it was the last item's
-  // (it followed that item once): its key matches if the sub-slot does.
   if (x.size != rounded || x.stream != stream || x.small != small || x.live) return kNoItem;
   Sig& s = sigs_[x.sig];
   if (s.next_slot() != x.slot) return kNoItem;
   s.take();
   before_ = x.sig;
   return idx;
+}
+
+void StepPlan::note_named(std::uint32_t idx, bool predicted) {
+  Item& x = items_[idx];
+  // After a hit the next entry; after a miss the entry after this item's last time.
+  cursor_ = predicted ? cursor_ + 1 : (x.named_at == kNever ? kNever : x.named_at + 1);
+  x.named_at = allocs_;
+  if (history_.size() < kHistory) {
+    history_.push_back(idx);
+  } else {
+    history_[allocs_ & (kHistory - 1)] = idx;
+  }
 }
 
 std::uint32_t StepPlan::looked_up(std::size_t rounded, StreamId stream, bool small) {
@@ -118,7 +132,8 @@ std::uint32_t StepPlan::looked_up(std::size_t rounded, StreamId stream, bool sma
   x.size = rounded;
   x.stream = stream;
   x.small = small;
-  items_.push_back(std::move(x));
+  items_.push_back(x);
+  intervals_.emplace_back();
   item_index_.emplace(key, idx);
   last_new_ = allocs_;
   last_new_clock_ = clock_;
@@ -130,16 +145,22 @@ std::uint32_t StepPlan::on_alloc(std::size_t rounded, StreamId stream, bool smal
   if (state_ == State::kOff) return kNoItem;
   // Note [Naming on the host]: the prediction first, the hash lookups if it misses.
   std::uint32_t idx = predicted(rounded, stream, small);
-  if (idx == kNoItem) idx = looked_up(rounded, stream, small);
-  if (last_item_ != kNoItem && items_[last_item_].next != idx) items_[last_item_].next = idx;
-  last_item_ = idx;
-  if (idx == kNoItem) return kNoItem;
+  const bool hit = idx != kNoItem;
+  if (!hit) {
+    ++lookups_;
+    idx = looked_up(rounded, stream, small);
+  }
+  if (idx == kNoItem) {  // no name: the history skips it, so predict from nowhere
+    cursor_ = kNever;
+    return kNoItem;
+  }
+  note_named(idx, hit);
   Item& x = items_[idx];
   x.live = true;
   named_live_bytes_ += x.size;
   ++allocs_;
   if (state_ == State::kRecording) {
-    x.intervals.push_back(Interval{clock_++, kOpen});
+    intervals_[idx].push_back(Interval{clock_++, kOpen});
     high_live_ = std::max(high_live_, named_live_bytes_);
   }
   return (generation_ << 24) | idx;
@@ -155,7 +176,8 @@ void StepPlan::on_free(std::uint32_t item) {
   sigs_[x.sig].give(x.slot);
   if (state_ == State::kRecording) {
     low_live_ = std::min(low_live_, named_live_bytes_);
-    if (!x.intervals.empty() && x.intervals.back().end == kOpen) x.intervals.back().end = clock_++;
+    std::vector<Interval>& lives = intervals_[idx];
+    if (!lives.empty() && lives.back().end == kOpen) lives.back().end = clock_++;
   }
 }
 
@@ -178,13 +200,14 @@ std::uint64_t StepPlan::place(const std::vector<std::uint32_t>& order, std::vect
   std::uint64_t top = 0;
   for (std::uint32_t m : order) {
     const Item& x = items_[m];
-    const std::uint64_t first = x.intervals.front().start, last = x.intervals.back().end;
+    const std::vector<Interval>& lives = intervals_[m];
+    const std::uint64_t first = lives.front().start, last = lives.back().end;
     // The smallest gap between the placed items it overlaps in time that holds
     // it (ties: the lowest), else above them all.
     std::uint64_t cursor = 0, at = 0, best_gap = ~std::uint64_t{0};
     for (const Placed& p : placed) {
-      const Item& y = items_[p.item];
-      if (y.intervals.back().end < first || last < y.intervals.front().start || !overlap(x, y)) continue;
+      const std::vector<Interval>& other = intervals_[p.item];
+      if (other.back().end < first || last < other.front().start || !overlap(lives, other)) continue;
       if (p.offset > cursor) {
         const std::uint64_t gap = p.offset - cursor;
         if (gap >= x.size && gap < best_gap) {
@@ -204,12 +227,12 @@ std::uint64_t StepPlan::place(const std::vector<std::uint32_t>& order, std::vect
   return top;
 }
 
-bool StepPlan::overlap(const Item& a, const Item& b) {
+bool StepPlan::overlap(const std::vector<Interval>& a, const std::vector<Interval>& b) {
   // Both lists are in time order and each item's intervals are disjoint.
   std::size_t i = 0, j = 0;
-  while (i < a.intervals.size() && j < b.intervals.size()) {
-    const Interval& x = a.intervals[i];
-    const Interval& y = b.intervals[j];
+  while (i < a.size() && j < b.size()) {
+    const Interval& x = a[i];
+    const Interval& y = b[j];
     if (x.start <= y.end && y.start <= x.end) return true;
     if (x.end < y.end) {
       ++i;
@@ -226,14 +249,14 @@ std::size_t StepPlan::plan(std::size_t align) {
   std::vector<std::uint32_t> members;
   planned_live_bytes_ = 0;
   for (std::uint32_t i = 0; i < items_.size(); ++i) {
-    Item& x = items_[i];
-    x.offset = kNoOffset;
-    if (x.intervals.empty()) continue;
-    if (x.intervals.back().end == kOpen) {
+    items_[i].offset = kNoOffset;
+    std::vector<Interval>& lives = intervals_[i];
+    if (lives.empty()) continue;
+    if (lives.back().end == kOpen) {
       // Live through the whole last cycle: not the step's (parameters, optimizer
       // state); it holds this name from now on.
-      if (x.intervals.back().start <= last_new_clock_) continue;
-      x.intervals.back().end = clock_;
+      if (lives.back().start <= last_new_clock_) continue;
+      lives.back().end = clock_;
     }
     members.push_back(i);
   }

@@ -52,12 +52,18 @@
 // Naming runs on every request of a step under a plan, between two stretches
 // of the framework's own host work that push the pool's data out of the CPU
 // caches; a host-bound step pays for each cache line it touches. So a request
-// that repeats the step touches two lines: the item named right after the
-// last one the time before (a prediction, checked against the request's key:
-// its signature, the sub-slot its signature would hand out and, implied, the
-// signature before) and that item's signature, whose free sub-slots are
-// bits. Only a request the prediction misses (a new step shape, the first
-// cycle) pays for the two hash lookups. The names are the same either way.
+// that repeats the step touches two lines: the item a prediction names
+// (checked against the request's key: its signature, the sub-slot its
+// signature would hand out, and the signature before) and that item's
+// signature, whose free sub-slots are bits. The prediction follows the
+// history of names (a ring, read in order: a line per 16 requests) from
+// where the same sequence ran before: after a hit, the entry after the one
+// that hit; after a miss, the entry after the looked-up item's previous
+// occurrence. A step that repeats is followed from the last step's entries
+// after at most a few misses (an item recurs in every layer, so a miss can
+// first land on the previous layer, which the step follows until the layers
+// end). Only a miss pays for the two hash lookups. The names are the same
+// either way.
 #pragma once
 
 #include <cstddef>
@@ -119,6 +125,9 @@ class StepPlan {
   // since before the last cycle, stay where they are).
   std::size_t planned_live_bytes() const { return planned_live_bytes_; }
   std::size_t items() const { return items_.size(); }
+  // Requests named by their key's hash lookups so far: the prediction missed
+  // (Note [Naming on the host]). Never reset.
+  std::uint64_t lookups() const { return lookups_; }
   std::uint64_t allocs_recorded() const { return allocs_ - record_start_; }
 
  private:
@@ -159,25 +168,32 @@ class StepPlan {
   struct Interval {
     std::uint64_t start, end;  // end == kOpen while live
   };
-  // One cache line: a planned request touches its item and its signature only.
+  // One cache line: a planned request touches its item and its signature only
+  // (its recorded lifetimes are apart, in intervals_).
   struct alignas(64) Item {
     std::uint32_t sig;
     std::uint32_t slot;
     std::size_t size;
     StreamId stream;
     std::uint64_t offset = kNoOffset;
-    std::uint32_t next = kNoItem;  // the item named right after this one, last time
+    std::uint64_t named_at = kNever;  // allocs_ when it was last named (Note [Naming on the host])
     bool live = false;
     bool small = false;
-    std::vector<Interval> intervals;
   };
+  static_assert(sizeof(Item) == 64, "an item is one cache line (Note [Naming on the host])");
+  static constexpr std::uint64_t kNever = ~std::uint64_t{0};
+  // The items named, in order, the last kHistory of them (a ring indexed by allocs_).
+  static constexpr std::uint64_t kHistory = std::uint64_t{1} << 20;
   static constexpr std::uint64_t kOpen = ~std::uint64_t{0};
 
   std::uint32_t index_of(std::uint32_t item) const {
     if (item == kNoItem || (item >> 24) != generation_) return kNoItem;
     return item & 0xFFFFFF;
   }
-  static bool overlap(const Item& a, const Item& b);
+  static bool overlap(const std::vector<Interval>& a, const std::vector<Interval>& b);
+  // Records that `idx` is named now (the history and its item's named_at),
+  // and where to predict from next.
+  void note_named(std::uint32_t idx, bool predicted);
   // The item of a request by prediction (the one named after the last one,
   // last time), when its key is the request's; kNoItem otherwise. Takes its
   // sub-slot.
@@ -195,8 +211,11 @@ class StepPlan {
   std::vector<Sig> sigs_;
   std::unordered_map<ItemKey, std::uint32_t, ItemHash> item_index_;
   std::vector<Item> items_;
+  std::vector<std::vector<Interval>> intervals_;  // per item: its lifetimes while recording
   std::uint32_t before_ = ~std::uint32_t{0};  // the signature of the last named request
-  std::uint32_t last_item_ = kNoItem;         // the item of the last named request (an index)
+  std::vector<std::uint32_t> history_;  // Note [Naming on the host]: grows to kHistory, then a ring
+  std::uint64_t cursor_ = kNever;       // the position in history_ the next request is predicted from
+  std::uint64_t lookups_ = 0;
   std::uint64_t clock_ = 0;          // ticks at every recorded alloc and free
   std::uint64_t allocs_ = 0;         // named allocations
   std::uint64_t record_start_ = 0;   // allocs_ when the window opened
