@@ -150,7 +150,11 @@ std::uint32_t StepPlan::on_alloc(std::size_t rounded, StreamId stream, bool smal
     ++lookups_;
     idx = looked_up(rounded, stream, small);
   }
-  if (idx == kNoItem) {  // no name: the history skips it, so predict from nowhere
+  if (idx == kNoItem) {
+    // No name (the items are full): the history skips it, so the entry after
+    // it may say another signature came before; predictions past it can name
+    // a request otherwise than its lookup would, which costs the plan a hit,
+    // never a wrong placement (Note [Step plan]: a hint).
     cursor_ = kNever;
     return kNoItem;
   }
