@@ -32,6 +32,11 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)  # torchmem from this checkout
+
+from torchmem.analysis import patterns, replay  # noqa: E402
+from torchmem.analysis import trace as trace_io  # noqa: E402
+
 PROBE = os.path.join(REPO, "build", "bench", "replay_cache_probe")
 SHORT, LONG = 6, 18
 EVICT_BYTES = 256 * 1024  # past the simulated 64 KiB L1 (and the 256 KiB last level)
@@ -40,16 +45,20 @@ CALLGRIND = ["valgrind", "--tool=callgrind", "--cache-sim=yes", "--D1=65536,8,64
 
 
 def write_events(trace, step, repeats, path):
-    """The trace's set-up, then its step `step` `repeats` times; returns (allocations, peak request)."""
-    sys.path.insert(0, REPO)
-    from torchmem.analysis import patterns, replay
-    from torchmem.analysis import trace as trace_io
-
+    """The trace's set-up, then its step `step` `repeats` times; returns its allocations."""
     rows = trace_io.load(trace_io.bundled_trace(trace)).events.tolist()
     events = np.asarray(patterns.repeated_steps(rows, (step,), repeats), dtype=np.int64)
     events.tofile(path)
-    peak = replay.replay(events, "torchmem").peak_requested
-    return int((events[:, 0] == 0).sum()), int(peak)
+    return int((events[:, 0] == 0).sum())
+
+
+def load_events(path):
+    return np.fromfile(path, dtype=np.int64).reshape(-1, 4)
+
+
+def peak_request(path):
+    """The events' peak requested bytes (every repetition of the step peaks alike)."""
+    return int(replay.replay(load_events(path), "torchmem").peak_requested)
 
 
 def totals(stderr):
@@ -72,21 +81,16 @@ def per_allocation(short, long, added):
     return tuple((b - a) / added for a, b in zip(short, long))
 
 
-def timed(files, counts, budgets, evict_mib):
+def timed(files, added, peak, budgets, evict_mib):
     """The pool's ns per steady allocation and free (alloc, free, the plan's part of both), by
     replay with time_host_ops, per budget and scratch walk."""
-    sys.path.insert(0, REPO)
-    from torchmem.analysis import replay
-
-    added, peak = counts[LONG][0] - counts[SHORT][0], counts[SHORT][1]
     print("| budget | evicted after every event | alloc ns | free ns | of them, plan ns |")
     print("|---|---|---|---|---|")
     for mib in evict_mib:
         for budget in budgets:
             runs = []
             for n in (SHORT, LONG):
-                events = np.fromfile(files[n], dtype=np.int64).reshape(-1, 4)
-                r = replay.replay(events, "torchmem", limit=int(peak * budget), config={"time_host_ops": True},
+                r = replay.replay(load_events(files[n]), "torchmem", limit=int(peak * budget), config={"time_host_ops": True},
                                   event_delay=10, evict_bytes=int(mib * 2**20))
                 runs.append((r.host_alloc_ns, r.host_free_ns, r.host_plan_ns))
             alloc, free, plan = per_allocation(runs[0], runs[1], added)
@@ -108,11 +112,11 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         files = {n: os.path.join(tmp, f"events_{n}.bin") for n in (SHORT, LONG)}
         counts = {n: write_events(args.trace, args.step, n, files[n]) for n in (SHORT, LONG)}
-        added, peak = counts[LONG][0] - counts[SHORT][0], counts[SHORT][1]
+        added, peak = counts[LONG] - counts[SHORT], peak_request(files[SHORT])
         print(f"{args.trace}, step {args.step} repeated {SHORT} and {LONG} times: {added:,} allocations added, "
               f"peak request {peak:,} bytes")
         if args.timed:
-            timed(files, counts, args.budgets, args.evict_mib)
+            timed(files, added, peak, args.budgets, args.evict_mib)
             return 0
         print("| budget | instructions | L1 misses, hot | L1 misses, caches evicted |")
         print("|---|---|---|---|")

@@ -481,6 +481,22 @@ def run_group(args, seed, budget=None, fraction=None):
     return rows, failed
 
 
+def by_process(rows):
+    """(row, process name) for each process, in table order: workload, budget, allocator, process."""
+    order = sorted(rows, key=lambda r: (r["workload"], r.get("budget") or 0, r["allocator"],
+                                        (r.get("lockstep") or {}).get("process", "")))
+    return [(row, (row.get("lockstep") or {}).get("process", row["allocator"])) for row in order]
+
+
+def median_ms(times):
+    return f"{statistics.median(times) * 1e3:.1f}" if times else "-"
+
+
+def has_host_time(row):
+    """Whether the process counted the pool's own host time (time_host_ops)."""
+    return any(s.get("host_alloc_ns") for s in row.get("plan_per_step") or [])
+
+
 def shape_table(rows):
     """Where a step's time goes, per shape: each process's steady steps (steady_steps) by shape, the
     median step and the median time until the host had queued it (enqueue_s), in ms. A shape whose
@@ -488,21 +504,14 @@ def shape_table(rows):
     where the GPU is the bottleneck the step is the GPU's, and the host's time is hidden."""
     lines = ["| workload | budget | allocator | process | per shape, steady steps: step / enqueue, ms |",
              "|---|---|---|---|---|"]
-    order = sorted(rows, key=lambda r: (r["workload"], r.get("budget") or 0, r["allocator"],
-                                        (r.get("lockstep") or {}).get("process", "")))
-    for row in order:
+    for row, process in by_process(rows):
         steps, enqueue, shapes = row["step_s"], row.get("enqueue_s") or [], row.get("shapes") or 0
         if row.get("oom_at_step") is not None or shapes < 1 or not steps:
             continue
         start = len(steps) - steady_steps(row, quiet_from(row))
         step_by_shape = quiet_by_shape(steps, start, shapes)
         queued_by_shape = quiet_by_shape(enqueue, start, shapes) if len(enqueue) == len(steps) else {}
-
-        def median_ms(times):
-            return f"{statistics.median(times) * 1e3:.1f}" if times else "-"
-
         cells = [f"{median_ms(step_by_shape[k])} / {median_ms(queued_by_shape.get(k))}" for k in range(shapes)]
-        process = (row.get("lockstep") or {}).get("process", row["allocator"])
         lines.append(f"| {row['workload']} | {budget_label(row.get('budget'))} | {row['allocator']} | {process} | "
                      f"{'; '.join(cells)} |")
     return "\n".join(lines)
@@ -515,13 +524,9 @@ def host_time_table(rows):
     is the pool's, and so whether a gap between allocators is the pool's work or the step's."""
     lines = ["| workload | budget | allocator | process | steady steps | pool ns per allocation: alloc + free "
              "(of them, plan) | pool ms per step | enqueue ms per step |", "|---|---|---|---|---|---|---|---|"]
-    order = sorted(rows, key=lambda r: (r["workload"], r.get("budget") or 0, r["allocator"],
-                                        (r.get("lockstep") or {}).get("process", "")))
-    for row in order:
+    for row, process in by_process(rows):
         per_step, steps = row.get("plan_per_step") or [], row["step_s"]
-        if row.get("oom_at_step") is not None or not steps or len(per_step) < len(steps):
-            continue
-        if not any(s.get("host_alloc_ns") for s in per_step):
+        if row.get("oom_at_step") is not None or not steps or len(per_step) < len(steps) or not has_host_time(row):
             continue
         n = steady_steps(row, quiet_from(row))
         steady, allocs = per_step[-n:], sum((row.get("allocs_per_step") or [])[-n:])
@@ -529,9 +534,7 @@ def host_time_table(rows):
             continue
         alloc_ns, free_ns, plan_ns = (sum(s.get(k, 0) for s in steady) for k in
                                       ("host_alloc_ns", "host_free_ns", "host_plan_ns"))
-        enqueue = (row.get("enqueue_s") or [])[-n:]
-        enqueue_ms = f"{statistics.median(enqueue) * 1e3:.1f}" if enqueue else "-"
-        process = (row.get("lockstep") or {}).get("process", row["allocator"])
+        enqueue_ms = median_ms((row.get("enqueue_s") or [])[-n:])
         lines.append(f"| {row['workload']} | {budget_label(row.get('budget'))} | {row['allocator']} | {process} | "
                      f"{n} | {alloc_ns / allocs:,.0f} + {free_ns / allocs:,.0f} ({plan_ns / allocs:,.0f}) | "
                      f"{(alloc_ns + free_ns) / n / 1e6:.2f} | {enqueue_ms} |")
@@ -552,7 +555,7 @@ def print_tables(rows):
     if any(row.get("enqueue_s") and row.get("shapes") for row in rows):
         print()
         print(shape_table(rows))
-    if any(any(s.get("host_alloc_ns") for s in row.get("plan_per_step") or []) for row in rows):
+    if any(has_host_time(row) for row in rows):
         print()
         print(host_time_table(rows))
 

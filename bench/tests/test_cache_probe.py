@@ -22,12 +22,11 @@ def test_a_steady_allocation_is_the_difference_of_two_lengths_over_the_allocatio
 
 
 def test_the_events_repeat_one_real_step(tmp_path):
-    path = tmp_path / "events.bin"
-    short = probe.write_events("llama_ckpt_train", 10, 2, str(path))
-    long = probe.write_events("llama_ckpt_train", 10, 3, str(tmp_path / "more.bin"))
-    events = np.fromfile(path, dtype=np.int64).reshape(-1, 4)
-    assert short[0] == int((events[:, 0] == 0).sum())
-    assert long[0] > short[0] and long[1] == short[1]  # one more step, the same peak
+    path, more = str(tmp_path / "events.bin"), str(tmp_path / "more.bin")
+    short = probe.write_events("llama_ckpt_train", 10, 2, path)
+    long = probe.write_events("llama_ckpt_train", 10, 3, more)
+    assert short == int((probe.load_events(path)[:, 0] == 0).sum())
+    assert long > short and probe.peak_request(more) == probe.peak_request(path)  # one more step, the same peak
 
 
 def test_timed_prints_the_pools_own_time_per_allocation(capsys):
