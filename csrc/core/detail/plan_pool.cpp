@@ -74,9 +74,9 @@ Block* Pool::Impl::plan_allocate(std::size_t rounded, StreamId stream, std::uint
   } else if (plan.active()) {
     plan_check_window();
   }
-  const std::uint64_t lookups = plan.lookups();
-  *item = plan.on_alloc(rounded, stream, rounded <= config.small_threshold);
-  stats_.num_plan_lookups += plan.lookups() - lookups;
+  bool by_lookup = false;
+  *item = plan.on_alloc(rounded, stream, rounded <= config.small_threshold, &by_lookup);
+  stats_.num_plan_lookups += by_lookup;
   if (!plan.active()) return nullptr;
   ++plan_window_allocs;
   Block* b = nullptr;

@@ -141,13 +141,14 @@ std::uint32_t StepPlan::looked_up(std::size_t rounded, StreamId stream, bool sma
   return idx;
 }
 
-std::uint32_t StepPlan::on_alloc(std::size_t rounded, StreamId stream, bool small) {
+std::uint32_t StepPlan::on_alloc(std::size_t rounded, StreamId stream, bool small, bool* by_lookup) {
+  *by_lookup = false;
   if (state_ == State::kOff) return kNoItem;
   // Note [Naming on the host]: the prediction first, the hash lookups if it misses.
   std::uint32_t idx = predicted(rounded, stream, small);
   const bool hit = idx != kNoItem;
   if (!hit) {
-    ++lookups_;
+    *by_lookup = true;
     idx = looked_up(rounded, stream, small);
   }
   if (idx == kNoItem) {

@@ -97,7 +97,9 @@ class StepPlan {
   void reset();
   // A new request: its item (naming it, recording its start), or kNoItem
   // when not naming. `item` ids carry a generation in their top 8 bits.
-  std::uint32_t on_alloc(std::size_t rounded, StreamId stream, bool small);
+  // *by_lookup: whether the prediction missed and the key's hash lookups named
+  // it (Note [Naming on the host]).
+  std::uint32_t on_alloc(std::size_t rounded, StreamId stream, bool small, bool* by_lookup);
   // The block named `item` was freed (or its allocation failed).
   void on_free(std::uint32_t item);
   // Recording: a full cycle was seen and repeated, and this is the cycle's
@@ -125,9 +127,6 @@ class StepPlan {
   // since before the last cycle, stay where they are).
   std::size_t planned_live_bytes() const { return planned_live_bytes_; }
   std::size_t items() const { return items_.size(); }
-  // Requests named by their key's hash lookups so far: the prediction missed
-  // (Note [Naming on the host]). Never reset.
-  std::uint64_t lookups() const { return lookups_; }
   std::uint64_t allocs_recorded() const { return allocs_ - record_start_; }
 
  private:
@@ -215,7 +214,6 @@ class StepPlan {
   std::uint32_t before_ = ~std::uint32_t{0};  // the signature of the last named request
   std::vector<std::uint32_t> history_;  // Note [Naming on the host]: grows to kHistory, then a ring
   std::uint64_t cursor_ = kNever;       // the position in history_ the next request is predicted from
-  std::uint64_t lookups_ = 0;
   std::uint64_t clock_ = 0;          // ticks at every recorded alloc and free
   std::uint64_t allocs_ = 0;         // named allocations
   std::uint64_t record_start_ = 0;   // allocs_ when the window opened
