@@ -14,11 +14,11 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <vector>
 
 #include "core/detail/block.h"
+#include "core/detail/free_by_addr.h"
 #include "core/detail/free_index.h"
 #include "core/types.h"
 
@@ -65,60 +65,6 @@ struct Granule {
   static constexpr std::uint32_t kMixedSlot = ~std::uint32_t{0};
 };
 
-// Freed nodes of one std::map, kept for its next insert: the map's nodes are
-// all one size, and the pool's lock covers the map, so a plain list will do.
-class NodeCache {
- public:
-  NodeCache() = default;
-  NodeCache(const NodeCache&) = delete;
-  NodeCache& operator=(const NodeCache&) = delete;
-  ~NodeCache() {
-    for (void* p : free_) ::operator delete(p);
-  }
-  void* take(std::size_t bytes) {
-    if (bytes == node_bytes_ && !free_.empty()) {
-      void* p = free_.back();
-      free_.pop_back();
-      return p;
-    }
-    return ::operator new(bytes);
-  }
-  void give(void* p, std::size_t bytes) {
-    if (node_bytes_ == 0) node_bytes_ = bytes;
-    if (bytes == node_bytes_) {
-      free_.push_back(p);
-    } else {
-      ::operator delete(p);
-    }
-  }
-
- private:
-  std::size_t node_bytes_ = 0;
-  std::vector<void*> free_;
-};
-
-// A std allocator over a NodeCache (single objects; arrays go to operator new).
-template <class T>
-struct RecyclingAllocator {
-  using value_type = T;
-  NodeCache* cache;
-  explicit RecyclingAllocator(NodeCache* c) : cache(c) {}
-  template <class U>
-  RecyclingAllocator(const RecyclingAllocator<U>& o) : cache(o.cache) {}
-  T* allocate(std::size_t n) {
-    return static_cast<T*>(n == 1 ? cache->take(sizeof(T)) : ::operator new(n * sizeof(T)));
-  }
-  void deallocate(T* p, std::size_t n) {
-    if (n == 1) {
-      cache->give(p, sizeof(T));
-    } else {
-      ::operator delete(p);
-    }
-  }
-  template <class U>
-  bool operator==(const RecyclingAllocator<U>& o) const { return cache == o.cache; }
-};
-
 struct Segment {
   Addr addr = 0;
   std::size_t size = 0;
@@ -140,22 +86,14 @@ struct Heap {
   // The free set: an arena's is its address index, every other heap's its FreeIndex.
   void insert_free(Block* b) {
     if (arena) {
-      free_by_addr.emplace(b->addr, b);
+      free_by_addr.insert(b);
     } else {
       free.insert(b);
     }
   }
   std::size_t free_count() const { return arena ? free_by_addr.size() : free.size(); }
-  bool holds_free(const Block* b) const {
-    if (!arena) return free.contains(b);
-    auto it = free_by_addr.find(b->addr);
-    return it != free_by_addr.end() && it->second == b;
-  }
-  // A planned request and its free each insert and erase entries here: their
-  // nodes are recycled (NodeCache) rather than taken from malloc every time.
-  NodeCache free_by_addr_nodes;
-  std::map<Addr, Block*, std::less<Addr>, RecyclingAllocator<std::pair<const Addr, Block*>>> free_by_addr{
-      RecyclingAllocator<std::pair<const Addr, Block*>>(&free_by_addr_nodes)};
+  bool holds_free(const Block* b) const { return arena ? free_by_addr.holds(b) : free.contains(b); }
+  FreeByAddr free_by_addr;  // Note [Arena address index] (free_by_addr.h)
   // VMM
   Addr base = 0;
   std::size_t span = 0;

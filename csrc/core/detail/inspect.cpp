@@ -143,8 +143,7 @@ std::string Pool::Impl::check_invariants() const {
       std::size_t indexed = 0;
       for (const Block* b = h.first; b; b = b->next) {
         if (!b->is_free()) continue;
-        auto it = h.free_by_addr.find(b->addr);
-        if (it == h.free_by_addr.end() || it->second != b) { err << where(h) << ": arena free block " << hex(b->addr) << " is missing from its address index"; return err.str(); }
+        if (!h.free_by_addr.holds(b)) { err << where(h) << ": arena free block " << hex(b->addr) << " is missing from its address index"; return err.str(); }
         ++indexed;
       }
       if (indexed != h.free_by_addr.size()) { err << where(h) << ": arena address index has " << h.free_by_addr.size() << " entries for " << indexed << " free blocks"; return err.str(); }
@@ -324,7 +323,7 @@ std::size_t Pool::Impl::largest_free_block() const {
       return true;
     };
     if (h.arena) {  // Note [Arena free set]: by address, so every block is seen
-      for (const auto& entry : h.free_by_addr) visit(entry.second);
+      h.free_by_addr.for_each(visit);
     } else {
       h.free.for_each_descending(visit);
     }

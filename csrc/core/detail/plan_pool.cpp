@@ -46,6 +46,7 @@
 namespace torchmem {
 
 using detail::Block;
+using detail::FreeByAddr;
 using detail::Heap;
 using detail::StepPlan;
 
@@ -83,17 +84,24 @@ Block* Pool::Impl::plan_allocate(std::size_t rounded, StreamId stream, std::uint
   const std::uint64_t offset = plan.offset_of(*item);
   if (offset != StepPlan::kNoOffset && offset + rounded <= plan_arena->span) {
     const Addr at = plan_arena->base + offset;
-    auto& index = plan_arena->free_by_addr;
-    const auto above = index.upper_bound(at);
-    Block* f = above == index.begin() ? nullptr : std::prev(above)->second;
+    FreeByAddr& index = plan_arena->free_by_addr;
+    const std::size_t above = index.upper_bound(at);
+    Block* f = above == 0 ? nullptr : index.block_at(above - 1);
     if (f && f->end() >= at + rounded && reusable_ordered(*f, stream)) {  // the range is free
       const std::size_t missing = pin(*plan_arena, at, rounded);
       if (missing == 0 || acquire(*plan_arena, at, rounded, missing, rounded, stream)) {
-        // The block taken leaves the index and what is left above it joins,
-        // just below `above`: no search, and no entry made only to be erased.
-        if (at == f->addr) index.erase(std::prev(above));
+        // What is left above the block taken joins the index just below
+        // `above`, in the entry of f when f is the block taken.
+        const bool whole = at == f->addr;
         b = carve(split_free_at(f, at, /*index_upper=*/false), rounded);
-        if (Block* rest = b->next; rest && rest->is_free()) index.emplace_hint(above, rest->addr, rest);
+        Block* rest = b->next && b->next->is_free() ? b->next : nullptr;
+        if (whole && rest) {
+          index.replace_at(above - 1, rest);
+        } else if (whole) {
+          index.erase_at(above - 1);
+        } else if (rest) {
+          index.insert_at(above, rest);
+        }
       } else {
         unpin(*plan_arena, at, rounded, 0, 0, /*restore=*/true);
       }
@@ -215,7 +223,7 @@ Block* Pool::Impl::split_free_at(Block* f, Addr at, bool index_upper) {
   const std::size_t old_size = f->size;
   f->size = at - f->addr;
   if (heap.arena) {  // Note [Arena free set]: f keeps its entry
-    if (index_upper) heap.free_by_addr.emplace(upper->addr, upper);
+    if (index_upper) heap.free_by_addr.insert(upper);
   } else {
     heap.free.replace(old_size, f->addr, f);
     heap.free.insert(upper);
@@ -227,14 +235,14 @@ Block* Pool::Impl::split_free_at(Block* f, Addr at, bool index_upper) {
 void Pool::Impl::arena_note_free(Heap& heap, Block* b) {
   // b has an entry already when it absorbed into a free block below; a free
   // block above that b absorbed is the one entry inside b now.
-  auto& index = heap.free_by_addr;
-  auto it = index.lower_bound(b->addr);
-  if (it != index.end() && it->first == b->addr) {
-    it->second = b;
+  FreeByAddr& index = heap.free_by_addr;
+  const std::size_t pos = index.lower_bound(b->addr);
+  if (pos < index.size() && index.addr_at(pos) == b->addr) {
+    index.replace_at(pos, b);
   } else {
-    it = index.emplace_hint(it, b->addr, b);
+    index.insert_at(pos, b);
   }
-  if (++it != index.end() && it->first < b->end()) index.erase(it);
+  if (pos + 1 < index.size() && index.addr_at(pos + 1) < b->end()) index.erase_at(pos + 1);
 }
 
 }  // namespace torchmem
