@@ -120,19 +120,28 @@ def test_invariants_hold_while_planning():
     assert result["ooms"] == 0 and result["plans"] >= 1
 
 
-def pool_with_plan(**config):
-    """A simulated pool that ran a repeating step at 1.02x its min-cap (a plan in force)."""
-    events = patterns.training_steps(6, layers=8, seed=7)
-    limit = int(replay.find_min_cap(np.asarray(events, dtype=np.int64), "torchmem", event_delay=LAG)["min_cap"] * 1.02)
-    pool = make_pool(limit=limit, trace_capacity=0, capacity=140 << 30, event_delay=LAG, debug_checks=True, **config)
-    live = {}
+def run_steps(pool, events, live):
     for action, addr, size, stream in events:
         if action == 0:
             live[addr] = pool.allocate(size, stream)
             assert live[addr], "no OOM at 1.02x min-cap"
         else:
             pool.free(live.pop(addr))
+
+
+def pool_with_plan(**config):
+    """A simulated pool that ran a repeating step at 1.02x its min-cap (a plan in force)."""
+    pool, limit, _ = pool_with_plan_and_steps(**config)
     return pool, limit
+
+
+def pool_with_plan_and_steps(**config):
+    """pool_with_plan, and the events that ran (each step allocates and frees the same)."""
+    events = patterns.training_steps(6, layers=8, seed=7)
+    limit = int(replay.find_min_cap(np.asarray(events, dtype=np.int64), "torchmem", event_delay=LAG)["min_cap"] * 1.02)
+    pool = make_pool(limit=limit, trace_capacity=0, capacity=140 << 30, event_delay=LAG, debug_checks=True, **config)
+    run_steps(pool, events, {})
+    return pool, limit, events
 
 
 def test_a_plan_forms_in_a_pool_and_empty_cache_gives_its_memory_back():
@@ -155,6 +164,32 @@ def test_a_lower_budget_ends_the_plan():
     addr = pool.allocate(24 * MiB)
     pool.free(addr)
     pool.check_invariants()  # raises naming the first violation
+
+
+def test_a_wholly_mapped_arena_counts_again_and_fences_its_frees_when_its_plan_ends():
+    """Note [Lazy pins]: once the plan's warm-up has mapped its footprint, its blocks stop moving
+    per-granule counts; when the plan ends the counts are made again (check_invariants after
+    every operation) and the granules freed meanwhile carry the latest such free's fence: after
+    a device barrier and one more step on stream 0, another stream takes them only behind a new
+    barrier (what they held before that step was freed before the first one)."""
+    pool, limit, events = pool_with_plan_and_steps()
+    assert pool.stats()["num_lazy_pins"] >= 1
+    # A device barrier while the plan is in force: a private pool's cache given back.
+    pool.create_private_pool(5)
+    pool.free(pool.allocate(4 * MiB, stream=3, pool=5))
+    pool.release_private_pool(5)
+    pool.release_pool_cache(5)
+    barriers = pool.stats()["num_device_barriers"]
+    assert barriers > 0
+    step = (len(events) - 3 * 8) // 6  # training_steps: 8 parameters and their two states, then six steps alike
+    run_steps(pool, events[-step:], {})  # lazily freed, after the barrier
+    assert pool.stats()["num_plan_drops"] == 0
+    pool.set_limit(limit - 2 * MiB)  # ends the plan: its arena thaws
+    addr = pool.allocate(limit // 2, stream=9)  # only the cache can back it, freed on stream 0
+    assert addr
+    assert pool.stats()["num_device_barriers"] > barriers
+    pool.free(addr)
+    pool.check_invariants()
 
 
 def test_step_plan_off_never_plans():

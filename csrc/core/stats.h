@@ -81,6 +81,8 @@ enum StatKind : int { kStatAll = 0, kStatSmallPool = 1, kStatLargePool = 2, kSta
 //   num_backed_moves      fits moved to where cached granules back them (Note [Backed placement])
 //   num_plan_lookups      requests the step plan named by hash lookups, its prediction missed
 //                         (Note [Naming on the host])
+//   num_lazy_pins         plan arenas found wholly mapped, which stopped counting per granule
+//                         (Note [Lazy pins])
 //   host_alloc_ns         host nanoseconds inside allocate, lock included (time_host_ops only)
 //   host_free_ns          the same for deallocate
 //   host_plan_ns          of host_alloc_ns and host_free_ns, the step plan's part (naming, placing)
@@ -104,6 +106,7 @@ enum StatKind : int { kStatAll = 0, kStatSmallPool = 1, kStatLargePool = 2, kSta
   X(plan_pass_us)            \
   X(num_backed_moves)        \
   X(num_plan_lookups)        \
+  X(num_lazy_pins)           \
   X(host_alloc_ns)           \
   X(host_free_ns)            \
   X(host_plan_ns)

@@ -74,6 +74,7 @@ void Pool::Impl::list_push(std::uint32_t slot, GranuleRef ref, bool front) {
 }
 
 void Pool::Impl::thaw(Heap& heap) {
+  settle_lazy_pins(heap);
   heap.frozen = false;
   for (std::size_t i = 0; i < heap.granules.size(); ++i) {
     const Granule& g = heap.granules[i];
@@ -161,6 +162,7 @@ void Pool::Impl::sync_all_fences() {
 // ---- pinning ------------------------------------------------------------------
 
 std::size_t Pool::Impl::pin(Heap& heap, Addr addr, std::size_t size) {
+  if (addr + size <= heap.pins_lazy_below) return 0;  // Note [Lazy pins]: every granule there is mapped
   const std::size_t g0 = first_granule(heap, addr), g1 = end_granule(heap, addr + size);
   if (g1 > heap.granules.size()) {
     // Grow geometrically, but never past the range.
@@ -186,6 +188,10 @@ std::size_t Pool::Impl::pin(Heap& heap, Addr addr, std::size_t size) {
 
 void Pool::Impl::unpin(Heap& heap, Addr addr, std::size_t size, StreamId stream, std::uint64_t at_seq,
                        bool restore) {
+  if (addr + size <= heap.pins_lazy_below) {  // Note [Lazy pins]
+    if (!restore) note_lazy_free(heap, slot_for(stream), at_seq);
+    return;
+  }
   const std::size_t g0 = first_granule(heap, addr), g1 = end_granule(heap, addr + size);
   std::uint32_t slot = 0;
   bool have_slot = false;

@@ -94,6 +94,12 @@ struct Heap {
   std::size_t free_count() const { return arena ? free_by_addr.size() : free.size(); }
   bool holds_free(const Block* b) const { return arena ? free_by_addr.holds(b) : free.contains(b); }
   FreeByAddr free_by_addr;  // Note [Arena address index] (free_by_addr.h)
+  // Note [Lazy pins] (plan_pool.cpp): blocks wholly below pins_lazy_below
+  // (0: none) move no granule's counts; the frees among them are summed here.
+  Addr pins_lazy_below = 0;
+  std::uint64_t lazy_free_seq = 0;   // the latest such free's pool sequence (0: none yet)
+  std::uint32_t lazy_free_slot = 0;  // its stream slot
+  std::uint32_t lazy_free_owner = 0;  // every such free's slot, or Granule::kMixedSlot
   // VMM
   Addr base = 0;
   std::size_t span = 0;

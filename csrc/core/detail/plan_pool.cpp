@@ -38,6 +38,23 @@
 // alone, and its FreeIndex stays empty: a planned request and its free pay
 // for one index, not two (Note [Naming on the host] says why a line counts).
 // Heap::insert_free, free_count and holds_free read whichever is the set.
+//
+// Note [Lazy pins]
+// Every block's allocation and free moves the live count of each granule it
+// covers (pin / unpin): the counts say which granules a free empties, to be
+// listed as reclaimable. A plan's arena is frozen, so its emptied granules
+// are never listed, and once every granule under the plan's footprint is
+// mapped no planned request can miss one: while the plan is in force the
+// counts there say nothing the pool acts on. So from the first window that
+// finds the footprint wholly mapped, blocks below it move no counts, and
+// the arena keeps only the latest free's sequence and stream and whether
+// frees came from more than one stream (note_lazy_free). When the arena
+// thaws the counts are made again from its live blocks, and every granule
+// below the footprint takes the lazy frees' fence as its own: the latest
+// free's, owned by its stream, or by several (Note [Alias reclaim]). A later
+// fence than a granule's own only waits longer, so reuse stays safe. A run
+// handle's granules (Note [Run handles]) keep their counts: runs count
+// their busy granules from them, so an arena holding one stays counted.
 #include <algorithm>
 #include <chrono>
 
@@ -47,6 +64,7 @@ namespace torchmem {
 
 using detail::Block;
 using detail::FreeByAddr;
+using detail::Granule;
 using detail::Heap;
 using detail::StepPlan;
 
@@ -147,6 +165,7 @@ void Pool::Impl::plan_adopt() {
   }
   drop_retired_arenas();
   plan_arena = make_heap(0, /*small=*/false, /*arena=*/true);
+  plan_footprint = footprint;
   plan.activate();
   plan_window = std::max<std::uint64_t>(window, StepPlan::kMinQuiet);
   plan_window_allocs = plan_window_misses = 0;
@@ -157,6 +176,7 @@ void Pool::Impl::plan_adopt() {
 
 void Pool::Impl::plan_check_window() {
   if (plan_window_allocs < plan_window) return;
+  if (plan_arena->pins_lazy_below == 0) start_lazy_pins(*plan_arena, plan_footprint);
   // Misses served from cached memory cost nothing: a plan is learnt again only
   // when they also made the pool stitch or wait (a timing-dependent free, a
   // rare shape, does not make every window pay for a new plan).
@@ -213,6 +233,45 @@ void Pool::Impl::drop_retired_arenas() {
       ++i;
     }
   }
+}
+
+void Pool::Impl::start_lazy_pins(Heap& heap, std::size_t footprint) {
+  const std::size_t n = end_granule(heap, heap.base + footprint);
+  if (n == 0 || n > heap.granules.size()) return;
+  for (std::size_t i = 0; i < n; ++i) {
+    const Granule& g = heap.granules[i];
+    if (!g.handle || g.run_count) return;  // not wholly mapped yet, or a run
+  }
+  heap.pins_lazy_below = heap.base + n * gran;
+  ++stats_.num_lazy_pins;
+  heap.lazy_free_seq = 0;
+  heap.lazy_free_slot = heap.lazy_free_owner = 0;
+}
+
+void Pool::Impl::settle_lazy_pins(Heap& heap) {
+  if (heap.pins_lazy_below == 0) return;
+  const std::size_t lazy_end = first_granule(heap, heap.pins_lazy_below);
+  heap.pins_lazy_below = 0;
+  // Counted again from the live blocks; above lazy_end the counts were kept,
+  // so recounting leaves them (and the runs' busy counts) as they are.
+  for (Granule& g : heap.granules) g.live = 0;
+  for (const Block* b = heap.first; b; b = b->next) {
+    if (b->is_free()) continue;
+    for (std::size_t i = first_granule(heap, b->addr), end = end_granule(heap, b->end()); i < end; ++i) {
+      ++heap.granules[i].live;
+    }
+  }
+  if (heap.lazy_free_seq == 0) return;  // nothing below lazy_end was freed
+  for (std::size_t i = 0; i < lazy_end; ++i) {
+    Granule& g = heap.granules[i];
+    if (g.owner != heap.lazy_free_owner) g.owner = g.owner == 0 ? heap.lazy_free_owner : Granule::kMixedSlot;
+    if (g.live == 0) {
+      g.seq = std::max(g.seq, heap.lazy_free_seq);
+      g.slot = heap.lazy_free_slot;
+    }
+  }
+  heap.lazy_free_seq = 0;
+  heap.lazy_free_slot = heap.lazy_free_owner = 0;
 }
 
 Block* Pool::Impl::split_free_at(Block* f, Addr at, bool index_upper) {

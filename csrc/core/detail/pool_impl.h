@@ -13,6 +13,7 @@
 //   detail/inspect.cpp   check_invariants, snapshot, largest free block
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 
 #include <cstddef>
@@ -224,6 +225,17 @@ struct Pool::Impl {
   // A frozen heap (private pool, plan arena) lets go: its cached granules
   // become reclaimable like any others.
   void thaw(detail::Heap& heap);
+  // Note [Lazy pins] (plan_pool.cpp): a plan's arena wholly mapped up to its
+  // footprint stops counting per granule, and counts again when it thaws.
+  void start_lazy_pins(detail::Heap& heap, std::size_t footprint);
+  void note_lazy_free(detail::Heap& heap, std::uint32_t slot, std::uint64_t at_seq) {
+    heap.lazy_free_seq = std::max(heap.lazy_free_seq, at_seq);
+    heap.lazy_free_slot = slot;
+    if (heap.lazy_free_owner != slot) {
+      heap.lazy_free_owner = heap.lazy_free_owner == 0 ? slot : detail::Granule::kMixedSlot;
+    }
+  }
+  void settle_lazy_pins(detail::Heap& heap);
   void list_remove(detail::GranuleRef ref);
   // The stream's slot, created on first use. Inline for the repeated stream
   // (every free looks its slot up); a new stream takes slot_for_slow().
@@ -434,6 +446,7 @@ struct Pool::Impl {
   // Note [Step plan]
   detail::StepPlan plan;
   detail::Heap* plan_arena = nullptr;         // the arena of the plan in force
+  std::size_t plan_footprint = 0;             // its planned bytes, from its base
   std::vector<detail::Heap*> retired_arenas;  // thawed, dropped once empty
   std::uint64_t pressure = 0;                 // stitches and barriers of the default pool
   std::uint64_t pressure_at_arm = 0;
