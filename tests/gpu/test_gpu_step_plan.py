@@ -58,7 +58,8 @@ s = torchmem.memory_stats()
 print("RESULT " + json.dumps({"per_step": per_step, "losses": losses, "plans": s["torchmem.num_plans"],
                               "hits": s["torchmem.num_plan_hits"], "peak_requested": s["requested_bytes.all.peak"],
                               "peak_reserved": s["reserved_bytes.all.peak"], "ooms": s["num_ooms"],
-                              "stream_waits": s["torchmem.backend.stream_wait_calls"]}))
+                              "stream_waits": s["torchmem.backend.stream_wait_calls"],
+                              "lazy_pins": s["torchmem.num_lazy_pins"]}))
 """
 
 
@@ -82,6 +83,7 @@ def test_a_repeating_step_at_a_budget_makes_no_driver_call_once_warm(peak, side)
     assert planned["peak_reserved"] <= budget
     late = planned["per_step"][-4:]
     assert late == [[0, 0]] * 4, planned["per_step"]
+    assert planned["lazy_pins"] >= 1  # Note [Lazy pins]: the losses below are computed under them
     # the same numbers as without a plan: where a tensor lives changes nothing it computes,
     # and a range handed between streams (Note [Reuse behind a stream wait]) waits for its old
     # stream's kernels
