@@ -81,21 +81,25 @@ def per_allocation(short, long, added):
     return tuple((b - a) / added for a, b in zip(short, long))
 
 
+def budget_label(budget):
+    return f"{budget:.2f}x" if budget else "no limit"
+
+
 def timed(files, added, peak, budgets, evict_mib):
     """The pool's ns per steady allocation and free (alloc, free, the plan's part of both), by
     replay with time_host_ops, per budget and scratch walk."""
     print("| budget | evicted after every event | alloc ns | free ns | of them, plan ns |")
     print("|---|---|---|---|---|")
+    events = {n: load_events(files[n]) for n in (SHORT, LONG)}
     for mib in evict_mib:
         for budget in budgets:
             runs = []
             for n in (SHORT, LONG):
-                r = replay.replay(load_events(files[n]), "torchmem", limit=int(peak * budget), config={"time_host_ops": True},
+                r = replay.replay(events[n], "torchmem", limit=int(peak * budget), config={"time_host_ops": True},
                                   event_delay=10, evict_bytes=int(mib * 2**20))
                 runs.append((r.host_alloc_ns, r.host_free_ns, r.host_plan_ns))
             alloc, free, plan = per_allocation(runs[0], runs[1], added)
-            label = f"{budget:.2f}x" if budget else "no limit"
-            print(f"| {label} | {mib:g} MiB | {alloc:,.0f} | {free:,.0f} | {plan:,.0f} |")
+            print(f"| {budget_label(budget)} | {mib:g} MiB | {alloc:,.0f} | {free:,.0f} | {plan:,.0f} |")
 
 
 def main(argv=None):
@@ -126,8 +130,7 @@ def main(argv=None):
         for budget in args.budgets:
             hot = per_allocation(counted[budget, 0, SHORT], counted[budget, 0, LONG], added)
             cold = per_allocation(counted[budget, EVICT_BYTES, SHORT], counted[budget, EVICT_BYTES, LONG], added)
-            label = f"{budget:.2f}x" if budget else "no limit"
-            print(f"| {label} | {hot[0]:,.0f} | {hot[1]:.1f} | {cold[1]:.1f} |")
+            print(f"| {budget_label(budget)} | {hot[0]:,.0f} | {hot[1]:.1f} | {cold[1]:.1f} |")
     return 0
 
 

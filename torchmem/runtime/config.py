@@ -255,7 +255,7 @@ OPTIONS = (
            core="trace_capacity"),
     Option("time_host_ops", False, parse_bool,
            "Measure the host time the pool spends in every allocation and free (two clock reads "
-           "each) and report it as torchmem.host_alloc_ns, host_free_ns and host_plan_ns (the step "
+           "each, more on the step plan's path, which therefore reads a little slow) and report it as torchmem.host_alloc_ns, host_free_ns and host_plan_ns (the step "
            "plan's part) in memory_stats: how much of a step's host time is the allocator's (Note [Host time]). "
            "Off by default: measuring adds clock reads to every allocation and free.",
            core="time_host_ops"),

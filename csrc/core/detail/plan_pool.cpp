@@ -243,9 +243,7 @@ void Pool::Impl::start_lazy_pins(Heap& heap, std::size_t footprint) {
     if (!g.handle || g.run_count) return;  // not wholly mapped yet, or a run
   }
   heap.pins_lazy_below = heap.base + n * gran;
-  ++stats_.num_lazy_pins;
-  heap.lazy_free_seq = 0;
-  heap.lazy_free_slot = heap.lazy_free_owner = 0;
+  ++stats_.num_lazy_pins;  // lazy_free_* are 0: they start so, and settle_lazy_pins clears them
 }
 
 void Pool::Impl::settle_lazy_pins(Heap& heap) {

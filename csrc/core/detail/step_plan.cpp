@@ -60,8 +60,9 @@ std::uint32_t StepPlan::Sig::next_slot() const {
   return slots;
 }
 
-std::uint32_t StepPlan::Sig::take() {
-  const std::uint32_t slot = next_slot();
+std::uint32_t StepPlan::Sig::take() { return take_at(next_slot()); }
+
+std::uint32_t StepPlan::Sig::take_at(std::uint32_t slot) {
   if (slot == slots) {
     ++slots;
   } else if (slot < 64) {
@@ -94,7 +95,7 @@ std::uint32_t StepPlan::predicted(std::size_t rounded, StreamId stream, bool sma
   if (x.size != rounded || x.stream != stream || x.small != small || x.live) return kNoItem;
   Sig& s = sigs_[x.sig];
   if (s.next_slot() != x.slot) return kNoItem;
-  s.take();
+  s.take_at(x.slot);
   before_ = x.sig;
   return idx;
 }

@@ -152,6 +152,8 @@ class StepPlan {
     // The sub-slot the next request of this signature gets (the lowest free, else a new one).
     std::uint32_t next_slot() const;
     std::uint32_t take();
+    // Takes `slot`, which must be next_slot().
+    std::uint32_t take_at(std::uint32_t slot);
     void give(std::uint32_t slot);
   };
   // An item: a signature, a sub-slot and the signature of the request before it.
