@@ -56,6 +56,8 @@
 #   peer_one       the peer tests in PEER_TESTS, each once under torchmem, with durations
 #   peer_order     the peer tests in PEER_TESTS in this order in ONE pytest process, natively
 #                  (PEER_ORDER_MODE=torchmem: under torchmem): does a failure follow from test order?
+#                  MEMPROBE_MODE=watch|steps (MEMPROBE_TESTS): bench/peer_memprobe.py logs the device's
+#                  memory around the tests into memprobe.jsonl
 #   startup        bench/startup_cost.py (8 processes starting together, beside 4 busy ones)
 # DEADLINE_S (default 570) bounds the whole call: DDP runs only if 90 s are left.
 set -uo pipefail
@@ -355,8 +357,11 @@ job_peer_order() {
   peer_site
   for t in ${PEER_TESTS:-}; do ids+=(".peer/test_cuda.py::$t"); done
   local tm=(); [ "${PEER_ORDER_MODE:-native}" = torchmem ] && tm=(env TORCHMEM_PEER=1)
-  "${tm[@]}" env PYTHONPATH=/tmp/site:$PWD/.peer/tm_site timeout "$(bounded 120)" python3 -m pytest "${ids[@]}" \
-    -c .peer/pytest.ini --rootdir .peer -rfE -q -p no:cacheprovider > "$OUT/peer_order.log" 2>&1
+  # MEMPROBE_MODE / MEMPROBE_TESTS: log the device's memory around the tests (bench/peer_memprobe.py)
+  local probe=(); [ -n "${MEMPROBE_MODE:-}" ] && probe=(-p peer_memprobe)
+  "${tm[@]}" env PYTHONPATH=/tmp/site:$PWD/.peer/tm_site:$PWD/bench MEMPROBE_OUT="${MEMPROBE_MODE:+$OUT/memprobe.jsonl}" \
+    PYTORCH_TESTING_DEVICE_ONLY_FOR=cuda timeout "$(bounded 120)" python3 -m pytest "${ids[@]}" \
+    -c .peer/pytest.ini --rootdir .peer -rfE -q -p no:cacheprovider "${probe[@]}" > "$OUT/peer_order.log" 2>&1
   echo "peer_order ${PEER_ORDER_MODE:-native} rc=$? :: $(grep -E '^(FAILED|ERROR)|passed|failed' "$OUT/peer_order.log" | tr '\n' ' ' | cut -c1-400)"
 }
 
