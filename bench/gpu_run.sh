@@ -57,7 +57,8 @@
 #   peer_order     the peer tests in PEER_TESTS in this order in ONE pytest process, natively
 #                  (PEER_ORDER_MODE=torchmem: under torchmem): does a failure follow from test order?
 #                  MEMPROBE_MODE=watch|steps (MEMPROBE_TESTS): bench/peer_memprobe.py logs the device's
-#                  memory around the tests into memprobe.jsonl
+#                  memory around the tests into memprobe.jsonl; PEER_ORDER_ARGS: more pytest options (-n 1: one
+#                  xdist worker, as the suite's serial phase runs)
 #   startup        bench/startup_cost.py (8 processes starting together, beside 4 busy ones)
 # DEADLINE_S (default 570) bounds the whole call: DDP runs only if 90 s are left.
 set -uo pipefail
@@ -361,7 +362,7 @@ job_peer_order() {
   local probe=(); [ -n "${MEMPROBE_MODE:-}" ] && probe=(-p peer_memprobe)
   "${tm[@]}" env PYTHONPATH=/tmp/site:$PWD/.peer/tm_site:$PWD/bench MEMPROBE_OUT="${MEMPROBE_MODE:+$OUT/memprobe.jsonl}" \
     PYTORCH_TESTING_DEVICE_ONLY_FOR=cuda timeout "$(bounded 120)" python3 -m pytest "${ids[@]}" \
-    -c .peer/pytest.ini --rootdir .peer -rfE -q -p no:cacheprovider "${probe[@]}" > "$OUT/peer_order.log" 2>&1
+    -c .peer/pytest.ini --rootdir .peer -rfE -q -p no:cacheprovider "${probe[@]}" ${PEER_ORDER_ARGS:-} > "$OUT/peer_order.log" 2>&1
   echo "peer_order ${PEER_ORDER_MODE:-native} rc=$? :: $(grep -E '^(FAILED|ERROR)|passed|failed' "$OUT/peer_order.log" | tr '\n' ' ' | cut -c1-400)"
 }
 
