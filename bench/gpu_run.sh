@@ -41,6 +41,8 @@
 #                  LOCKSTEP_BUDGETS="1.05 1.10": each seed again under those multiples of its peak request,
 #                  beside native with no budget (LOCKSTEP_REFERENCE=none leaves it out); T_LOCKSTEP: seconds per
 #                  workload (default 420; long runs that resolve the pooled table's 3% line need more)
+#                  ROUND_ALLOCATORS may name NAME@S: NAME at S x each drawn batch ("native native@0.75 torchmem"
+#                  at a budget native cannot fit: the per-sample table, time per sample at native's largest)
 #   peer           PyTorch's test_cuda.py, native vs torchmem (.peer/, carried)
 #   host           bench/host_bench.py and bench/offload_bench.py (pinned pool, offload;
 #                  OFFLOAD_MODELS, OFFLOAD_KEEP: the --keep fractions, OFFLOAD_ROUNDS: --rounds)

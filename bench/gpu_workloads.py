@@ -24,6 +24,7 @@ Figures per run (each allocator's own where it has one):
                    whole step (before the loss is read): near step_s, the step is host-bound
                    and an allocator's host cost shows; well below, the GPU sets the pace
   allocs_per_step  per timed step, allocations made (memory_stats' allocation.all.allocated)
+  samples_per_step per timed step, the samples it trained on or decoded (batch x micro-steps)
   kernel_ms        with --kernel-time, per shape, the device time of one more step under
                    torch.profiler (kernels, copies, memsets): the same under two allocators
                    unless where the memory lies changes how fast the GPU runs
@@ -36,7 +37,10 @@ Shapes: with --shapes K (default 4) the run draws K step shapes (batch, sequence
 length, resolution...) from the seed and cycles through them; the warm-up covers
 each once, so the timed steps see no first use of a kernel or cuBLAS heuristic
 (a fresh shape per step made one run's median move 1.3x between runs of the same
-allocator). --shapes 0 draws a new shape every step.
+allocator). --shapes 0 draws a new shape every step. --batch-scale S runs the same
+draws at S times their batch (the allocator's label gets "@S"): where an allocator
+cannot fit a budget at the drawn batch, its time per sample at the largest batch it
+fits (bench/lockstep.py's per-sample table).
 Workloads: gpt2 (GPT-2 124M, AdamW, bf16 autocast, batch 2..16 x seq 64..1024),
 llama_ckpt (Llama-style ~300M, 16 layers, 1024 wide, GQA 16/4, gradient
 checkpointing, batch 1..8 x seq 128..4096), kv_generate (autoregressive decoding
@@ -85,6 +89,9 @@ def parse_args(argv=None):
     parser.add_argument("--kernel-time", action="store_true",
                         help="after the timed steps, one step per shape under torch.profiler: the GPU's own time "
                              "in kernels and copies, which a slow host does not change")
+    parser.add_argument("--batch-scale", type=float, default=1.0,
+                        help="each step's batch times this, rounded down, at least 1 (the same draws, a smaller "
+                             "batch: an allocator's largest batch under a budget, compared per sample)")
     args = parser.parse_args(argv)
     if args.shapes < 0:
         parser.error("--shapes must be 0 or more")
@@ -96,6 +103,8 @@ def parse_args(argv=None):
         parser.error("--steps must exceed --warmup")
     if args.memory_fraction is not None and not 0 < args.memory_fraction <= 1:
         parser.error("--memory-fraction must be in (0, 1]")
+    if not 0 < args.batch_scale <= 1:
+        parser.error("--batch-scale must be in (0, 1]: a smaller batch than the workload draws")
     return args
 
 
@@ -112,10 +121,17 @@ def setup_allocator(args):
 
 
 def allocator_label(args):
-    """The allocator's name in the results: torchmem with options is its own row ("torchmem[backend=...]")."""
+    """The allocator's name in the results: torchmem with options is its own row ("torchmem[backend=...]"),
+    and so is a smaller batch ("native@0.75": --batch-scale)."""
+    label = args.allocator
     if args.allocator == "torchmem" and args.torchmem_conf:
-        return f"torchmem[{args.torchmem_conf}]"
-    return args.allocator
+        label = f"torchmem[{args.torchmem_conf}]"
+    return label if args.batch_scale == 1.0 else f"{label}@{args.batch_scale:g}"
+
+
+def scale_batch(shape, scale):
+    """A drawn step shape with its batch (always the first field) times `scale`, at least 1."""
+    return shape if scale == 1.0 else (max(1, int(shape[0] * scale)), *shape[1:])
 
 
 def memory_figures(torch, allocator):
@@ -591,9 +607,9 @@ def main(argv=None):
     gate.wait()  # start-up (imports, CUDA init) ran beside the other lockstep processes; from here, alone
     speed = host_speed(torch)
     draw, step = BUILDERS[args.workload](torch)
-    shapes = [draw(rng) for _ in range(args.shapes)]
+    shapes = [scale_batch(draw(rng), args.batch_scale) for _ in range(args.shapes)]
     reset_peaks(torch, args.allocator)
-    times, enqueue_times, allocs, device_used_peak, info = [], [], [], 0, {}
+    times, enqueue_times, allocs, samples, device_used_peak, info = [], [], [], [], 0, {}
     driver_calls, barriers, oom_at, plan_steps = [], [], None, []
     plan_before = step_counters(torch)
     allocated = allocation_count(torch)  # nothing allocates between one step's end and the next's start
@@ -604,7 +620,7 @@ def main(argv=None):
         torch.cuda.synchronize()
         start = time.perf_counter()
         try:
-            info = step(shapes[i % len(shapes)] if shapes else draw(rng))
+            info = step(shapes[i % len(shapes)] if shapes else scale_batch(draw(rng), args.batch_scale))
         except torch.OutOfMemoryError:
             # under a budget this allocator cannot fit: say so (the steps before it stand)
             oom_at = i
@@ -619,6 +635,7 @@ def main(argv=None):
             if enqueued is not None:
                 enqueue_times.append(enqueued - start)
             allocs.append(allocated - before)
+            samples.append(info["batch"] * info.get("micro_steps", 1))
             driver_calls.append(costs[0] - costs_before[0])
             barriers.append(costs[1] - costs_before[1])
         plan_now = step_counters(torch)
@@ -649,7 +666,7 @@ def main(argv=None):
         "driver_calls_per_step": driver_calls, "barriers_per_step": barriers,
         "plan_per_step": plan_steps,  # every step, warm-up included: deltas of step_counters()
         "step_s": times, "host_speed": speed,
-        "enqueue_s": enqueue_times, "allocs_per_step": allocs, "kernel_ms": kernel_ms,
+        "enqueue_s": enqueue_times, "allocs_per_step": allocs, "samples_per_step": samples, "kernel_ms": kernel_ms,
         "host_ops": host_ops,
         "last_step": info,
     }

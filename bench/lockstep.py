@@ -26,6 +26,11 @@ default native) with no budget, taking turns with the others: where the referenc
 the budget, the steps of those who can are compared with its unconstrained steps of the same
 group, at the same pace, not with another group's run minutes apart.
 
+Per sample (--allocators native native@0.75 native@0.5 torchmem --budgets 1.05): "NAME@S" runs
+NAME on the same draws at S times the batch. Where the baseline cannot fit the budget at the drawn
+batch, the per-sample table sets torchmem's time per sample against the baseline's at the largest
+batch it fit, in the same group.
+
 Protocol (bench/gpu_workloads.py --lockstep R,W): the worker writes "ready" on W
 when it reaches a gate and blocks reading "go" from R. Segments between gates run
 alone. The worker's last segment ends with its exit (EOF on W).
@@ -327,6 +332,52 @@ def pooled_table(rows, baseline="native", line=1.03):
     return "\n".join(lines)
 
 
+def per_sample_table(rows, baseline="native"):
+    """Time per sample at a budget, for where the baseline fits only a smaller batch (#34: where only
+    torchmem fits the larger batch, its time per sample at or under the baseline's at the baseline's
+    own largest). Per group (workload, budget, seed) and allocator label: the steady steps' time over
+    the samples they ran (ms per sample, the mean over its processes), and that over the baseline
+    family's largest batch that fit in every process: the baseline and its "@S" rows (--allocators
+    native native@0.75 ...: the same draws at S times the batch, gpu_workloads --batch-scale). The
+    family runs in the same group, taking turns, so this compares at one pace."""
+    groups = {}
+    for row in budget_rows(rows):
+        if row.get("samples_per_step") is None:
+            continue  # a run from before samples were recorded
+        key = (row["workload"], row["budget"], row["seed"])
+        groups.setdefault(key, {}).setdefault(row["allocator"], []).append(row)
+    lines = [f"| workload | budget | seed | allocator | batch scale | processes | ms per sample | / {baseline} at "
+             f"its largest batch that fits |", "|---|---|---|---|---|---|---|---|"]
+    for (workload, budget, seed), by_label in groups.items():
+        per_sample = {}
+        for label, members in by_label.items():
+            if any(r.get("oom_at_step") is not None for r in members):
+                per_sample[label] = None  # did not fit this budget at this batch
+                continue
+            values = []
+            for r in members:
+                n = steady_steps(r, quiet_from(r))
+                samples = sum(r["samples_per_step"][-n:])
+                if samples:
+                    values.append(sum(r["step_s"][-n:]) / samples * 1e3)
+            per_sample[label] = statistics.mean(values) if values else None
+        fitting = [(batch_scale(label)[1], label) for label, ms in per_sample.items()
+                   if batch_scale(label)[0] == baseline and ms is not None]
+        best = max(fitting)[1] if fitting else None
+        for label in sorted(per_sample, key=lambda l: (batch_scale(l)[0], -batch_scale(l)[1])):
+            ms = per_sample[label]
+            scale = batch_scale(label)[1]
+            if ms is None:
+                cells = "OOM | -"
+            elif batch_scale(label)[0] == baseline or best is None:
+                cells = f"{ms:.3f} | -"
+            else:
+                cells = f"{ms:.3f} | {ms / per_sample[best]:.3f} ({best})"
+            lines.append(f"| {workload} | {budget_label(budget)} | {seed} | {label} | {scale:g} | "
+                         f"{len(by_label[label])} | {cells} |")
+    return "\n".join(lines)
+
+
 # Student's t, two-sided 95%, by degrees of freedom (1-30; the normal 1.96 beyond).
 T95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14, 2.13,
        2.12, 2.11, 2.10, 2.09, 2.09, 2.08, 2.07, 2.07, 2.06, 2.06, 2.06, 2.05, 2.05, 2.05, 2.04)
@@ -432,11 +483,20 @@ def call_cost_us(step, prices):
 
 
 def worker_argv(workload, allocator, seed, args, out, fraction=None):
-    name, _, conf = allocator.partition(":")  # "torchmem:OPTIONS" is torchmem with those options
+    # "torchmem:OPTIONS" is torchmem with those options; "NAME@S" runs at S times the drawn batch
+    spec, _, scale = allocator.partition("@")
+    name, _, conf = spec.partition(":")
     argv = [sys.executable, os.path.join(HERE, "gpu_workloads.py"), "--workload", workload, "--allocator", name,
             "--steps", str(args.steps), "--shapes", str(args.shapes), "--seed", str(seed), "--out", out]
-    return (argv + (["--torchmem-conf", conf] if conf else []) + (["--kernel-time"] if args.kernel_time else [])
+    return (argv + (["--torchmem-conf", conf] if conf else []) + (["--batch-scale", scale] if scale else [])
+            + (["--kernel-time"] if args.kernel_time else [])
             + (["--memory-fraction", f"{fraction:.6f}"] if fraction else []))
+
+
+def batch_scale(label):
+    """An allocator label's base name and batch scale: "native@0.75" -> ("native", 0.75)."""
+    base, sep, scale = label.rpartition("@")
+    return (base, float(scale)) if sep else (label, 1.0)
 
 
 def budget_fraction(rows, budget):
@@ -552,6 +612,9 @@ def print_tables(rows):
         print(pooled_table(rows))
         print()
         print(warmup_table(rows))
+        if any(row.get("samples_per_step") is not None for row in budget_rows(rows)):
+            print()
+            print(per_sample_table(rows))
     if any(row.get("enqueue_s") and row.get("shapes") for row in rows):
         print()
         print(shape_table(rows))
@@ -592,6 +655,14 @@ def main(argv=None):
         args.reference = None
     if any(b < 1.0 for b in args.budgets):
         parser.error("--budgets are multiples of the peak request: each must be >= 1")
+    for allocator in args.allocators:
+        try:
+            scale = batch_scale(allocator)[1]
+        except ValueError:
+            scale = 0.0
+        if not 0 < scale <= 1:
+            parser.error(f"--allocators {allocator}: the batch scale after '@' must be a number in (0, 1], "
+                         "e.g. native@0.75")
     rows, failed = [], 0
     for seed in args.seeds:
         group, bad = run_group(args, seed)
