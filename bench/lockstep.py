@@ -514,8 +514,10 @@ def run_group(args, seed, budget=None, fraction=None):
     with tempfile.TemporaryDirectory() as tmp:
         commands = []
         reference = getattr(args, "reference", None) if budget is not None else None
+        # A smaller batch ("NAME@S") is there to fit a budget: the unconstrained group runs without it.
+        allocators = [a for a in args.allocators if budget is not None or "@" not in a]
         for k in range(args.per_allocator):  # interleaved: native, expandable, torchmem, native, ...
-            for allocator in args.allocators:
+            for allocator in allocators:
                 name = f"{allocator}#{k}"
                 commands.append((name, worker_argv(args.workload, allocator, seed, args, f"{tmp}/{len(commands)}",
                                                    fraction)))

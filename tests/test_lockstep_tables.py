@@ -108,3 +108,20 @@ def test_gpu_workloads_scales_the_drawn_batch_and_names_the_row():
     assert gpu_workloads.allocator_label(args) == "torchmem[backend=cuda_malloc]"
     with pytest.raises(SystemExit):
         gpu_workloads.parse_args(["--workload", "gpt2", "--allocator", "native", "--out", "x", "--batch-scale", "0"])
+
+
+def test_the_smaller_batch_runs_only_under_a_budget(monkeypatch, tmp_path, capsys):
+    seen = []
+
+    def fake_run(commands, timeout_s):
+        seen.append([name for name, _ in commands])
+        return {name: 1 for name, _ in commands}  # as if every worker failed: nothing is read back
+
+    monkeypatch.setattr(lockstep, "run_lockstep", fake_run)
+    args = types.SimpleNamespace(workload="gpt2", allocators=["native", "native@0.75", "torchmem"], per_allocator=1,
+                                 steps=12, shapes=4, kernel_time=False, timeout=1.0, reference="native",
+                                 out=str(tmp_path / "out.jsonl"))
+    lockstep.run_group(args, seed=1)
+    lockstep.run_group(args, seed=1, budget=1.05, fraction=0.2)
+    assert seen[0] == ["native#0", "torchmem#0"]
+    assert seen[1] == ["native#0", "native@0.75#0", "torchmem#0", "native (no budget)#0"]
