@@ -1,0 +1,85 @@
+"""Driver calls once a trace has seen its largest step: torchmem against the expandable model.
+
+    python bench/replay_after_peak.py gpt2_train llama_ckpt_train fsdp_train --budgets 1.03 1.06 1.12 \\
+        [--configs - backed_fit=true]
+
+Why: the bundled traces draw a new shape every step and their peak request keeps
+rising late (GPT-2's at 88% of its events), so `replay`'s "after warm-up" (the
+second half) still holds growth to new peaks. This counts from the event where
+the trace's live requested bytes reach their peak: after it no step needs more
+memory than one already run, so what calls remain are the pool rearranging
+itself for shapes it has seen the like of. Per trace, budget (a multiple of the
+peak request) and torchmem configuration (`-`: the defaults), and for the
+expandable model: creates, maps, unmaps and releases after that event (the
+expandable model maps and unmaps 20 MiB pages, each counted as a create and a map,
+or an unmap and a release), device barriers, and OOMs over the whole trace.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+from torchmem.analysis import replay  # noqa: E402
+from torchmem.analysis import trace as trace_io  # noqa: E402
+
+KINDS = ("create_calls", "map_calls", "unmap_calls", "release_calls")
+
+
+def peak_request_event(events):
+    """The index of the first event at which the live requested bytes reach their maximum."""
+    live, best, at = {}, 0, 0
+    total = 0
+    for i, (code, addr, size, _stream) in enumerate(events):
+        if code == trace_io.ALLOC:
+            live[addr] = size
+            total += size
+            if total > best:
+                best, at = total, i
+        elif code == trace_io.FREE_REQUESTED and addr in live:
+            total -= live.pop(addr)
+    return at
+
+
+def calls_after(events, at, limit, policy, config, event_delay):
+    """(calls by kind after event `at`, barriers after it, OOMs in all) of one replay."""
+    before = replay.replay(events, limit=limit, policy=policy, config=config, stop_at=at, event_delay=event_delay)
+    whole = replay.replay(events, limit=limit, policy=policy, config=config, event_delay=event_delay)
+    kinds = [whole.backend_calls.get(k, 0) - before.backend_calls.get(k, 0) for k in KINDS]
+    return kinds, whole.device_barriers - before.device_barriers, whole.ooms
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("traces", nargs="+", help="bundled trace names or trace files")
+    parser.add_argument("--budgets", type=float, nargs="+", default=[1.03, 1.06, 1.12],
+                        help="multiples of each trace's peak request")
+    parser.add_argument("--configs", nargs="+", default=["-", "backed_fit=true"],
+                        help="torchmem options per row, key=value,... ('-': the defaults)")
+    parser.add_argument("--event-delay", type=int, default=10)
+    args = parser.parse_args(argv)
+    if any(b < 1.0 for b in args.budgets):
+        parser.error("--budgets are multiples of the peak request: each must be >= 1")
+    print("| trace | peak request at event | budget | policy | creates / maps / unmaps / releases after it "
+          "| calls | barriers | OOMs |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in args.traces:
+        source = name if os.path.exists(name) else trace_io.bundled_trace(name)
+        events = np.asarray(trace_io.load(source).events, dtype=np.int64)
+        at = peak_request_event(events.tolist())
+        peak = replay.replay(events, event_delay=args.event_delay).peak_requested
+        rows = [("torchmem", None if c == "-" else c) for c in args.configs] + [("expandable", None)]
+        for budget in args.budgets:
+            for policy, config in rows:
+                kinds, barriers, ooms = calls_after(events, at, int(peak * budget), policy, config, args.event_delay)
+                label = policy if config is None else f"torchmem ({config})"
+                print(f"| {name} | {at:,} of {len(events):,} | {budget:g}x | {label} | "
+                      f"{' / '.join(f'{k:,}' for k in kinds)} | {sum(kinds):,} | {barriers} | {ooms} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""bench/replay_after_peak.py: the event it counts from, and its rows, on small made-up traces (CPU)."""
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+
+import replay_after_peak  # noqa: E402  (bench/replay_after_peak.py)
+from torchmem.analysis import trace as trace_io  # noqa: E402
+
+MiB = 1 << 20
+A, F = trace_io.ALLOC, trace_io.FREE_REQUESTED
+
+
+def test_the_peak_is_the_first_event_at_the_largest_live_request():
+    events = [
+        (A, 0x1000, 4 * MiB, 0),
+        (A, 0x2000, 4 * MiB, 0),  # 8 MiB live
+        (F, 0x1000, 0, 0),
+        (A, 0x3000, 2 * MiB, 0),  # 6 MiB
+        (A, 0x4000, 2 * MiB, 0),  # 8 MiB again: not the first time
+        (F, 0x9999, 0, 0),  # a free of nothing live changes nothing
+    ]
+    assert replay_after_peak.peak_request_event(events) == 1
+
+
+def test_calls_after_the_peak_are_the_whole_run_less_those_before_it():
+    # grow to a peak, then free and allocate the same sizes again: with room to spare the pool
+    # reuses its cache, so nothing after the peak calls the driver
+    events = []
+    for rep in range(3):
+        addrs = [0x10000 * (rep * 8 + k + 1) for k in range(4)]
+        events += [(A, a, (k + 1) * 3 * MiB, 0) for k, a in enumerate(addrs)]
+        events += [(F, a, 0, 0) for a in addrs]
+    events = np.asarray(events, dtype=np.int64)
+    at = replay_after_peak.peak_request_event(events.tolist())
+    assert at == 3
+    kinds, barriers, ooms = replay_after_peak.calls_after(events, at, 0, "torchmem", None, 0)
+    assert kinds == [0, 0, 0, 0] and barriers == 0 and ooms == 0
+    # stopping at the first event counts the growth after it
+    kinds, _, _ = replay_after_peak.calls_after(events, 0, 0, "torchmem", None, 0)
+    assert kinds[0] > 0 and kinds[1] > 0
