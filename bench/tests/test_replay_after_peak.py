@@ -1,14 +1,11 @@
 """bench/replay_after_peak.py: the event it counts from, and its rows, on small made-up traces (CPU)."""
 
-import os
-import sys
-
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+from bench_support import load_bench
+from torchmem.analysis import trace as trace_io
 
-import replay_after_peak  # noqa: E402  (bench/replay_after_peak.py)
-from torchmem.analysis import trace as trace_io  # noqa: E402
+replay_after_peak = load_bench("replay_after_peak")
 
 MiB = 1 << 20
 A, F = trace_io.ALLOC, trace_io.FREE_REQUESTED
@@ -42,3 +39,11 @@ def test_calls_after_the_peak_are_the_whole_run_less_those_before_it():
     # stopping at the first event counts the growth after it
     kinds, _, _ = replay_after_peak.calls_after(events, 0, 0, "torchmem", None, 0)
     assert kinds[0] > 0 and kinds[1] > 0
+
+
+def test_the_script_prints_a_row_per_budget_and_policy(capsys):
+    assert replay_after_peak.main(["vision", "--budgets", "1.05", "1.1", "--configs", "-", "backed_fit=true"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| vision")]
+    labels = [row.split("|")[4].strip() for row in rows]
+    assert labels == ["torchmem", "torchmem (backed_fit=true)", "expandable"] * 2
+    assert all(row.split("|")[8].strip() == "0" for row in rows)  # no OOM at either budget
