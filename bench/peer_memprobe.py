@@ -10,7 +10,8 @@ Environment:
   MEMPROBE_MODE=watch   (default) reads only: at the start and end of each test named in
                         MEMPROBE_TESTS (all tests when empty) the reserved and allocated bytes,
                         the torchmem.* counters, every segment's size and allocated bytes, and
-                        each value torch.cuda.device_memory_used() returned inside the test
+                        the same at each torch.cuda.device_memory_used() call inside the test
+                        (with the value it returned)
   MEMPROBE_MODE=steps   after each test, repeats test_device_memory_used's steps (empty_cache,
                         NVML reading, 512 MiB, empty_cache, NVML reading): changes the state
                         the next test starts from
@@ -34,9 +35,12 @@ def _write(row):
         f.write(json.dumps(row) + "\n")
 
 
-def _state():
-    """What the allocator holds, read without allocating or freeing anything."""
+def _state(device_used=None):
+    """What the allocator holds, read without allocating or freeing anything (`device_used`: the
+    NVML reading to use, torch.cuda.device_memory_used by default)."""
     import torch
+
+    device_used = device_used or torch.cuda.device_memory_used
 
     segments = [
         {"pool": str(s.get("segment_pool_id")), "size": s["total_size"], "allocated": s["allocated_size"]}
@@ -45,7 +49,7 @@ def _state():
     return {
         "reserved": torch.cuda.memory_reserved(),
         "allocated": torch.cuda.memory_allocated(),
-        "device_used": torch.cuda.device_memory_used(),
+        "device_used": device_used(),
         "counters": {k: v for k, v in torch.cuda.memory_stats().items() if k.startswith("torchmem.")},
         "segments": segments,
     }
@@ -82,8 +86,9 @@ def pytest_runtest_call(item):
     real = torch.cuda.device_memory_used
 
     def recording(*args, **kwargs):
+        # the allocator's state at each reading the test takes: what it holds there, not after
         value = real(*args, **kwargs)
-        readings.append(value)
+        readings.append({**_state(real), "device_used": value})
         return value
 
     start = _state()
