@@ -484,11 +484,12 @@ def call_cost_us(step, prices):
 
 def worker_argv(workload, allocator, seed, args, out, fraction=None):
     # "torchmem:OPTIONS" is torchmem with those options; "NAME@S" runs at S times the drawn batch
-    spec, _, scale = allocator.partition("@")
+    spec, scale = batch_scale(allocator)
     name, _, conf = spec.partition(":")
     argv = [sys.executable, os.path.join(HERE, "gpu_workloads.py"), "--workload", workload, "--allocator", name,
             "--steps", str(args.steps), "--shapes", str(args.shapes), "--seed", str(seed), "--out", out]
-    return (argv + (["--torchmem-conf", conf] if conf else []) + (["--batch-scale", scale] if scale else [])
+    return (argv + (["--torchmem-conf", conf] if conf else [])
+            + (["--batch-scale", f"{scale:g}"] if scale != 1.0 else [])
             + (["--kernel-time"] if args.kernel_time else [])
             + (["--memory-fraction", f"{fraction:.6f}"] if fraction else []))
 

@@ -29,8 +29,9 @@ from torchmem.analysis import trace as trace_io  # noqa: E402
 KINDS = ("create_calls", "map_calls", "unmap_calls", "release_calls")
 
 
-def peak_request_event(events):
-    """The index of the first event at which the live requested bytes reach their maximum."""
+def peak_request(events):
+    """(index, bytes): the first event at which the live requested bytes reach their maximum, and
+    that maximum (the replay's peak_requested)."""
     live, best, at = {}, 0, 0
     total = 0
     for i, (code, addr, size, _stream) in enumerate(events):
@@ -41,7 +42,7 @@ def peak_request_event(events):
                 best, at = total, i
         elif code == trace_io.FREE_REQUESTED and addr in live:
             total -= live.pop(addr)
-    return at
+    return at, best
 
 
 def calls_after(events, at, limit, policy, config, event_delay):
@@ -69,8 +70,7 @@ def main(argv=None):
     for name in args.traces:
         source = name if os.path.exists(name) else trace_io.bundled_trace(name)
         events = np.asarray(trace_io.load(source).events, dtype=np.int64)
-        at = peak_request_event(events.tolist())
-        peak = replay.replay(events, event_delay=args.event_delay).peak_requested
+        at, peak = peak_request(events.tolist())
         rows = [("torchmem", None if c == "-" else c) for c in args.configs] + [("expandable", None)]
         for budget in args.budgets:
             for policy, config in rows:

@@ -201,10 +201,8 @@ void Pool::Impl::unpin(Heap& heap, Addr addr, std::size_t size, StreamId stream,
   }
   for (std::size_t i = g0; i < g1; ++i) {
     Granule& g = heap.granules[i];
-    if (have_slot && g.owner != slot) {
-      // Note [Alias reclaim]: a granule freed on two streams is never aliased.
-      g.owner = g.owner == 0 ? slot : Granule::kMixedSlot;
-    }
+    // Note [Alias reclaim]: a granule freed on two streams is never aliased.
+    if (have_slot) g.owner = Granule::merged_owner(g.owner, slot);
     if (--g.live != 0 || !g.handle) continue;
     if (g.run_count) {  // Note [Run handles]: never listed; the run goes back whole
       if (!restore) g.seq = at_seq;

@@ -63,6 +63,10 @@ struct Granule {
   // Physical memory is mapped here: a granule handle or part of a run.
   bool backed() const { return handle != 0 || run_count != 0; }
   static constexpr std::uint32_t kMixedSlot = ~std::uint32_t{0};
+  // `owner` once a free on `slot` (or on kMixedSlot's several streams) touched it too.
+  static std::uint32_t merged_owner(std::uint32_t owner, std::uint32_t slot) {
+    return owner == 0 || owner == slot ? slot : kMixedSlot;
+  }
 };
 
 struct Segment {

@@ -262,7 +262,7 @@ void Pool::Impl::settle_lazy_pins(Heap& heap) {
   if (heap.lazy_free_seq == 0) return;  // nothing below lazy_end was freed
   for (std::size_t i = 0; i < lazy_end; ++i) {
     Granule& g = heap.granules[i];
-    if (g.owner != heap.lazy_free_owner) g.owner = g.owner == 0 ? heap.lazy_free_owner : Granule::kMixedSlot;
+    g.owner = Granule::merged_owner(g.owner, heap.lazy_free_owner);
     if (g.live == 0) {
       g.seq = std::max(g.seq, heap.lazy_free_seq);
       g.slot = heap.lazy_free_slot;

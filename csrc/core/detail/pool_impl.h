@@ -231,9 +231,7 @@ struct Pool::Impl {
   void note_lazy_free(detail::Heap& heap, std::uint32_t slot, std::uint64_t at_seq) {
     heap.lazy_free_seq = std::max(heap.lazy_free_seq, at_seq);
     heap.lazy_free_slot = slot;
-    if (heap.lazy_free_owner != slot) {
-      heap.lazy_free_owner = heap.lazy_free_owner == 0 ? slot : detail::Granule::kMixedSlot;
-    }
+    heap.lazy_free_owner = detail::Granule::merged_owner(heap.lazy_free_owner, slot);
   }
   void settle_lazy_pins(detail::Heap& heap);
   void list_remove(detail::GranuleRef ref);
