@@ -1,6 +1,6 @@
 """Run handles (Note [Run handles], csrc/core/detail/runs.cpp): with no limit set and
 far from the device's capacity the pool fills each hole of missing granules with one
-driver handle; it keeps a handle per granule above run_below x capacity and under any
+driver handle per 256 MiB or 16th of the hole (Note [Run length]); it keeps a handle per granule above run_below x capacity and under any
 limit; it never moves a run's granules, and gives a run back
 only whole, once every granule of it is free and behind a device barrier."""
 
@@ -264,19 +264,59 @@ def test_bad_run_below_is_refused_with_the_field_named():
         make(run_below=1.5)
 
 
-def test_a_huge_hole_takes_one_handle_above_run_below():
-    # Note [Huge holes]: 8 GiB or more missing at once is one handle whatever the pool holds;
-    # smaller growth above run_below still goes granule by granule
+def test_a_huge_hole_takes_runs_above_run_below():
+    # Note [Huge holes]: 8 GiB or more missing at once is taken in runs whatever the pool holds
+    # (Note [Run length]: with no limit, 16 runs for a hole this long); smaller growth above
+    # run_below still goes granule by granule
     sim, pool = make(capacity=64 << 30, run_below=0.5)
-    a = pool.allocate(30 << 30)   # 30 of 64 GiB: under half, one handle
-    assert calls(sim)["create_calls"] == 1
-    b = pool.allocate(10 << 30)   # would hold 40 > 32 GiB, but 5,120 granules at once: one handle
-    assert calls(sim)["create_calls"] == 2
+    a = pool.allocate(30 << 30)   # 30 of 64 GiB: under half, 16 runs
+    assert calls(sim)["create_calls"] == 16
+    b = pool.allocate(10 << 30)   # would hold 40 > 32 GiB, but 5,120 granules at once: 16 runs
+    assert calls(sim)["create_calls"] == 16 + 16
     c = pool.allocate(1 << 30)    # 512 granules above run_below: one each
-    assert calls(sim)["create_calls"] == 2 + 512
+    assert calls(sim)["create_calls"] == 32 + 512
     for addr in (a, b, c):
         pool.free(addr)
     pool.check_invariants()
+    pool.release_cached()
+    assert pool.stats()["reserved_bytes"]["all"]["current"] == 0
+
+
+def test_without_a_limit_a_run_is_256_MiB_or_a_16th_of_its_hole():
+    # Note [Run length]: 2 GiB and one byte is 1,025 granules: eight runs of 128 and a granule;
+    # 8 GiB is 4,096 granules: 16 runs of 256
+    sim, pool = make(capacity=64 << 30)
+    a = pool.allocate((2 << 30) + 1)
+    c = calls(sim)
+    assert c["create_calls"] == 9 and c["map_calls"] == 9
+    b = pool.allocate(8 << 30)
+    assert calls(sim)["create_calls"] == 9 + 16
+    pool.free(a)
+    pool.free(b)
+    pool.release_cached()
+    assert calls(sim)["release_calls"] == 25
+    assert pool.stats()["reserved_bytes"]["all"]["current"] == 0
+
+
+def test_a_small_block_of_another_stream_keeps_at_most_its_run_of_a_freed_tensor():
+    # Note [Run length]: PyTorch's test_device_memory_used after test_randint_generation_for_large_numel
+    # and a cuBLAS workspace. Stream 1 frees a 2 GiB and a 16 GiB tensor; a 32 MiB block of stream 2
+    # is handed memory there (Note [Cross-stream reuse]) and outlives empty_cache, which still returns
+    # all but the one 256 MiB run the block lies in, where one run for the tensor kept 2 GiB
+    sim, pool = make(capacity=80 << 30)
+    kept = [pool.allocate(32 * MiB, 1) for _ in range(2)] + [pool.allocate(6 * MiB, 1)]
+    pool.release_cached()
+    before = pool.stats()["reserved_bytes"]["all"]["current"]
+    big = [pool.allocate((2 << 30) + 1, 1), pool.allocate(16 << 30, 1)]
+    for addr in reversed(big):
+        pool.free(addr)
+    workspace = pool.allocate(32 * MiB, 2)
+    assert big[0] <= workspace < big[0] + (2 << 30)  # it lies in the freed tensor's memory
+    pool.release_cached()
+    pool.check_invariants()
+    assert pool.stats()["reserved_bytes"]["all"]["current"] <= before + 256 * MiB
+    for addr in kept + [workspace]:
+        pool.free(addr)
     pool.release_cached()
     assert pool.stats()["reserved_bytes"]["all"]["current"] == 0
 

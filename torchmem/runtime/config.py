@@ -186,11 +186,11 @@ OPTIONS = (
            core="stitch_above"),
     Option("run_below", 0.5, _number(0.0, 1.0),
            "With no limit set, while the pool holds less than this fraction of the device it grows "
-           "by one driver handle per run of missing granules (one create, map and access for the run: "
-           "~0.3 us per 2 MiB at 256 granules against ~30 us with a handle per granule); above, it "
-           "grows granule by granule so that it can stitch, except that a request missing 8 GiB or more "
-           "still takes one handle (Note [Huge holes]). A run's memory goes back only when the "
-           "whole run is free. Under a limit (or memory fraction, or share) run_below_limit rules "
+           "by one driver handle per run of missing granules, up to 256 MiB or a 16th of the hole a run (one create, map and "
+           "access for the run: ~0.3 us per 2 MiB at 256 granules against ~30 us with a handle per "
+           "granule); above, it grows granule by granule so that it can stitch, except that a request "
+           "missing 8 GiB or more still takes runs (Note [Huge holes]). A run's memory goes back only "
+           "when the whole run is free, so a live block holds at most its own runs (Note [Run length]). Under a limit (or memory fraction, or share) run_below_limit rules "
            "instead. 0 = a handle per granule always.",
            core="run_below"),
     Option("run_below_limit", None, _auto_or(_number(0.0, 1.0)),

@@ -328,8 +328,13 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
     if (huge || roomy(missing)) {
       std::vector<Hole> holes = unmapped_holes(heap, addr, size);
       // Note [Runs under a limit]: the cap is for growth near the limit; a huge
-      // hole stays one handle (Note [Huge holes]).
-      if (limited && !huge && config.limit_run_granules > 0) holes = cut_holes(holes, config.limit_run_granules);
+      // hole stays one handle (Note [Huge holes]). Note [Run length]: with no
+      // limit, runs of kMaxRunGranules, or a kMaxRunsPerHole-th of a longer hole.
+      if (!limited) {
+        holes = cut_runs(holes);
+      } else if (!huge && config.limit_run_granules > 0) {
+        holes = cut_holes(holes, config.limit_run_granules);
+      }
       // Note [Runs ahead]: far from every limit, a large heap's run maps on past the block.
       std::size_t ahead = 0;
       if (!huge && !limited && !heap.small) {

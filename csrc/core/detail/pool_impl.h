@@ -50,6 +50,11 @@ constexpr std::size_t kDeviceRoomProbe = 32;
 // takes one run handle above run_below and under a budget too.
 constexpr std::size_t kHugeRunGranules = 4096;
 
+// Note [Run length] (runs.cpp): with no limit, a run handle covers at most
+// this many granules (256 MiB), or this fraction of a longer hole.
+constexpr std::size_t kMaxRunGranules = 128;
+constexpr std::size_t kMaxRunsPerHole = 16;
+
 // Note [Runs ahead] (runs.cpp): a large heap's run reaches at least this far.
 constexpr std::size_t kRunAheadBytes = std::size_t{20} << 20;
 
@@ -254,6 +259,8 @@ struct Pool::Impl {
   std::vector<Hole> unmapped_holes(const detail::Heap& heap, Addr addr, std::size_t size) const;
   // Holes cut into pieces of at most `most` granules (PoolConfig.limit_run_granules).
   static std::vector<Hole> cut_holes(const std::vector<Hole>& holes, std::size_t most);
+  // Holes cut into the runs of Note [Run length] (no limit).
+  static std::vector<Hole> cut_runs(const std::vector<Hole>& holes);
   // Unmaps the pending places (Note [Pending unmaps]) inside `hole` before
   // anything is mapped there.
   void clear_pending_places(detail::Heap& heap, const Hole& hole);

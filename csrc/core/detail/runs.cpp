@@ -19,13 +19,26 @@
 // Benchmarks: BENCHMARKS.md, Growth and driver calls; Memory.
 //
 // Note [Huge holes] A request missing kHugeRunGranules (8 GiB) or more gets
-// one handle even above run_below and under a limit.
+// runs even above run_below, and under a limit one handle.
 // Why: granule by granule, half an H200 is ~35,000 handles (seconds; PyTorch
 // takes 0.05 s); natively such a block is one segment with the same stranded
 // space. Under a limit the run is not stitched while part of it is live; once
 // wholly free it goes back whole when another request needs its room.
 // Benchmark: BENCHMARKS.md, Growth and driver calls (huge requests).
 //
+// Note [Run length] With no limit, a hole longer than kMaxRunGranules (256
+// MiB) is filled by runs of that length, or of a kMaxRunsPerHole-th (16th)
+// of the hole where that is longer (the last run shorter), huge holes too.
+// Why: a run goes back to the device only whole, so one live block anywhere
+// in it keeps all of it mapped through empty_cache. Memory is handed between
+// streams (Note [Cross-stream reuse]), so a small block that outlives the
+// step (a cuBLAS workspace another stream asks for) can land in the free run
+// a finished op left, where PyTorch, whose blocks stay with their stream,
+// takes a new segment; one run for a 2 GiB tensor then holds 2 GiB for a 32
+// MiB block. Cut, a live block holds at most its own runs: 256 MiB, or a
+// 16th of a larger tensor's memory. Cost: a handle (~30 us) per run, at most
+// 16 more per growth (a 2 GiB tensor: ~0.2 ms more, once).
+
 // Note [Runs ahead] A large heap's run shorter than kRunAheadBytes (20 MiB)
 // maps on past its block over the unmapped granules that follow (up to the
 // first one mapped, pending an unmap or under a block), up to 20 MiB, so the
@@ -70,6 +83,15 @@ std::vector<Pool::Impl::Hole> Pool::Impl::cut_holes(const std::vector<Hole>& hol
     for (std::size_t first = 0; first < h.count; first += most) {
       cut.push_back(Hole{h.first + first, std::min(most, h.count - first)});
     }
+  }
+  return cut;
+}
+
+std::vector<Pool::Impl::Hole> Pool::Impl::cut_runs(const std::vector<Hole>& holes) {
+  std::vector<Hole> cut;
+  for (const Hole& h : holes) {
+    const std::size_t most = std::max(kMaxRunGranules, (h.count + kMaxRunsPerHole - 1) / kMaxRunsPerHole);
+    for (const Hole& piece : cut_holes({h}, most)) cut.push_back(piece);
   }
   return cut;
 }
