@@ -58,7 +58,7 @@
 #   peer_one       the peer tests in PEER_TESTS, each once under torchmem, with durations
 #   peer_order     the peer tests in PEER_TESTS in this order in ONE pytest process, natively
 #                  (PEER_ORDER_MODE=torchmem: under torchmem): does a failure follow from test order?
-#                  MEMPROBE_MODE=watch|steps (MEMPROBE_TESTS): bench/peer_memprobe.py logs the device's
+#                  MEMPROBE_MODE=watch|steps|history (MEMPROBE_TESTS): bench/peer_memprobe.py logs the device's
 #                  memory around the tests into memprobe.jsonl; PEER_ORDER_ARGS: more pytest options (-n 1: one
 #                  xdist worker, as the suite's serial phase runs)
 #   startup        bench/startup_cost.py (8 processes starting together, beside 4 busy ones)

@@ -15,6 +15,10 @@ Environment:
   MEMPROBE_MODE=steps   after each test, repeats test_device_memory_used's steps (empty_cache,
                         NVML reading, 512 MiB, empty_cache, NVML reading): changes the state
                         the next test starts from
+  MEMPROBE_MODE=history for each test named in MEMPROBE_TESTS (all when empty), every
+                        allocator event inside it (torch.cuda.memory._record_memory_history:
+                        action, address, size, stream, the top Python frames), one line each,
+                        then the segments it ends with: which stream asked for what, where
   MEMPROBE_TESTS="a b"  test names (the part after the last ::) to watch
 """
 
@@ -74,13 +78,37 @@ def _steps(label):
             "would_pass": PROBE_BYTES // 32 <= added <= PROBE_BYTES * 32, "before": before, "after": after})
 
 
+def _history_rows(test, snapshot):
+    """One row per event of a torch memory snapshot's trace, then one with its segments."""
+    for events in snapshot.get("device_traces", []):
+        for e in events:
+            frames = [f"{f.get('filename', '').rsplit('/', 1)[-1]}:{f.get('line')}:{f.get('name')}"
+                      for f in (e.get("frames") or [])[:4]]
+            yield {"test": test, "action": e.get("action"), "addr": e.get("addr"), "size": e.get("size"),
+                   "stream": e.get("stream"), "frames": frames}
+    yield {"test": test, "segments": [
+        {"address": s["address"], "size": s["total_size"], "allocated": s["allocated_size"], "stream": s.get("stream")}
+        for s in snapshot.get("segments", [])]}
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
     name = item.nodeid.rsplit("::", 1)[-1]
-    if not OUT or MODE != "watch" or (WATCHED and name not in WATCHED):
+    if not OUT or MODE not in ("watch", "history") or (WATCHED and name not in WATCHED):
         yield
         return
     import torch
+
+    if MODE == "history":
+        torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
+        try:
+            yield
+        finally:
+            snapshot = torch.cuda.memory._snapshot()
+            torch.cuda.memory._record_memory_history(enabled=None)
+            for row in _history_rows(item.nodeid, snapshot):
+                _write(row)
+        return
 
     readings = []
     real = torch.cuda.device_memory_used

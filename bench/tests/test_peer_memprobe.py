@@ -81,3 +81,42 @@ def test_other_tests_are_not_logged(probe):
     plugin, torch, out = probe
     run_hook(plugin, "test_cuda.py::TestCuda::test_to_non_blocking", lambda: torch.cuda.device_memory_used())
     assert not out.exists()
+
+
+class FakeMemory:
+    """torch.cuda.memory's history: records while on, gives the events in a snapshot."""
+
+    def __init__(self):
+        self.recording, self.events = False, []
+
+    def _record_memory_history(self, enabled="all", **kwargs):
+        self.recording = enabled is not None
+
+    def _snapshot(self):
+        return {"device_traces": [list(self.events)],
+                "segments": [{"address": 4096, "total_size": 2 << 20, "allocated_size": 1 << 20, "stream": 7}]}
+
+
+def test_history_mode_logs_each_event_of_a_watched_test_and_stops_recording(tmp_path, monkeypatch):
+    fake = types.SimpleNamespace(cuda=FakeCuda())
+    fake.cuda.memory = FakeMemory()
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setenv("MEMPROBE_OUT", str(tmp_path / "probe.jsonl"))
+    monkeypatch.setenv("MEMPROBE_MODE", "history")
+    monkeypatch.setenv("MEMPROBE_TESTS", "test_randint_generation_for_large_numel")
+    plugin = load_bench("peer_memprobe")
+    memory = fake.cuda.memory
+
+    def body():  # a 32 MiB allocation on stream 7, seen from the test's frame
+        assert memory.recording
+        memory.events.append({"action": "alloc", "addr": 4096, "size": 32 << 20, "stream": 7,
+                              "frames": [{"filename": "/x/test_cuda.py", "line": 1531, "name": "test_randint"}]})
+
+    run_hook(plugin, "test_cuda.py::TestCuda::test_randint_generation_for_large_numel", body)
+    assert not memory.recording  # put back
+    event, segments = [json.loads(line) for line in (tmp_path / "probe.jsonl").read_text().splitlines()]
+    assert event["action"] == "alloc" and event["size"] == 32 << 20 and event["stream"] == 7
+    assert event["frames"] == ["test_cuda.py:1531:test_randint"]
+    assert segments["segments"] == [{"address": 4096, "size": 2 << 20, "allocated": 1 << 20, "stream": 7}]
+    run_hook(plugin, "test_cuda.py::TestCuda::test_to_non_blocking", lambda: None)
+    assert len((tmp_path / "probe.jsonl").read_text().splitlines()) == 2  # not watched: nothing more
