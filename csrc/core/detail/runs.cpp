@@ -38,7 +38,7 @@
 // MiB block. Cut, a live block holds at most its own runs: 256 MiB, or a
 // 16th of a larger tensor's memory. Cost: a handle (~30 us) per run, at most
 // 16 more per growth (a 2 GiB tensor: ~0.2 ms more, once).
-
+//
 // Note [Runs ahead] A large heap's run shorter than kRunAheadBytes (20 MiB)
 // maps on past its block over the unmapped granules that follow (up to the
 // first one mapped, pending an unmap or under a block), up to 20 MiB, so the
