@@ -39,7 +39,8 @@
 #                  ROUND_KERNEL_TIME): LOCKSTEP_PER processes per allocator (default 2), alive together, taking
 #                  turns step by step, one group per seed in LOCKSTEP_SEEDS (default "1 2"); lockstep.jsonl;
 #                  LOCKSTEP_BUDGETS="1.05 1.10": each seed again under those multiples of its peak request,
-#                  beside native with no budget (LOCKSTEP_REFERENCE=none leaves it out); T_LOCKSTEP: seconds per
+#                  beside native with no budget (LOCKSTEP_REFERENCE=none leaves it out; LOCKSTEP_PEAK=BYTES: the
+#                  peak request known from an earlier run, no unconstrained group); T_LOCKSTEP: seconds per
 #                  workload (default 420; long runs that resolve the pooled table's 3% line need more)
 #                  ROUND_ALLOCATORS may name NAME@S: NAME at S x each drawn batch ("native native@0.75 torchmem"
 #                  at a budget native cannot fit: the per-sample table, time per sample at native's largest)
@@ -263,6 +264,7 @@ job_lockstep() {  # the steps of every allocator side by side in time (bench/loc
       --steps "${ROUND_STEPS:-14}" --shapes "${ROUND_SHAPES:-4}" --seeds ${LOCKSTEP_SEEDS:-1 2} \
       $( [ "${ROUND_KERNEL_TIME:-0}" = 1 ] && echo --kernel-time ) \
       ${LOCKSTEP_BUDGETS:+--budgets $LOCKSTEP_BUDGETS} ${LOCKSTEP_REFERENCE:+--reference $LOCKSTEP_REFERENCE} \
+      ${LOCKSTEP_PEAK:+--peak-request $LOCKSTEP_PEAK} \
       --out "$OUT/lockstep.jsonl" >> "$OUT/lockstep.log" 2>&1 || echo "lockstep $w rc=$?"
     pack
   done

@@ -84,6 +84,8 @@ def parse_args(argv=None):
     parser.add_argument("--torchmem-conf", default="", help="extra torchmem options, key=value,...")
     parser.add_argument("--memory-fraction", type=float, default=None,
                         help="torch.cuda.set_per_process_memory_fraction before the first step (any allocator)")
+    parser.add_argument("--memory-budget", type=int, default=None, metavar="BYTES",
+                        help="as --memory-fraction, the fraction that gives BYTES of this device's memory")
     parser.add_argument("--lockstep", metavar="R,W", default=None,
                         help="run under bench/lockstep.py: wait at a gate (pipe fds) before each step")
     parser.add_argument("--kernel-time", action="store_true",
@@ -103,6 +105,8 @@ def parse_args(argv=None):
         parser.error("--steps must exceed --warmup")
     if args.memory_fraction is not None and not 0 < args.memory_fraction <= 1:
         parser.error("--memory-fraction must be in (0, 1]")
+    if args.memory_budget is not None and (args.memory_budget <= 0 or args.memory_fraction is not None):
+        parser.error("--memory-budget takes a positive number of bytes, and not with --memory-fraction")
     if not 0 < args.batch_scale <= 1:
         parser.error("--batch-scale must be in (0, 1]: a smaller batch than the workload draws")
     return args
@@ -596,6 +600,8 @@ def main(argv=None):
     rng = random.Random(args.seed)
     torch.manual_seed(args.seed)
     torch.cuda.init()
+    if args.memory_budget is not None:
+        args.memory_fraction = min(1.0, args.memory_budget / torch.cuda.get_device_properties(0).total_memory)
     if args.memory_fraction is not None:
         # a limit far above the working set: what a user's "leave room for others" costs each allocator
         torch.cuda.set_per_process_memory_fraction(args.memory_fraction)

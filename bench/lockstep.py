@@ -18,7 +18,8 @@ process shows as one among N.
 
 Budgets (--budgets B ...): after each seed's unconstrained group, the same group again per B,
 every process under torch.cuda.set_per_process_memory_fraction(B x peak requested / device
-memory), the peak taken from the unconstrained group (the same steps): PyTorch's allocators
+memory), the peak taken from the unconstrained group (the same steps; --peak-request BYTES
+gives it instead, from an earlier run, and the unconstrained group is not run): PyTorch's allocators
 and torchmem (which answers the same call) under one budget. A process that runs out of
 memory there reports its OOM step and no time; the tables say which allocators fit.
 Each budget group also runs --per-allocator processes of the reference allocator (--reference,
@@ -482,7 +483,7 @@ def call_cost_us(step, prices):
     return sum(step.get(f"{kind}_calls", 0) * sum(prices[key] for key in keys) for kind, keys in CALL_PRICES.items())
 
 
-def worker_argv(workload, allocator, seed, args, out, fraction=None):
+def worker_argv(workload, allocator, seed, args, out, fraction=None, budget_bytes=None):
     # "torchmem:OPTIONS" is torchmem with those options; "NAME@S" runs at S times the drawn batch
     spec, scale = batch_scale(allocator)
     name, _, conf = spec.partition(":")
@@ -491,7 +492,8 @@ def worker_argv(workload, allocator, seed, args, out, fraction=None):
     return (argv + (["--torchmem-conf", conf] if conf else [])
             + (["--batch-scale", f"{scale:g}"] if scale != 1.0 else [])
             + (["--kernel-time"] if args.kernel_time else [])
-            + (["--memory-fraction", f"{fraction:.6f}"] if fraction else []))
+            + (["--memory-fraction", f"{fraction:.6f}"] if fraction else [])
+            + (["--memory-budget", str(budget_bytes)] if budget_bytes else []))
 
 
 def batch_scale(label):
@@ -509,8 +511,9 @@ def budget_fraction(rows, budget):
     return min(1.0, budget * max(peaks) / totals[0])
 
 
-def run_group(args, seed, budget=None, fraction=None):
-    """One lockstep group (every allocator x per-allocator processes); its tagged rows."""
+def run_group(args, seed, budget=None, fraction=None, budget_bytes=None):
+    """One lockstep group (every allocator x per-allocator processes); its tagged rows. A budget
+    group's limit is `fraction` of the device, or `budget_bytes` (--peak-request)."""
     rows, failed = [], 0
     with tempfile.TemporaryDirectory() as tmp:
         commands = []
@@ -521,7 +524,7 @@ def run_group(args, seed, budget=None, fraction=None):
             for allocator in allocators:
                 name = f"{allocator}#{k}"
                 commands.append((name, worker_argv(args.workload, allocator, seed, args, f"{tmp}/{len(commands)}",
-                                                   fraction)))
+                                                   fraction, budget_bytes)))
             if reference:  # the same group's pace with no budget (module docstring)
                 commands.append((f"{reference_label(reference)}#{k}",
                                  worker_argv(args.workload, reference, seed, args, f"{tmp}/{len(commands)}")))
@@ -652,8 +655,15 @@ def main(argv=None):
     parser.add_argument("--no-unconstrained", action="store_true",
                         help="with --budgets: report only the budget groups (the unconstrained one still runs "
                              "first, to measure the peak request)")
+    parser.add_argument("--peak-request", type=int, default=None, metavar="BYTES",
+                        help="with --budgets: the workload's peak request, known from an earlier run of the same "
+                             "steps and seed (its unconstrained rows' peak_requested); the unconstrained group is "
+                             "not run and each budget is that many times BYTES (a workload that compiles, whose "
+                             "processes take minutes to start)")
     parser.add_argument("--out", required=True, help="JSON-lines file the tagged results are appended to")
     args = parser.parse_args(argv)
+    if args.peak_request is not None and (not args.budgets or args.peak_request <= 0):
+        parser.error("--peak-request needs --budgets and a positive number of bytes")
     if args.reference == "none":
         args.reference = None
     if any(b < 1.0 for b in args.budgets):
@@ -668,6 +678,12 @@ def main(argv=None):
                          "e.g. native@0.75")
     rows, failed = [], 0
     for seed in args.seeds:
+        if args.peak_request:
+            for budget in args.budgets:
+                budget_rows, bad = run_group(args, seed, budget, budget_bytes=int(budget * args.peak_request))
+                failed += bad
+                rows += budget_rows
+            continue
         group, bad = run_group(args, seed)
         failed += bad
         if not args.no_unconstrained or not args.budgets:

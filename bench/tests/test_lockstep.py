@@ -183,7 +183,8 @@ with open(value("--out"), "w") as f:
                         "peak_requested": 1 << 30, "device_total": 100 << 30, "memory_fraction": fraction,
                         "driver_calls_per_step": [0] * len(steps), "barriers_per_step": [0] * len(steps)}}) + "\\n")
 """)
-    monkeypatch.setattr(lockstep, "worker_argv", lambda workload, allocator, seed, args, out, fraction=None: [
+    monkeypatch.setattr(lockstep, "worker_argv", lambda workload, allocator, seed, args, out, fraction=None,
+                        budget_bytes=None: [
         sys.executable, str(stand_in), "--workload", workload, "--allocator", allocator, "--seed", str(seed),
         "--steps", str(args.steps), "--out", out] + (["--memory-fraction", str(fraction)] if fraction else []))
     out = tmp_path / "out.jsonl"
@@ -430,3 +431,42 @@ def test_the_smaller_batch_runs_only_under_a_budget(monkeypatch, tmp_path, capsy
     lockstep.run_group(args, seed=1, budget=1.05, fraction=0.2)
     assert seen[0] == ["native#0", "torchmem#0"]
     assert seen[1] == ["native#0", "native@0.75#0", "torchmem#0", "native (no budget)#0"]
+
+
+def test_a_known_peak_request_runs_only_the_budget_groups(monkeypatch, tmp_path):
+    # --peak-request: a workload whose processes take minutes to start (torch.compile) runs each
+    # budget group alone, every process told its budget in bytes (B x the peak) rather than a fraction
+    seen = []
+
+    def fake_run(commands, timeout_s):
+        seen.append({name: argv for name, argv in commands})
+        return {name: 1 for name, _ in commands}
+
+    monkeypatch.setattr(lockstep, "run_lockstep", fake_run)
+    lockstep.main(["--workload", "compile", "--allocators", "native", "torchmem", "--per-allocator", "1",
+                   "--seeds", "1", "--budgets", "1.3", "1.5", "--peak-request", str(10 << 30),
+                   "--out", str(tmp_path / "out.jsonl")])
+    assert len(seen) == 2  # no unconstrained group
+    for group, budget in zip(seen, (1.3, 1.5)):
+        argv = group["torchmem#0"]
+        assert argv[argv.index("--memory-budget") + 1] == str(int(budget * (10 << 30)))
+        assert "--memory-fraction" not in argv
+        reference = group["native (no budget)#0"]
+        assert "--memory-budget" not in reference and "--memory-fraction" not in reference
+
+
+@pytest.mark.parametrize("argv", [["--peak-request", "1000"], ["--budgets", "1.3", "--peak-request", "0"]])
+def test_a_peak_request_without_budgets_or_bytes_is_refused(argv, capsys):
+    with pytest.raises(SystemExit):
+        lockstep.main(["--workload", "compile", "--allocators", "native", "--out", "unused.jsonl"] + argv)
+    assert "--peak-request" in capsys.readouterr().err
+
+
+def test_gpu_workloads_takes_a_budget_in_bytes_or_a_fraction_not_both():
+    gpu_workloads = load_bench("gpu_workloads")
+    args = gpu_workloads.parse_args(["--workload", "gpt2", "--allocator", "native", "--out", "x",
+                                     "--memory-budget", str(8 << 30)])
+    assert args.memory_budget == 8 << 30 and args.memory_fraction is None
+    for bad in (["--memory-budget", "0"], ["--memory-budget", "100", "--memory-fraction", "0.5"]):
+        with pytest.raises(SystemExit):
+            gpu_workloads.parse_args(["--workload", "gpt2", "--allocator", "native", "--out", "x"] + bad)
