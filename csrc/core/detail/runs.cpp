@@ -27,8 +27,9 @@
 // Benchmark: BENCHMARKS.md, Growth and driver calls (huge requests).
 //
 // Note [Run length] With no limit, a hole longer than kMaxRunGranules (256
-// MiB) is filled by runs of that length, or of a kMaxRunsPerHole-th (16th)
-// of the hole where that is longer (the last run shorter), huge holes too.
+// MiB) is filled by runs of at most that length, or of a kMaxRunsPerHole-th
+// (16th) of the hole where that is longer, all of one length (give or take a
+// granule), huge holes too.
 // Why: a run goes back to the device only whole, so one live block anywhere
 // in it keeps all of it mapped through empty_cache. Memory is handed between
 // streams (Note [Cross-stream reuse]), so a small block that outlives the
@@ -91,7 +92,9 @@ std::vector<Pool::Impl::Hole> Pool::Impl::cut_runs(const std::vector<Hole>& hole
   std::vector<Hole> cut;
   for (const Hole& h : holes) {
     const std::size_t most = std::max(kMaxRunGranules, (h.count + kMaxRunsPerHole - 1) / kMaxRunsPerHole);
-    for (const Hole& piece : cut_holes({h}, most)) cut.push_back(piece);
+    // Runs of even length: no short last run for Note [Runs ahead] to stretch.
+    const std::size_t runs = (h.count + most - 1) / most;
+    for (const Hole& piece : cut_holes({h}, (h.count + runs - 1) / runs)) cut.push_back(piece);
   }
   return cut;
 }
