@@ -311,8 +311,9 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
     return granules;
   };
   std::size_t room = creatable();
-  // Note [Run handles] (runs.cpp): far from the device's capacity, one handle per hole;
-  // Note [Huge holes]: one for a huge hole anywhere, under a budget too.
+  // Note [Run handles] (runs.cpp): far from the device's capacity, one handle per hole
+  // (Note [Run length]: per piece of a long one); Note [Huge holes]: runs for a huge hole
+  // anywhere, one handle under a budget.
   if (heap.pool == 0 && room >= missing && config.run_below > 0.0) {
     // Under a limit, runs only below run_below_limit x the budget (Note [Runs under a limit]).
     const bool limited = config.limit_bytes != 0;

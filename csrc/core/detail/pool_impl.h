@@ -47,7 +47,7 @@ void validate_config(const PoolConfig& c, Backend& backend, std::size_t capacity
 constexpr std::size_t kDeviceRoomProbe = 32;
 
 // Note [Huge holes] (runs.cpp): a hole of this many granules (8 GiB) or more
-// takes one run handle above run_below and under a budget too.
+// takes runs above run_below, and one run handle under a budget.
 constexpr std::size_t kHugeRunGranules = 4096;
 
 // Note [Run length] (runs.cpp): with no limit, a run handle covers at most

@@ -5,7 +5,8 @@
 // Rule: with no limit (limit_bytes == 0) and held under run_below x the
 // device's memory (and under the creation ceiling, Note [When to stitch]),
 // each hole of kMinRunGranules (2) or more missing granules a new block needs
-// is filled by one handle (grow_by_runs). Above that line, under a limit and
+// is filled by one handle (grow_by_runs; Note [Run length] cuts a long hole
+// into several). Above that line, under a limit and
 // in a private pool, growth is a handle per granule. A run granule is never
 // reclaimable; a run wholly free goes back whole (release_free_runs) on
 // empty_cache, release_cached_to, and when a request finds no room otherwise
