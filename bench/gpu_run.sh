@@ -57,7 +57,8 @@
 #                  COMPILE_BUDGETS="1.05 1.10": also under those multiples of the peak request)
 #   fuzz           bench/empty_cache_fuzz.py (test_allocator_fuzz: churn with empty_cache), alone and under load
 #   peer_one       the peer tests in PEER_TESTS, each once under torchmem, with durations
-#   peer_order     the peer tests in PEER_TESTS in this order in ONE pytest process, natively
+#   peer_order     the peer tests in PEER_TESTS (or the file PEER_TESTS_FILE, e.g.
+#                  bench/peer_serial_order.txt) in this order in ONE pytest process, natively
 #                  (PEER_ORDER_MODE=torchmem: under torchmem): does a failure follow from test order?
 #                  MEMPROBE_MODE=watch|steps|history (MEMPROBE_TESTS): bench/peer_memprobe.py logs the device's
 #                  memory around the tests into memprobe.jsonl; PEER_ORDER_ARGS: more pytest options (-n 1: one
@@ -360,7 +361,10 @@ job_peer_order() {
   [ -d .peer ] || { echo "no .peer folder carried"; return 0; }
   local t ids=()
   peer_site
-  for t in ${PEER_TESTS:-}; do ids+=(".peer/test_cuda.py::$t"); done
+  # PEER_TESTS_FILE: the order from a file (one Class::test per line), where it is too long for a command
+  for t in ${PEER_TESTS:-} $( [ -n "${PEER_TESTS_FILE:-}" ] && grep -v "^#" "$PEER_TESTS_FILE" ); do
+    ids+=(".peer/test_cuda.py::$t")
+  done
   local tm=(); [ "${PEER_ORDER_MODE:-native}" = torchmem ] && tm=(env TORCHMEM_PEER=1)
   # MEMPROBE_MODE / MEMPROBE_TESTS: log the device's memory around the tests (bench/peer_memprobe.py)
   local probe=(); [ -n "${MEMPROBE_MODE:-}" ] && probe=(-p peer_memprobe)
