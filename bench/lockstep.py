@@ -362,15 +362,16 @@ def per_sample_table(rows, baseline="native"):
                 if samples:
                     values.append(sum(r["step_s"][-n:]) / samples * 1e3)
             per_sample[label] = statistics.mean(values) if values else None
-        fitting = [(batch_scale(label)[1], label) for label, ms in per_sample.items()
-                   if batch_scale(label)[0] == baseline and ms is not None]
+        scales = {label: batch_scale(label) for label in per_sample}  # label: (base, scale)
+        fitting = [(scale, label) for label, (base, scale) in scales.items()
+                   if base == baseline and per_sample[label] is not None]
         best = max(fitting)[1] if fitting else None
-        for label in sorted(per_sample, key=lambda l: (batch_scale(l)[0], -batch_scale(l)[1])):
+        for label in sorted(per_sample, key=lambda l: (scales[l][0], -scales[l][1])):
             ms = per_sample[label]
-            scale = batch_scale(label)[1]
+            base, scale = scales[label]
             if ms is None:
                 cells = "OOM | -"
-            elif batch_scale(label)[0] == baseline or best is None:
+            elif base == baseline or best is None:
                 cells = f"{ms:.3f} | -"
             else:
                 cells = f"{ms:.3f} | {ms / per_sample[best]:.3f} ({best})"
@@ -678,24 +679,23 @@ def main(argv=None):
                          "e.g. native@0.75")
     rows, failed = [], 0
     for seed in args.seeds:
-        if args.peak_request:
-            for budget in args.budgets:
-                budget_rows, bad = run_group(args, seed, budget, budget_bytes=int(budget * args.peak_request))
-                failed += bad
-                rows += budget_rows
-            continue
-        group, bad = run_group(args, seed)
-        failed += bad
-        if not args.no_unconstrained or not args.budgets:
-            rows += group
-        for budget in args.budgets:
-            fraction = budget_fraction(group, budget)
-            if fraction is None:
-                print(f"lockstep: no peak request measured for seed {seed}; budget {budget} skipped", file=sys.stderr)
-                continue
-            budget_rows, bad = run_group(args, seed, budget, fraction)
+        if not args.peak_request:  # the unconstrained group measures the peak request
+            group, bad = run_group(args, seed)
             failed += bad
-            rows += budget_rows
+            if not args.no_unconstrained or not args.budgets:
+                rows += group
+        for budget in args.budgets:
+            if args.peak_request:
+                limit = {"budget_bytes": int(budget * args.peak_request)}
+            else:
+                limit = {"fraction": budget_fraction(group, budget)}
+                if limit["fraction"] is None:
+                    print(f"lockstep: no peak request measured for seed {seed}; budget {budget} skipped",
+                          file=sys.stderr)
+                    continue
+            group_rows, bad = run_group(args, seed, budget, **limit)
+            failed += bad
+            rows += group_rows
     print_tables(rows)
     return 1 if failed else 0
 

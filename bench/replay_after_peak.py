@@ -29,20 +29,8 @@ from torchmem.analysis import trace as trace_io  # noqa: E402
 KINDS = ("create_calls", "map_calls", "unmap_calls", "release_calls")
 
 
-def peak_request(events):
-    """(index, bytes): the first event at which the live requested bytes reach their maximum, and
-    that maximum (the replay's peak_requested)."""
-    live, best, at = {}, 0, 0
-    total = 0
-    for i, (code, addr, size, _stream) in enumerate(events):
-        if code == trace_io.ALLOC:
-            live[addr] = size
-            total += size
-            if total > best:
-                best, at = total, i
-        elif code == trace_io.FREE_REQUESTED and addr in live:
-            total -= live.pop(addr)
-    return at, best
+# (index, bytes): the first event at the peak of live requested bytes, and that peak.
+peak_request = trace_io.peak_requested_at
 
 
 def calls_after(events, at, limit, policy, config, event_delay):

@@ -140,19 +140,26 @@ class Trace:
 
     def peak_requested(self):
         """Peak of live requested bytes (allocs minus frees paired by address)."""
-        live = {}
-        current = peak = 0
-        for action, addr, size, _ in self.events.tolist():
-            if action == ALLOC:
-                previous = live.pop(addr, None)
-                if previous is not None:  # the trace lost a free (a ring buffer wrapped)
-                    current -= previous
-                live[addr] = size
-                current += size
-                peak = max(peak, current)
-            elif action == FREE_REQUESTED:
-                current -= live.pop(addr, 0)
-        return peak
+        return peak_requested_at(self.events.tolist())[1]
+
+
+def peak_requested_at(events):
+    """(index, bytes): the first of `events` ((action, addr, size, stream) rows) at which the live
+    requested bytes (allocs minus frees paired by address) reach their peak, and that peak."""
+    live = {}
+    current = peak = at = 0
+    for i, (action, addr, size, _) in enumerate(events):
+        if action == ALLOC:
+            previous = live.pop(addr, None)
+            if previous is not None:  # the trace lost a free (a ring buffer wrapped)
+                current -= previous
+            live[addr] = size
+            current += size
+            if current > peak:
+                peak, at = current, i
+        elif action == FREE_REQUESTED:
+            current -= live.pop(addr, 0)
+    return at, peak
 
 
 def _open_bytes(path):

@@ -186,12 +186,13 @@ OPTIONS = (
            core="stitch_above"),
     Option("run_below", 0.5, _number(0.0, 1.0),
            "With no limit set, while the pool holds less than this fraction of the device it grows "
-           "by one driver handle per run of missing granules, up to 256 MiB or a 16th of the hole a run (one create, map and "
-           "access for the run: ~0.3 us per 2 MiB at 256 granules against ~30 us with a handle per "
-           "granule); above, it grows granule by granule so that it can stitch, except that a request "
-           "missing 8 GiB or more still takes runs (Note [Huge holes]). A run's memory goes back only "
-           "when the whole run is free, so a live block holds at most its own runs (Note [Run length]). Under a limit (or memory fraction, or share) run_below_limit rules "
-           "instead. 0 = a handle per granule always.",
+           "by one driver handle per run of missing granules, up to 256 MiB or a 16th of the hole a "
+           "run (one create, map and access for the run: ~0.3 us per 2 MiB at 256 granules against "
+           "~30 us with a handle per granule); above, it grows granule by granule so that it can "
+           "stitch, except that a request missing 8 GiB or more still takes runs (Note [Huge holes]). "
+           "A run's memory goes back only when the whole run is free, so a live block holds at most "
+           "its own runs (Note [Run length]). Under a limit (or memory fraction, or share) "
+           "run_below_limit rules instead. 0 = a handle per granule always.",
            core="run_below"),
     Option("run_below_limit", None, _auto_or(_number(0.0, 1.0)),
            "Under a limit (a memory fraction, a share, the batch controller's ceiling), while the pool "
@@ -255,8 +256,9 @@ OPTIONS = (
            core="trace_capacity"),
     Option("time_host_ops", False, parse_bool,
            "Measure the host time the pool spends in every allocation and free (two clock reads "
-           "each, more on the step plan's path, which therefore reads a little slow) and report it as torchmem.host_alloc_ns, host_free_ns and host_plan_ns (the step "
-           "plan's part) in memory_stats: how much of a step's host time is the allocator's (Note [Host time]). "
+           "each, more on the step plan's path, which therefore reads a little slow) and report it "
+           "as torchmem.host_alloc_ns, host_free_ns and host_plan_ns (the step plan's part) in "
+           "memory_stats: how much of a step's host time is the allocator's (Note [Host time]). "
            "Off by default: measuring adds clock reads to every allocation and free.",
            core="time_host_ops"),
     Option("debug_checks", False, parse_bool,

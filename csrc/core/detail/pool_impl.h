@@ -257,6 +257,8 @@ struct Pool::Impl {
     std::size_t first, count;
   };
   std::vector<Hole> unmapped_holes(const detail::Heap& heap, Addr addr, std::size_t size) const;
+  // Appends `h` cut into pieces of at most `most` granules.
+  static void cut_hole(const Hole& h, std::size_t most, std::vector<Hole>* out);
   // Holes cut into pieces of at most `most` granules (PoolConfig.limit_run_granules).
   static std::vector<Hole> cut_holes(const std::vector<Hole>& holes, std::size_t most);
   // Holes cut into the runs of Note [Run length] (no limit).

@@ -79,13 +79,15 @@ namespace {
 constexpr std::size_t kMinRunGranules = 2;
 }  // namespace
 
+void Pool::Impl::cut_hole(const Hole& h, std::size_t most, std::vector<Hole>* out) {
+  for (std::size_t first = 0; first < h.count; first += most) {
+    out->push_back(Hole{h.first + first, std::min(most, h.count - first)});
+  }
+}
+
 std::vector<Pool::Impl::Hole> Pool::Impl::cut_holes(const std::vector<Hole>& holes, std::size_t most) {
   std::vector<Hole> cut;
-  for (const Hole& h : holes) {
-    for (std::size_t first = 0; first < h.count; first += most) {
-      cut.push_back(Hole{h.first + first, std::min(most, h.count - first)});
-    }
-  }
+  for (const Hole& h : holes) cut_hole(h, most, &cut);
   return cut;
 }
 
@@ -95,7 +97,7 @@ std::vector<Pool::Impl::Hole> Pool::Impl::cut_runs(const std::vector<Hole>& hole
     const std::size_t most = std::max(kMaxRunGranules, (h.count + kMaxRunsPerHole - 1) / kMaxRunsPerHole);
     // Runs of even length: no short last run for Note [Runs ahead] to stretch.
     const std::size_t runs = (h.count + most - 1) / most;
-    for (const Hole& piece : cut_holes({h}, (h.count + runs - 1) / runs)) cut.push_back(piece);
+    cut_hole(h, (h.count + runs - 1) / runs, &cut);
   }
   return cut;
 }
