@@ -143,14 +143,19 @@ def test_borrow_then_give_back_within_a_second(setup):
 def test_borrower_killed_while_borrowing(setup):
     directory, device, events, results, procs = setup
     owner = CTX.Process(target=owner_main, args=(device, 0, directory, events["claim"], events["done"], results))
-    borrower = CTX.Process(target=borrower_main, args=(device, 1, directory, 900 * MiB, events["done"], results))
+    # A process killed inside a lock of multiprocessing's leaves it held for good, so the
+    # borrower shares none it could die in with anyone who goes on: its stop event is its
+    # own (Event.is_set takes the event's lock), and the test holds the simulated device's
+    # lock (a real driver has none) across the kill.
+    borrower_done = CTX.Event()
+    borrower = CTX.Process(target=borrower_main, args=(device, 1, directory, 900 * MiB, borrower_done, results))
     procs += [owner, borrower]
     owner.start()
     borrower.start()
     _wait_for(lambda: _live_of(directory, borrower.pid) >= 850 * MiB, 15, "the borrower to borrow")
-    os.kill(borrower.pid, signal.SIGKILL)
-    borrower.join(timeout=10)
     with device.reserved.get_lock():
+        os.kill(borrower.pid, signal.SIGKILL)
+        borrower.join(timeout=10)
         device.reserved[1] = 0  # the driver frees a dead process's memory
     assert os.path.exists(record.record_path(directory, borrower.pid))  # it could not clean up itself
     events["claim"].set()
