@@ -322,6 +322,67 @@ def test_a_small_block_of_another_stream_keeps_at_most_its_run_of_a_freed_tensor
     assert pool.stats()["reserved_bytes"]["all"]["current"] == 0
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("delay", [0, 20])
+def test_cut_runs_survive_churn_across_streams_empty_cache_and_limits(seed, delay):
+    # Note [Run length] under churn: blocks from bytes to 2.3 GiB on three streams, frees,
+    # empty_cache and a limit set and lifted at random, fences late (delay) or not. Every block
+    # keeps the bytes written at its ends, the invariants hold after every call (debug_checks),
+    # the only OOMs come while a limit is set, and at the end every handle goes back
+    import random
+
+    rng = random.Random(seed)
+    sim = _C.SimBackend(capacity=24 << 30, vmm=True, host_memory=True, event_delay=delay)
+    pool = _C.Pool(sim, {"debug_checks": True})
+    live, limited, ooms_unlimited, huge = {}, False, 0, 0
+    edge = 4096
+
+    def ends_intact(addr, size, cookie):
+        n = min(size, edge)
+        return sim.check_pattern(addr, n, cookie) and sim.check_pattern(addr + size - n, n, cookie)
+
+    def free(addr):
+        size, cookie = live.pop(addr)
+        assert ends_intact(addr, size, cookie), (seed, delay, addr, size)
+        pool.free(addr)
+
+    for _ in range(1500):
+        r = rng.random()
+        if r < 0.55 or not live:
+            u = rng.random()
+            size = (rng.randint(1, MiB) if u < 0.6 else rng.randint(2 * MiB, 64 * MiB) if u < 0.9
+                    else rng.randint(256 * MiB, 2300 * MiB))
+            try:
+                addr = pool.allocate(size, rng.choice([0, 1, 2]))
+            except RuntimeError:
+                addr = 0
+            if not addr:
+                ooms_unlimited += not limited
+                continue
+            huge += size >= 256 * MiB
+            cookie = rng.getrandbits(32)
+            n = min(size, edge)
+            sim.write_pattern(addr, n, cookie)
+            sim.write_pattern(addr + size - n, n, cookie)
+            live[addr] = (size, cookie)
+        elif r < 0.95:
+            free(rng.choice(list(live)))
+        elif r < 0.98:
+            pool.release_cached()
+        else:
+            limit = rng.choice([0, 0, 12 << 30, 20 << 30])
+            pool.set_limit(limit)
+            limited = limit != 0
+        if len(live) > 60:
+            for addr in rng.sample(list(live), 30):
+                free(addr)
+    assert huge > 50 and ooms_unlimited == 0
+    for addr in list(live):
+        free(addr)
+    pool.release_cached()
+    assert sim.device_used() == 0
+
+
 def test_a_huge_hole_takes_one_handle_under_a_limit_too():
     # Note [Huge holes]: a memory fraction of half the card and a request for just under it
     # (PyTorch's test_set_per_process_memory_fraction) is one handle, not 4,000+; smaller
