@@ -4,6 +4,8 @@ driver handle per 256 MiB or 16th of the hole (Note [Run length]); it keeps a ha
 limit; it never moves a run's granules, and gives a run back
 only whole, once every granule of it is free and behind a device barrier."""
 
+import random
+
 import pytest
 
 from torchmem._loader import _C
@@ -329,8 +331,6 @@ def test_cut_runs_survive_churn_across_streams_empty_cache_and_limits(seed, dela
     # empty_cache and a limit set and lifted at random, fences late (delay) or not. Every block
     # keeps the bytes written at its ends, the invariants hold after every call (debug_checks),
     # the only OOMs come while a limit is set, and at the end every handle goes back
-    import random
-
     rng = random.Random(seed)
     sim = _C.SimBackend(capacity=24 << 30, vmm=True, host_memory=True, event_delay=delay)
     pool = _C.Pool(sim, {"debug_checks": True})
