@@ -29,10 +29,6 @@ from torchmem.analysis import trace as trace_io  # noqa: E402
 KINDS = ("create_calls", "map_calls", "unmap_calls", "release_calls")
 
 
-# (index, bytes): the first event at the peak of live requested bytes, and that peak.
-peak_request = trace_io.peak_requested_at
-
-
 def calls_after(events, at, limit, policy, config, event_delay):
     """(calls by kind after event `at`, barriers after it, OOMs in all) of one replay."""
     before = replay.replay(events, limit=limit, policy=policy, config=config, stop_at=at, event_delay=event_delay)
@@ -58,7 +54,7 @@ def main(argv=None):
     for name in args.traces:
         source = name if os.path.exists(name) else trace_io.bundled_trace(name)
         events = np.asarray(trace_io.load(source).events, dtype=np.int64)
-        at, peak = peak_request(events.tolist())
+        at, peak = trace_io.peak_requested_at(events.tolist())
         rows = [("torchmem", None if c == "-" else c) for c in args.configs] + [("expandable", None)]
         for budget in args.budgets:
             for policy, config in rows:

@@ -21,7 +21,7 @@ def test_the_peak_is_the_first_event_at_the_largest_live_request():
         (A, 0x4000, 2 * MiB, 0),  # 8 MiB again: not the first time
         (F, 0x9999, 0, 0),  # a free of nothing live changes nothing
     ]
-    assert replay_after_peak.peak_request(events) == (1, 8 * MiB)
+    assert trace_io.peak_requested_at(events) == (1, 8 * MiB)
 
 
 def test_calls_after_the_peak_are_the_whole_run_less_those_before_it():
@@ -33,7 +33,7 @@ def test_calls_after_the_peak_are_the_whole_run_less_those_before_it():
         events += [(A, a, (k + 1) * 3 * MiB, 0) for k, a in enumerate(addrs)]
         events += [(F, a, 0, 0) for a in addrs]
     events = np.asarray(events, dtype=np.int64)
-    at, peak = replay_after_peak.peak_request(events.tolist())
+    at, peak = trace_io.peak_requested_at(events.tolist())
     assert at == 3 and peak == replay.replay(events).peak_requested
     kinds, barriers, ooms = replay_after_peak.calls_after(events, at, 0, "torchmem", None, 0)
     assert kinds == [0, 0, 0, 0] and barriers == 0 and ooms == 0

@@ -27,7 +27,7 @@
 //   alone whose fences are pending (Note [Fences]); new granules under the
 //   budget (Note [When to stitch] in detail/granules.cpp). No unmapped handle
 //   is kept: one that is not mapped again at once is released. With no limit
-//   set and far from the device's capacity, a hole of 8+ missing granules is
+//   set and far from the device's capacity, a hole of 2+ missing granules is
 //   filled by one handle per 256 MiB (or 16th) of the run (Note [Run
 //   handles], Note [Run length]).
 // - A repeating step that made the pool stitch or wait for the device gets a
