@@ -157,7 +157,9 @@ def test_borrower_killed_while_borrowing(setup):
         os.kill(borrower.pid, signal.SIGKILL)
         borrower.join(timeout=10)
         device.reserved[1] = 0  # the driver frees a dead process's memory
-    assert os.path.exists(record.record_path(directory, borrower.pid))  # it could not clean up itself
+    assert borrower.exitcode == -signal.SIGKILL  # it could not clean up after itself
+    # No check that the record outlives the kill: the owner's agent may already have removed
+    # it (its scan runs on its own clock), which is what the test waits for below.
     events["claim"].set()
     owner_result = results.get(timeout=30)
     assert owner_result["crashed"] is None and owner_result["live"] == GUARANTEE
