@@ -685,15 +685,16 @@ def main(argv=None):
             if not args.no_unconstrained or not args.budgets:
                 rows += group
         for budget in args.budgets:
+            fraction = budget_bytes = None
             if args.peak_request:
-                limit = {"budget_bytes": int(budget * args.peak_request)}
+                budget_bytes = int(budget * args.peak_request)
             else:
-                limit = {"fraction": budget_fraction(group, budget)}
-                if limit["fraction"] is None:
+                fraction = budget_fraction(group, budget)
+                if fraction is None:
                     print(f"lockstep: no peak request measured for seed {seed}; budget {budget} skipped",
                           file=sys.stderr)
                     continue
-            group_rows, bad = run_group(args, seed, budget, **limit)
+            group_rows, bad = run_group(args, seed, budget, fraction, budget_bytes)
             failed += bad
             rows += group_rows
     print_tables(rows)

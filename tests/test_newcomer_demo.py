@@ -22,19 +22,18 @@ def _demo_args(**changes):
 
 
 @pytest.fixture(scope="module")
-def demo_run():
+def text():
+    """The demo's whole output, run once for the module."""
     out = io.StringIO()
     assert demo.run_replay(_demo_args(), out=out) == 0
     return out.getvalue()
 
 
-def test_the_demo_fits_100_columns(demo_run):
-    text = demo_run
+def test_the_demo_fits_100_columns(text):
     assert max(len(line) for line in text.splitlines()) <= 100
 
 
-def test_one_unit_three_decimals(demo_run):
-    text = demo_run
+def test_one_unit_three_decimals(text):
     assert re.findall(r"[\d.,]+ MiB", text) == ["2 MiB"] * text.count("2 MiB")  # granules, a size not a figure
     for figure in re.findall(r"(\d[\d,]*\.\d+) GiB", text):
         assert len(figure.split(".")[1]) == 3, figure
@@ -50,8 +49,7 @@ def _table_rows(text):
     return rows
 
 
-def test_every_row_is_explained_and_each_figure_shown_once(demo_run):
-    text = demo_run
+def test_every_row_is_explained_and_each_figure_shown_once(text):
     body, legend = text.split("What the rows mean:")
     labels = {label for label, _ in _table_rows(body)}
     assert {"peak reserved (GiB)", "driver calls", "granules stitched", "its own min-cap (GiB)"} <= labels
@@ -65,8 +63,7 @@ def test_every_row_is_explained_and_each_figure_shown_once(demo_run):
     assert "recorded" not in labels
 
 
-def test_the_budget_part_fails_pytorchs_allocators_and_stitches(demo_run):
-    text = demo_run
+def test_the_budget_part_fails_pytorchs_allocators_and_stitches(text):
     rows = dict(_table_rows(text.split("2. Under a budget")[1]))
     assert rows["runs the trace"] == ("yes", "no", "no")
     assert int(rows["granules stitched"][0].replace(",", "")) > 0
@@ -74,8 +71,7 @@ def test_the_budget_part_fails_pytorchs_allocators_and_stitches(demo_run):
     assert ours < expandable < native
 
 
-def test_it_ends_with_a_conclusion(demo_run):
-    text = demo_run
+def test_it_ends_with_a_conclusion(text):
     conclusion = " ".join(text.split("In short:")[1].split())
     assert text.index("What the rows mean:") < text.index("In short:")
     assert "GiB less than native" in conclusion and "native and expandable fail" in conclusion

@@ -1,8 +1,9 @@
 """Run handles (Note [Run handles], csrc/core/detail/runs.cpp): with no limit set and
 far from the device's capacity the pool fills each hole of missing granules with one
-driver handle per 256 MiB or 16th of the hole (Note [Run length]); it keeps a handle per granule above run_below x capacity and under any
-limit; it never moves a run's granules, and gives a run back
-only whole, once every granule of it is free and behind a device barrier."""
+driver handle per 256 MiB or 16th of the hole (Note [Run length]); it keeps a handle
+per granule above run_below x capacity and under any limit; it never moves a run's
+granules, and gives a run back only whole, once every granule of it is free and
+behind a device barrier."""
 
 import random
 
