@@ -51,9 +51,9 @@ def test_torchmem_to_torchmem_on_vmm(vmm_scene):
 
 
 def test_a_handle_opens_in_the_process_that_made_it(vmm_scene):
-    # Descriptors duplicated (dup), not taken over pidfd_getfd. Not yet run on a GPU in
-    # this form: the first run failed in torch's own cudaIpcOpenEventHandle, which no
-    # process can do on its own event (see ipc_scene.same_process_round_trip).
+    # Descriptors are duplicated (dup), not taken over with pidfd_getfd, and the round
+    # trip skips torch's own cudaIpcOpenEventHandle, which no process can do on its own
+    # event (see ipc_scene.same_process_round_trip).
     out = vmm_scene
     assert out["same_process"] == {"ok": True, "distinct": True}, json.dumps(out)
 
