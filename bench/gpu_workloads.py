@@ -25,6 +25,8 @@ Figures per run (each allocator's own where it has one):
                    and an allocator's host cost shows; well below, the GPU sets the pace
   allocs_per_step  per timed step, allocations made (memory_stats' allocation.all.allocated)
   samples_per_step per timed step, the samples it trained on or decoded (batch x micro-steps)
+  oom_room         after an out-of-memory step: the device's free bytes, this process's
+                   reserved bytes and the failed request (room_at_oom)
   kernel_ms        with --kernel-time, per shape, the device time of one more step under
                    torch.profiler (kernels, copies, memsets): the same under two allocators
                    unless where the memory lies changes how fast the GPU runs
@@ -592,6 +594,24 @@ def write_trace(torch, path, workload):
     return len(events)
 
 
+def room_at_oom(torch, allocator, error):
+    """What was left when a step ran out of memory: the device's free bytes (the other processes'
+    memory counts against them; under --lockstep they are parked, so this is the card as the
+    failed request found it, after the allocator's own release-and-retry), this process's reserved
+    bytes, and the failed request ("Tried to allocate X", both allocators' message). lockstep's
+    oom_cause reads them to tell a card filled by other processes from a budget that bound."""
+    from torchmem.batch.retry import requested_bytes_of
+
+    if allocator == "torchmem":  # installed with patch_torch=False: torch.cuda's figures are not its own
+        import torchmem
+
+        reserved = torchmem.memory_reserved()
+    else:
+        reserved = torch.cuda.memory_reserved()
+    free, _ = torch.cuda.mem_get_info()
+    return {"device_free": free, "reserved": reserved, "requested": requested_bytes_of(str(error))}
+
+
 # ---- the run --------------------------------------------------------------------------
 
 def main(argv=None):
@@ -616,7 +636,7 @@ def main(argv=None):
     shapes = [scale_batch(draw(rng), args.batch_scale) for _ in range(args.shapes)]
     reset_peaks(torch, args.allocator)
     times, enqueue_times, allocs, samples, device_used_peak, info = [], [], [], [], 0, {}
-    driver_calls, barriers, oom_at, plan_steps = [], [], None, []
+    driver_calls, barriers, oom_at, oom_room, plan_steps = [], [], None, None, []
     plan_before = step_counters(torch)
     allocated = allocation_count(torch)  # nothing allocates between one step's end and the next's start
     costs = cost_counters(torch)
@@ -627,9 +647,9 @@ def main(argv=None):
         start = time.perf_counter()
         try:
             info = step(shapes[i % len(shapes)] if shapes else scale_batch(draw(rng), args.batch_scale))
-        except torch.OutOfMemoryError:
+        except torch.OutOfMemoryError as error:
             # under a budget this allocator cannot fit: say so (the steps before it stand)
-            oom_at = i
+            oom_at, oom_room = i, room_at_oom(torch, args.allocator, error)
             break
         torch.cuda.synchronize()
         end = time.perf_counter()
@@ -668,7 +688,7 @@ def main(argv=None):
         "median_step_s": statistics.median(times) if times else None,
         "mean_step_s": statistics.fmean(times) if times else None,
         "total_s": sum(times), "wall_s": None if args.lockstep else wall,  # lockstep: mostly waiting
-        "oom_at_step": oom_at, "device_total": total,
+        "oom_at_step": oom_at, "oom_room": oom_room, "device_total": total,
         "driver_calls_per_step": driver_calls, "barriers_per_step": barriers,
         "plan_per_step": plan_steps,  # every step, warm-up included: deltas of step_counters()
         "step_s": times, "host_speed": speed,

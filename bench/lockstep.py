@@ -21,7 +21,8 @@ every process under torch.cuda.set_per_process_memory_fraction(B x peak requeste
 memory), the peak taken from the unconstrained group (the same steps; --peak-request BYTES
 gives it instead, from an earlier run, and the unconstrained group is not run): PyTorch's allocators
 and torchmem (which answers the same call) under one budget. A process that runs out of
-memory there reports its OOM step and no time; the tables say which allocators fit.
+memory there reports its OOM step and no time; the tables say which allocators fit, and mark
+"card full" an OOM that the process's budget still had room for (the group did not fit the card).
 Each budget group also runs --per-allocator processes of the reference allocator (--reference,
 default native) with no budget, taking turns with the others: where the reference cannot fit
 the budget, the steps of those who can are compared with its unconstrained steps of the same
@@ -176,6 +177,26 @@ def budget_label(budget):
     return "none" if budget is None else f"{budget:g}x"
 
 
+def card_was_full(row):
+    """True when a process ran out of memory because the card had no room for the request while
+    its own budget still had (gpu_workloads' oom_room, read just after the OOM with the group's
+    other processes parked): the group's processes did not fit the card together, and the OOM
+    says nothing of the allocator. False for a budget that bound, for an OOM the card had room
+    for (the allocator's own), and for rows from before oom_room was recorded."""
+    room = row.get("oom_room")
+    if row.get("oom_at_step") is None or not room or not room.get("requested"):
+        return False
+    fraction = row.get("memory_fraction")
+    budget_left = math.inf if fraction is None else fraction * row["device_total"] - room["reserved"]
+    return room["device_free"] < room["requested"] <= budget_left
+
+
+def oom_label(rows):
+    """ "OOM", or "OOM (card full)" when every process that ran out did so on a full card."""
+    ran_out = [r for r in rows if r.get("oom_at_step") is not None]
+    return "OOM (card full)" if ran_out and all(card_was_full(r) for r in ran_out) else "OOM"
+
+
 def process_table(rows):
     """Per allocator: its processes' totals (min, median, max), to show how far processes differ;
     how many ran out of memory; per timed step, driver calls and device barriers (median)."""
@@ -190,7 +211,9 @@ def process_table(rows):
         calls = [c for r in fit for c in r.get("driver_calls_per_step") or []]
         waits = [c for r in fit for c in r.get("barriers_per_step") or []]
         span = f"{min(totals):,.0f} / {statistics.median(totals):,.0f} / {max(totals):,.0f}" if totals else "-"
-        lines.append(f"| {workload} | {budget_label(budget)} | {allocator} | {len(group)} | {len(group) - len(fit)} | "
+        full = sum(card_was_full(r) for r in group)
+        ran_out = f"{len(group) - len(fit)}" + (f" ({full} card full)" if full else "")
+        lines.append(f"| {workload} | {budget_label(budget)} | {allocator} | {len(group)} | {ran_out} | "
                      f"{span} | {statistics.median(calls) if calls else '-'} | {statistics.median(waits) if waits else '-'} |")
     return "\n".join(lines)
 
@@ -257,7 +280,7 @@ def steady_table(rows, baseline="native"):
             continue
         label = f"| {row['workload']} | {budget_label(row['budget'])} | {row['allocator']} |"
         if row.get("oom_at_step") is not None:
-            lines.append(f"{label} OOM | - | - | - | - | - | {host_band(row)} / - |")
+            lines.append(f"{label} {oom_label([row])} | - | - | - | - | - | {host_band(row)} / - |")
             continue
         quiet = quiet_from(row)
         n = steady_steps(row, quiet)
@@ -340,7 +363,9 @@ def per_sample_table(rows, baseline="native"):
     the samples they ran (ms per sample, the mean over its processes), and that over the baseline
     family's largest batch that fit in every process: the baseline and its "@S" rows (--allocators
     native native@0.75 ...: the same draws at S times the batch, gpu_workloads --batch-scale). The
-    family runs in the same group, taking turns, so this compares at one pace."""
+    family runs in the same group, taking turns, so this compares at one pace. Where a larger batch
+    of the family ran out of a full card (card_was_full), its own budget may still have fit it: no
+    ratio then, since the largest batch that fits is not known."""
     groups = {}
     for row in budget_rows(rows):
         if row.get("samples_per_step") is None:
@@ -366,13 +391,18 @@ def per_sample_table(rows, baseline="native"):
         fitting = [(scale, label) for label, (base, scale) in scales.items()
                    if base == baseline and per_sample[label] is not None]
         best = max(fitting)[1] if fitting else None
+        best_scale = scales[best][1] if best else 0.0
+        unknown = any(base == baseline and scale > best_scale and oom_label(by_label[label]) == "OOM (card full)"
+                      for label, (base, scale) in scales.items())
         for label in sorted(per_sample, key=lambda l: (scales[l][0], -scales[l][1])):
             ms = per_sample[label]
             base, scale = scales[label]
             if ms is None:
-                cells = "OOM | -"
+                cells = f"{oom_label(by_label[label])} | -"
             elif base == baseline or best is None:
                 cells = f"{ms:.3f} | -"
+            elif unknown:
+                cells = f"{ms:.3f} | - (a larger {baseline} batch met a full card)"
             else:
                 cells = f"{ms:.3f} | {ms / per_sample[best]:.3f} ({best})"
             lines.append(f"| {workload} | {budget_label(budget)} | {seed} | {label} | {scale:g} | "
@@ -608,7 +638,20 @@ def host_time_table(rows):
     return "\n".join(lines)
 
 
+def card_full_note(rows):
+    """A line above the tables when any process ran out of a full card (card_was_full), else ""."""
+    full = sum(card_was_full(r) for r in rows)
+    if not full:
+        return ""
+    return (f"{full} process(es) ran out of device memory that their budget still allowed: the card was full, "
+            "the group's processes do not fit it together, and those OOMs say nothing of the allocator "
+            "(fewer processes: --per-allocator 1, --reference none; or a larger card)\n")
+
+
 def print_tables(rows):
+    note = card_full_note(rows)
+    if note:
+        print(note)
     print(process_table(rows))
     print()
     print(paired_table(rows))

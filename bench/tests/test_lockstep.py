@@ -470,3 +470,66 @@ def test_gpu_workloads_takes_a_budget_in_bytes_or_a_fraction_not_both():
     for bad in (["--memory-budget", "0"], ["--memory-budget", "100", "--memory-fraction", "0.5"]):
         with pytest.raises(SystemExit):
             gpu_workloads.parse_args(["--workload", "gpt2", "--allocator", "native", "--out", "x"] + bad)
+
+
+# ---- an OOM the card made, not the budget (gpu_workloads' oom_room) ----
+
+GB = 10**9
+
+
+def ran_out(fraction, reserved, requested, device_free, total=100 * GB):
+    room = {"device_free": device_free, "reserved": reserved, "requested": requested}
+    return {"oom_at_step": 1, "memory_fraction": fraction, "device_total": total, "oom_room": room}
+
+
+def test_card_was_full_tells_a_full_card_from_a_budget_and_from_the_allocator():
+    # no budget: the card had no room for the request, or (the allocator's own failure) it had
+    assert lockstep.card_was_full(ran_out(None, 13 * GB, 2 * GB, 1 * GB))
+    assert not lockstep.card_was_full(ran_out(None, 13 * GB, 2 * GB, 30 * GB))
+    # a budget of 25 GB: 12 GB left in it, 1 GB on the card -> the card; 1 GB left in it -> the budget
+    assert lockstep.card_was_full(ran_out(0.25, 13 * GB, 2 * GB, 1 * GB))
+    assert not lockstep.card_was_full(ran_out(0.25, 24 * GB, 2 * GB, 1 * GB))
+    assert not lockstep.card_was_full(ran_out(0.25, 24 * GB, 2 * GB, 50 * GB))
+    # nothing to read: a row from before oom_room, a message with no size, a run that fit
+    assert not lockstep.card_was_full({"oom_at_step": 1, "memory_fraction": None, "device_total": 100 * GB})
+    assert not lockstep.card_was_full(ran_out(None, 13 * GB, 0, 1 * GB))
+    assert not lockstep.card_was_full(dict(ran_out(None, 13 * GB, 2 * GB, 1 * GB), oom_at_step=None))
+
+
+def full_card(row):
+    return dict(row, memory_fraction=0.25, device_total=100 * GB,
+                oom_room={"device_free": GB, "reserved": 5 * GB, "requested": 2 * GB})
+
+
+def test_per_sample_table_gives_no_ratio_when_a_larger_native_batch_met_a_full_card():
+    rows = [full_card(budget_row("native", [0.1], [16], oom=0)),
+            budget_row("native@0.75", [0.09, 0.09], [12, 12]),
+            budget_row("torchmem", [0.1, 0.1], [16, 16])]
+    cells = {row[3]: row for row in table_rows(lockstep.per_sample_table(rows))}
+    assert cells["native"][6] == "OOM (card full)"
+    assert cells["torchmem"][6] == "6.250"
+    assert cells["torchmem"][7] == "- (a larger native batch met a full card)"
+    # the same native OOM under its budget: the ratio stands
+    rows[0] = budget_row("native", [0.1], [16], oom=0)
+    cells = {row[3]: row for row in table_rows(lockstep.per_sample_table(rows))}
+    assert cells["native"][6] == "OOM" and cells["torchmem"][7] == "0.833 (native@0.75)"
+
+
+def test_process_and_steady_tables_say_which_ooms_were_the_cards():
+    torchmem_full = full_card(budget_row("torchmem", [], [], oom=1))
+    native_budget = budget_row("native", [], [], oom=2)
+    rows = [dict(r, total_s=0.0) for r in (torchmem_full, native_budget, budget_row("torchmem", [0.1] * 4, [16] * 4))]
+    process = {row[2]: row for row in table_rows(lockstep.process_table(rows))}
+    assert process["torchmem"][4] == "1 (1 card full)" and process["native"][4] == "1"
+    steady = [row for row in table_rows(lockstep.steady_table(rows)) if row[3].startswith("OOM")]
+    assert sorted(row[3] for row in steady) == ["OOM", "OOM (card full)"]
+    assert lockstep.card_full_note(rows).startswith("1 process(es) ran out of device memory that their budget")
+    assert lockstep.card_full_note(rows[1:]) == ""
+
+
+def test_gpu_workloads_reads_the_room_left_at_an_oom():
+    gpu_workloads = load_bench("gpu_workloads")
+    cuda = types.SimpleNamespace(mem_get_info=lambda: (GB, 80 * GB), memory_reserved=lambda: 13 * GB)
+    error = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79 GiB")
+    room = gpu_workloads.room_at_oom(types.SimpleNamespace(cuda=cuda), "native", error)
+    assert room == {"device_free": GB, "reserved": 13 * GB, "requested": 2 << 30}
