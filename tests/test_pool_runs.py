@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from block_cookies import ends_intact, write_ends
 from torchmem._loader import _C
 
 MiB = 1 << 20
@@ -336,15 +337,10 @@ def test_cut_runs_survive_churn_across_streams_empty_cache_and_limits(seed, dela
     sim = _C.SimBackend(capacity=24 << 30, vmm=True, host_memory=True, event_delay=delay)
     pool = _C.Pool(sim, {"debug_checks": True})
     live, limited, ooms_unlimited, huge = {}, False, 0, 0
-    edge = 4096
-
-    def ends_intact(addr, size, cookie):
-        n = min(size, edge)
-        return sim.check_pattern(addr, n, cookie) and sim.check_pattern(addr + size - n, n, cookie)
 
     def free(addr):
         size, cookie = live.pop(addr)
-        assert ends_intact(addr, size, cookie), (seed, delay, addr, size)
+        assert ends_intact(sim, addr, size, cookie), (seed, delay, addr, size)
         pool.free(addr)
 
     for _ in range(1500):
@@ -362,9 +358,7 @@ def test_cut_runs_survive_churn_across_streams_empty_cache_and_limits(seed, dela
                 continue
             huge += size >= 256 * MiB
             cookie = rng.getrandbits(32)
-            n = min(size, edge)
-            sim.write_pattern(addr, n, cookie)
-            sim.write_pattern(addr + size - n, n, cookie)
+            write_ends(sim, addr, size, cookie)
             live[addr] = (size, cookie)
         elif r < 0.95:
             free(rng.choice(list(live)))

@@ -14,26 +14,12 @@ import threading
 
 import pytest
 
+from block_cookies import ends_intact, write_ends
 from torchmem._loader import _C
 
 MiB = 1 << 20
 THREADS = 8
 STEPS = 4000
-EDGE = 4096
-
-
-def _write(sim, addr, size, seed):
-    if size <= 2 * EDGE:
-        sim.write_pattern(addr, size, seed)
-    else:
-        sim.write_pattern(addr, EDGE, seed)
-        sim.write_pattern(addr + size - EDGE, EDGE, seed)
-
-
-def _check(sim, addr, size, seed):
-    if size <= 2 * EDGE:
-        return sim.check_pattern(addr, size, seed)
-    return sim.check_pattern(addr, EDGE, seed) and sim.check_pattern(addr + size - EDGE, EDGE, seed)
 
 
 # vmm_lagging: fences stay pending for many polls, so granules are stitched by
@@ -77,7 +63,7 @@ def test_threads_share_a_pool(vmm, delay):
                         ooms[index] += 1
                         continue
                     seed = rng.getrandbits(32)
-                    _write(sim, addr, size, seed)
+                    write_ends(sim, addr, size, seed)
                     mine.append((addr, size, seed))
                     if rng.random() < 0.1:
                         pool.record_stream(addr, stream + 1)
@@ -89,12 +75,12 @@ def test_threads_share_a_pool(vmm, delay):
                             inboxes[target].put(mine.pop(position))
                 else:
                     addr, size, seed = mine.pop(rng.randrange(len(mine)))
-                    if not _check(sim, addr, size, seed):
+                    if not ends_intact(sim, addr, size, seed):
                         errors.append(f"thread {index} step {step}: cookie of {addr:#x}+{size} overwritten")
                     pool.free(addr)
                 if len(mine) > 40:
                     addr, size, seed = mine.pop(0)
-                    if not _check(sim, addr, size, seed):
+                    if not ends_intact(sim, addr, size, seed):
                         errors.append(f"thread {index}: cookie of {addr:#x}+{size} overwritten")
                     pool.free(addr)
             with handoff:
@@ -102,7 +88,7 @@ def test_threads_share_a_pool(vmm, delay):
                 while not inboxes[index].empty():
                     mine.append(inboxes[index].get_nowait())
             for addr, size, seed in mine:
-                if not _check(sim, addr, size, seed):
+                if not ends_intact(sim, addr, size, seed):
                     errors.append(f"thread {index}: cookie of {addr:#x}+{size} overwritten at the end")
                 pool.free(addr)
         except Exception as exc:  # surfaced below with the thread's index
