@@ -16,7 +16,7 @@ Needs valgrind and build/bench/replay_cache_probe.
 --timed: the pool's own host time per allocation and free on this machine instead (config
 time_host_ops, Note [Host time]), by torchmem's replay with a scratch walk of each --evict-mib
 after every event: seconds, not counts, so a proxy for what the GPU host measures in a
-training process (lockstep.py's pool-time table), where the framework's own work between two
+training process (lockstep_tables.py's pool-time table), where the framework's own work between two
 allocations evicts the pool's data from caches larger than the simulated ones.
 """
 

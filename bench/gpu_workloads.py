@@ -598,8 +598,8 @@ def room_at_oom(torch, allocator, error):
     """What was left when a step ran out of memory: the device's free bytes (other processes' memory
     is not free; under --lockstep they are parked, so this is the card as the failed request found
     it, after the allocator's own release-and-retry), this process's reserved bytes, and the failed
-    request ("Tried to allocate X", both allocators' message). lockstep.card_was_full reads them to
-    tell a card filled by other processes from a budget that bound."""
+    request ("Tried to allocate X", both allocators' message). lockstep_tables.card_was_full reads
+    them to tell a card filled by other processes from a budget that bound."""
     from torchmem.batch.retry import requested_bytes_of
 
     if allocator == "torchmem":  # installed with patch_torch=False: torch.cuda's figures are not its own

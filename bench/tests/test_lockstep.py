@@ -1,7 +1,7 @@
 """bench/lockstep.py: processes that take turns one segment at a time. Checked with small
 Python workers in place of the GPU workloads: no two segments overlap, every worker runs all
 of its segments, the turn order rotates, a failing or stuck worker is reported, and the
-step-by-step pairing divides the right steps."""
+tables (bench/lockstep_tables.py) divide the right steps."""
 
 import json
 import os
@@ -14,6 +14,7 @@ import pytest
 from bench_support import REPO, load_bench
 
 lockstep = load_bench("lockstep")
+lockstep_tables = load_bench("lockstep_tables")
 SCRIPT = os.path.join(REPO, "bench", "lockstep.py")
 
 # A worker: start-up, then SEGMENTS segments each behind a gate, logging when each ran.
@@ -195,7 +196,7 @@ with open(value("--out"), "w") as f:
     assert {r["lockstep"]["group"] for r in rows} == {"gpt2/1/none", "gpt2/2/none"}
     assert sorted(r["lockstep"]["process"] for r in rows if r["seed"] == 1) == [
         "native#0", "native#1", "torchmem#0", "torchmem#1"]
-    assert lockstep.paired_steps(rows)[(("gpt2", None), "torchmem")]["geomean"] == pytest.approx(0.9)
+    assert lockstep_tables.paired_steps(rows)[(("gpt2", None), "torchmem")]["geomean"] == pytest.approx(0.9)
     assert lockstep.main(["table", str(out), str(out)]) == 0
 
     # budgets: each seed's group again under budget x its peak request, as a memory fraction
@@ -209,15 +210,15 @@ with open(value("--out"), "w") as f:
     assert set(by_budget) == {None, 1.02, 1.5}
     assert [r["memory_fraction"] for r in by_budget[1.02] if not r.get("reference")] == [pytest.approx(0.0102)] * 2
     assert [r["oom_at_step"] for r in by_budget[1.02] if r["allocator"] == "native"] == [0]
-    paired = lockstep.paired_steps(rows)
+    paired = lockstep_tables.paired_steps(rows)
     assert (("gpt2", 1.02), "torchmem") not in paired  # native did not fit: nothing to pair with
     assert paired[(("gpt2", 1.5), "torchmem")]["geomean"] == pytest.approx(0.9)
-    assert "| gpt2 | 1.02x | native | 1 | 1 | - |" in lockstep.process_table(rows)
+    assert "| gpt2 | 1.02x | native | 1 | 1 | - |" in lockstep_tables.process_table(rows)
     # each budget group ran native with no budget beside the others: the same pace, a fair baseline
     references = [r for r in rows if r.get("reference")]
     assert [(r["budget"], r["allocator"], r["memory_fraction"]) for r in references] == [
         (1.02, "native (no budget)", None), (1.5, "native (no budget)", None)]
-    assert "| 0.900 | no budget, same group |" in lockstep.steady_table(rows)
+    assert "| 0.900 | no budget, same group |" in lockstep_tables.steady_table(rows)
     out = tmp_path / "no_reference.jsonl"
     assert lockstep.main(["--workload", "gpt2", "--allocators", "native", "torchmem", "--per-allocator", "1",
                           "--steps", "3", "--seeds", "1", "--budgets", "1.02", "--reference", "none",
@@ -244,22 +245,22 @@ def test_pooled_table_says_whether_the_steady_steps_resolve_the_line():
 
     native = [at_budget("native", [0.1] * 12, "native#0")]
     # Every step exactly 1% slower: no spread, so the interval is the point and lies under 1.03.
-    steady = lockstep.pooled_table(native + [at_budget("torchmem", [0.101] * 12, "torchmem#0")])
+    steady = lockstep_tables.pooled_table(native + [at_budget("torchmem", [0.101] * 12, "torchmem#0")])
     assert "| llama_ckpt | 1.1x | 1 | torchmem | 1 | 12 | 1.010 (1.010-1.010) | the same budget | under |" in steady
     # The same mean with steps 0.9x and 1.1x in turn: the interval spans the line.
     noisy = [0.09, 0.11] * 6
-    table = lockstep.pooled_table(native + [at_budget("torchmem", noisy, "torchmem#0")])
+    table = lockstep_tables.pooled_table(native + [at_budget("torchmem", noisy, "torchmem#0")])
     assert "| unresolved |" in table
     # Two processes pooled: their per-step mean (1.05x) is what is compared.
-    table = lockstep.pooled_table(native + [at_budget("torchmem", [0.100] * 12, "torchmem#0"),
+    table = lockstep_tables.pooled_table(native + [at_budget("torchmem", [0.100] * 12, "torchmem#0"),
                                             at_budget("torchmem", [0.110] * 12, "torchmem#1")])
     assert "| llama_ckpt | 1.1x | 1 | torchmem | 2 | 12 | 1.050 (1.050-1.050) | the same budget | over |" in table
     # A baseline from another group (run minutes apart) gets a ratio but no verdict.
     unconstrained = [dict(at_budget("native", [0.1] * 12, "native#0"), budget=None)]
-    table = lockstep.pooled_table(unconstrained + [at_budget("torchmem", [0.101] * 12, "torchmem#0")])
+    table = lockstep_tables.pooled_table(unconstrained + [at_budget("torchmem", [0.101] * 12, "torchmem#0")])
     assert "| no budget (another group) | - (another group) |" in table
     # A run shorter than its steady window, or of one step, gives no row and no error.
-    table = lockstep.pooled_table(native + [at_budget("torchmem", [0.1], "torchmem#0")])
+    table = lockstep_tables.pooled_table(native + [at_budget("torchmem", [0.1], "torchmem#0")])
     assert len(table.splitlines()) == 2
 
 
@@ -267,10 +268,10 @@ def test_added_noise_is_two_deviations_of_the_warm_up_sum():
     """Each warm-up step is as spread as the quiet steps of its shape; their variances add."""
     # quiet from step 2, two shapes: shape 0's quiet steps 0.1, 0.3 (variance 0.02), shape 1's 0.2, 0.2 (0)
     steps = [0.5, 0.5, 0.1, 0.2, 0.3, 0.2]
-    by_shape = lockstep.quiet_by_shape(steps, 2, 2)
+    by_shape = lockstep_tables.quiet_by_shape(steps, 2, 2)
     assert by_shape == {0: [0.1, 0.3], 1: [0.2, 0.2]}
-    assert lockstep.added_noise_ms(by_shape, 2) == pytest.approx(2 * 0.02 ** 0.5 * 1e3)
-    assert lockstep.added_noise_ms(lockstep.quiet_by_shape([0.5, 0.1], 1, 1), 1) == 0  # one quiet step: no spread known
+    assert lockstep_tables.added_noise_ms(by_shape, 2) == pytest.approx(2 * 0.02 ** 0.5 * 1e3)
+    assert lockstep_tables.added_noise_ms(lockstep_tables.quiet_by_shape([0.5, 0.1], 1, 1), 1) == 0  # one quiet step: no spread known
 
 
 def test_warmup_table_reads_the_model_against_the_steps_spread(tmp_path):
@@ -299,7 +300,7 @@ def test_shape_table_gives_each_shapes_steady_step_and_enqueue_medians(tmp_path)
     lines = tables(tmp_path, [row])
     shape_rows = [line for line in lines if line.startswith("| llama_ckpt | 1.1x | torchmem | torchmem#0 |")]
     assert shape_rows[-1].endswith("| 110.0 / 100.0; 210.0 / 200.0 |")
-    no_enqueue = lockstep.shape_table([dict(row, enqueue_s=[])])
+    no_enqueue = lockstep_tables.shape_table([dict(row, enqueue_s=[])])
     assert no_enqueue.splitlines()[-1].endswith("| 110.0 / -; 210.0 / - |")
 
 
@@ -336,9 +337,9 @@ def table_rows(text):
 
 
 def test_batch_scale_reads_the_label():
-    assert lockstep.batch_scale("native@0.75") == ("native", 0.75)
-    assert lockstep.batch_scale("torchmem") == ("torchmem", 1.0)
-    assert lockstep.batch_scale("torchmem[backend=cuda_malloc]@0.5") == ("torchmem[backend=cuda_malloc]", 0.5)
+    assert lockstep_tables.batch_scale("native@0.75") == ("native", 0.75)
+    assert lockstep_tables.batch_scale("torchmem") == ("torchmem", 1.0)
+    assert lockstep_tables.batch_scale("torchmem[backend=cuda_malloc]@0.5") == ("torchmem[backend=cuda_malloc]", 0.5)
 
 
 def test_worker_argv_passes_the_batch_scale_and_options():
@@ -360,20 +361,20 @@ def test_per_sample_table_compares_with_the_largest_native_batch_that_fit():
         budget_row("torchmem", [0.1, 0.12], [16, 16]),  # 6.875 ms per sample
         budget_row("torchmem", [0.11, 0.11], [16, 16]),  # 6.875 ms per sample
     ]
-    cells = {row[3]: row for row in table_rows(lockstep.per_sample_table(rows))}
+    cells = {row[3]: row for row in table_rows(lockstep_tables.per_sample_table(rows))}
     assert cells["native"][6] == "OOM"
     assert cells["native@0.75"][6] == "7.500" and cells["native@0.75"][7] == "-"
     assert cells["torchmem"][5] == "2"  # both processes
     assert cells["torchmem"][6] == "6.875"
     assert cells["torchmem"][7] == "0.917 (native@0.75)"
     # the table lists the baseline family from its largest batch down
-    order = [row[3] for row in table_rows(lockstep.per_sample_table(rows))]
+    order = [row[3] for row in table_rows(lockstep_tables.per_sample_table(rows))]
     assert order.index("native") < order.index("native@0.75") < order.index("native@0.5")
 
 
 def test_per_sample_table_needs_a_fitting_native_for_a_ratio():
     rows = [budget_row("native", [0.1], [16], oom=0), budget_row("torchmem", [0.1], [16])]
-    cells = {row[3]: row for row in table_rows(lockstep.per_sample_table(rows))}
+    cells = {row[3]: row for row in table_rows(lockstep_tables.per_sample_table(rows))}
     assert cells["torchmem"][6] == "6.250" and cells["torchmem"][7] == "-"
 
 
@@ -382,7 +383,7 @@ def test_per_sample_table_counts_only_the_steady_steps():
     row = budget_row("torchmem", [0.5, 0.1, 0.1, 0.1], [16, 16, 16, 16])
     row["driver_calls_per_step"] = [900, 0, 0, 0]
     native = budget_row("native@0.5", [0.06] * 4, [8] * 4)
-    cells = {r[3]: r for r in table_rows(lockstep.per_sample_table([row, native]))}
+    cells = {r[3]: r for r in table_rows(lockstep_tables.per_sample_table([row, native]))}
     assert cells["torchmem"][6] == "6.250"
     assert cells["torchmem"][7] == "0.833 (native@0.5)"
 
@@ -390,7 +391,7 @@ def test_per_sample_table_counts_only_the_steady_steps():
 def test_rows_without_samples_are_left_out():
     old = budget_row("torchmem", [0.1], [16])
     del old["samples_per_step"]
-    assert table_rows(lockstep.per_sample_table([old])) == []
+    assert table_rows(lockstep_tables.per_sample_table([old])) == []
 
 
 @pytest.mark.parametrize("bad", ["native@0", "native@1.5", "native@x"])
@@ -484,16 +485,16 @@ def ran_out(fraction, reserved, requested, device_free, total=100 * GB):
 
 def test_card_was_full_tells_a_full_card_from_a_budget_and_from_the_allocator():
     # no budget: the card had no room for the request, or (the allocator's own failure) it had
-    assert lockstep.card_was_full(ran_out(None, 13 * GB, 2 * GB, 1 * GB))
-    assert not lockstep.card_was_full(ran_out(None, 13 * GB, 2 * GB, 30 * GB))
+    assert lockstep_tables.card_was_full(ran_out(None, 13 * GB, 2 * GB, 1 * GB))
+    assert not lockstep_tables.card_was_full(ran_out(None, 13 * GB, 2 * GB, 30 * GB))
     # a budget of 25 GB: 12 GB left in it, 1 GB on the card -> the card; 1 GB left in it -> the budget
-    assert lockstep.card_was_full(ran_out(0.25, 13 * GB, 2 * GB, 1 * GB))
-    assert not lockstep.card_was_full(ran_out(0.25, 24 * GB, 2 * GB, 1 * GB))
-    assert not lockstep.card_was_full(ran_out(0.25, 24 * GB, 2 * GB, 50 * GB))
+    assert lockstep_tables.card_was_full(ran_out(0.25, 13 * GB, 2 * GB, 1 * GB))
+    assert not lockstep_tables.card_was_full(ran_out(0.25, 24 * GB, 2 * GB, 1 * GB))
+    assert not lockstep_tables.card_was_full(ran_out(0.25, 24 * GB, 2 * GB, 50 * GB))
     # nothing to read: a row from before oom_room, a message with no size, a run that fit
-    assert not lockstep.card_was_full({"oom_at_step": 1, "memory_fraction": None, "device_total": 100 * GB})
-    assert not lockstep.card_was_full(ran_out(None, 13 * GB, 0, 1 * GB))
-    assert not lockstep.card_was_full(dict(ran_out(None, 13 * GB, 2 * GB, 1 * GB), oom_at_step=None))
+    assert not lockstep_tables.card_was_full({"oom_at_step": 1, "memory_fraction": None, "device_total": 100 * GB})
+    assert not lockstep_tables.card_was_full(ran_out(None, 13 * GB, 0, 1 * GB))
+    assert not lockstep_tables.card_was_full(dict(ran_out(None, 13 * GB, 2 * GB, 1 * GB), oom_at_step=None))
 
 
 def full_card(row):
@@ -505,13 +506,13 @@ def test_per_sample_table_gives_no_ratio_when_a_larger_native_batch_met_a_full_c
     rows = [full_card(budget_row("native", [0.1], [16], oom=0)),
             budget_row("native@0.75", [0.09, 0.09], [12, 12]),
             budget_row("torchmem", [0.1, 0.1], [16, 16])]
-    cells = {row[3]: row for row in table_rows(lockstep.per_sample_table(rows))}
+    cells = {row[3]: row for row in table_rows(lockstep_tables.per_sample_table(rows))}
     assert cells["native"][6] == "OOM (card full)"
     assert cells["torchmem"][6] == "6.250"
     assert cells["torchmem"][7] == "- (a larger native batch met a full card)"
     # the same native OOM under its budget: the ratio stands
     rows[0] = budget_row("native", [0.1], [16], oom=0)
-    cells = {row[3]: row for row in table_rows(lockstep.per_sample_table(rows))}
+    cells = {row[3]: row for row in table_rows(lockstep_tables.per_sample_table(rows))}
     assert cells["native"][6] == "OOM" and cells["torchmem"][7] == "0.833 (native@0.75)"
 
 
@@ -519,12 +520,12 @@ def test_process_and_steady_tables_say_which_ooms_were_the_cards():
     torchmem_full = full_card(budget_row("torchmem", [], [], oom=1))
     native_budget = budget_row("native", [], [], oom=2)
     rows = [dict(r, total_s=0.0) for r in (torchmem_full, native_budget, budget_row("torchmem", [0.1] * 4, [16] * 4))]
-    process = {row[2]: row for row in table_rows(lockstep.process_table(rows))}
+    process = {row[2]: row for row in table_rows(lockstep_tables.process_table(rows))}
     assert process["torchmem"][4] == "1 (1 card full)" and process["native"][4] == "1"
-    steady = [row for row in table_rows(lockstep.steady_table(rows)) if row[3].startswith("OOM")]
+    steady = [row for row in table_rows(lockstep_tables.steady_table(rows)) if row[3].startswith("OOM")]
     assert sorted(row[3] for row in steady) == ["OOM", "OOM (card full)"]
-    assert lockstep.card_full_note(rows).startswith("1 process(es) ran out of device memory that their budget")
-    assert lockstep.card_full_note(rows[1:]) == ""
+    assert lockstep_tables.card_full_note(rows).startswith("1 process(es) ran out of device memory that their budget")
+    assert lockstep_tables.card_full_note(rows[1:]) == ""
 
 
 def test_gpu_workloads_reads_the_room_left_at_an_oom():
