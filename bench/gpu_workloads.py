@@ -594,22 +594,18 @@ def write_trace(torch, path, workload):
     return len(events)
 
 
-def room_at_oom(torch, allocator, error):
+def room_at_oom(torch, error):
     """What was left when a step ran out of memory: the device's free bytes (other processes' memory
     is not free; under --lockstep they are parked, so this is the card as the failed request found
-    it, after the allocator's own release-and-retry), this process's reserved bytes, and the failed
-    request ("Tried to allocate X", both allocators' message). lockstep_tables.card_was_full reads
-    them to tell a card filled by other processes from a budget that bound."""
+    it, after the allocator's own release-and-retry), this process's reserved bytes (the installed
+    allocator's, allocator_stats), and the failed request ("Tried to allocate X", both allocators'
+    message). lockstep_tables.card_was_full reads them to tell a card filled by other processes from
+    a budget that bound."""
     from torchmem.batch.retry import requested_bytes_of
 
-    if allocator == "torchmem":  # installed with patch_torch=False: torch.cuda's figures are not its own
-        import torchmem
-
-        reserved = torchmem.memory_reserved()
-    else:
-        reserved = torch.cuda.memory_reserved()
     free, _ = torch.cuda.mem_get_info()
-    return {"device_free": free, "reserved": reserved, "requested": requested_bytes_of(str(error))}
+    return {"device_free": free, "reserved": allocator_stats(torch).get("reserved_bytes.all.current", 0),
+            "requested": requested_bytes_of(str(error))}
 
 
 # ---- the run --------------------------------------------------------------------------
@@ -649,7 +645,7 @@ def main(argv=None):
             info = step(shapes[i % len(shapes)] if shapes else scale_batch(draw(rng), args.batch_scale))
         except torch.OutOfMemoryError as error:
             # under a budget this allocator cannot fit: say so (the steps before it stand)
-            oom_at, oom_room = i, room_at_oom(torch, args.allocator, error)
+            oom_at, oom_room = i, room_at_oom(torch, error)
             break
         torch.cuda.synchronize()
         end = time.perf_counter()

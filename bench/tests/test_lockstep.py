@@ -530,7 +530,8 @@ def test_process_and_steady_tables_say_which_ooms_were_the_cards():
 
 def test_gpu_workloads_reads_the_room_left_at_an_oom():
     gpu_workloads = load_bench("gpu_workloads")
-    cuda = types.SimpleNamespace(mem_get_info=lambda: (GB, 80 * GB), memory_reserved=lambda: 13 * GB)
+    cuda = types.SimpleNamespace(mem_get_info=lambda: (GB, 80 * GB),
+                                 memory_stats=lambda: {"reserved_bytes.all.current": 13 * GB})
     error = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79 GiB")
-    room = gpu_workloads.room_at_oom(types.SimpleNamespace(cuda=cuda), "native", error)
+    room = gpu_workloads.room_at_oom(types.SimpleNamespace(cuda=cuda), error)
     assert room == {"device_free": GB, "reserved": 13 * GB, "requested": 2 << 30}
