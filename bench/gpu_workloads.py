@@ -194,11 +194,27 @@ def step_counters(torch):
     return {k.split(".")[-1]: stats.get(k, 0) for k in STEP_COUNTER_KEYS} if "torchmem.num_plans" in stats else {}
 
 
+# PyTorch's expandable segments map pages of these sizes (kLargeBuffer, kSmallBuffer), one
+# physical handle each.
+EXPANDABLE_PAGE_BYTES = {"large_pool": 20 << 20, "small_pool": 2 << 20}
+
+
+def expandable_page_calls(stats):
+    """expandable_segments' driver calls so far, counted as the replay's model of it counts them: a
+    cuMemCreate and a cuMemMap per page mapped, a cuMemUnmap and a cuMemRelease per page unmapped.
+    Its num_device_alloc counts one per mapped range, however many pages the range holds, so it
+    would undercount against torchmem's count of one call per handle."""
+    pages = sum((stats.get(f"reserved_bytes.{pool}.allocated", 0) + stats.get(f"reserved_bytes.{pool}.freed", 0))
+                // page for pool, page in EXPANDABLE_PAGE_BYTES.items())
+    return 2 * pages
+
+
 def cost_counters(torch):
     """(driver calls, device barriers) so far: torchmem's driver calls as its backend counts them
     (cuMemCreate, cuMemMap, cuMemUnmap, cuMemRelease: a granule or a run each; cudaMalloc and
-    cudaFree of a segment under the cuda_malloc backend) and its waits for the whole device; for PyTorch's allocators cudaMalloc/cudaFree (segments;
-    expandable_segments' pages) and the cache releases that synchronize the device."""
+    cudaFree of a segment under the cuda_malloc backend) and its waits for the whole device; for
+    PyTorch's allocators cudaMalloc/cudaFree of segments, or expandable_segments' pages
+    (expandable_page_calls), and the cache releases that synchronize the device."""
     stats = allocator_stats(torch)
     if "torchmem.backend.unmap_calls" in stats:  # the backend's own count: alias unmaps and parked granules too
         kinds = ("create", "map", "unmap", "release", "segment_alloc", "segment_free")
@@ -207,8 +223,10 @@ def cost_counters(torch):
     if "torchmem.num_device_barriers" in stats:
         return (stats.get("num_device_alloc", 0) + stats.get("num_device_free", 0)
                 + 2 * stats.get("torchmem.num_reclaims", 0), stats["torchmem.num_device_barriers"])
-    return (stats.get("num_device_alloc", 0) + stats.get("num_device_free", 0),
-            stats.get("num_sync_all_streams", 0) + stats.get("num_alloc_retries", 0))
+    waits = stats.get("num_sync_all_streams", 0) + stats.get("num_alloc_retries", 0)
+    if "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        return expandable_page_calls(stats), waits
+    return stats.get("num_device_alloc", 0) + stats.get("num_device_free", 0), waits
 
 
 def allocation_count(torch):
@@ -633,6 +651,7 @@ def main(argv=None):
     reset_peaks(torch, args.allocator)
     times, enqueue_times, allocs, samples, device_used_peak, info = [], [], [], [], 0, {}
     driver_calls, barriers, oom_at, oom_room, plan_steps = [], [], None, None, []
+    calls_every_step, barriers_every_step = [], []  # warm-up included: where a pool that varies settles
     plan_before = step_counters(torch)
     allocated = allocation_count(torch)  # nothing allocates between one step's end and the next's start
     costs = cost_counters(torch)
@@ -652,6 +671,8 @@ def main(argv=None):
         enqueued = info.pop("enqueued_at", None)
         allocated, before = allocation_count(torch), allocated
         costs, costs_before = cost_counters(torch), costs
+        calls_every_step.append(costs[0] - costs_before[0])
+        barriers_every_step.append(costs[1] - costs_before[1])
         if i >= args.warmup:
             times.append(end - start)
             if enqueued is not None:
@@ -686,6 +707,7 @@ def main(argv=None):
         "total_s": sum(times), "wall_s": None if args.lockstep else wall,  # lockstep: mostly waiting
         "oom_at_step": oom_at, "oom_room": oom_room, "device_total": total,
         "driver_calls_per_step": driver_calls, "barriers_per_step": barriers,
+        "calls_every_step": calls_every_step, "barriers_every_step": barriers_every_step,
         "plan_per_step": plan_steps,  # every step, warm-up included: deltas of step_counters()
         "step_s": times, "host_speed": speed,
         "enqueue_s": enqueue_times, "allocs_per_step": allocs, "samples_per_step": samples, "kernel_ms": kernel_ms,

@@ -420,6 +420,51 @@ def has_host_time(row):
     return any(s.get("host_alloc_ns") for s in row.get("plan_per_step") or [])
 
 
+def after_warmup_counts(row):
+    """(driver calls, device barriers) over the second half of a process's steps, warm-up steps
+    included in the steps halved: what the replay calls "after warm-up" (BENCHMARKS.md, Replay at
+    the budget: shapes that vary). None for a process that ran out of memory or a row from before
+    every step's calls were recorded."""
+    calls = row.get("calls_every_step")
+    if row.get("oom_at_step") is not None or not calls:
+        return None
+    half = len(calls) // 2
+    return sum(calls[half:]), sum((row.get("barriers_every_step") or [])[half:])
+
+
+def after_warmup_table(rows, against="expandable"):
+    """Per group (workload, budget, seed) and process: the driver calls and barriers after warm-up,
+    and the calls against the median of the same group's `against` processes. With shapes that
+    vary, #34 asks that torchmem's be at or under expandable_segments' (counted by page, as the
+    replay's model counts them: gpu_workloads.expandable_page_calls)."""
+    groups = {}
+    for row in rows:
+        if "calls_every_step" in row and not row.get("reference"):
+            groups.setdefault((row["workload"], row.get("budget"), row["seed"]), []).append(row)
+    lines = [f"| workload | budget | seed | allocator | steps | calls after warm-up | barriers | calls / {against}'s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for key in sorted(groups, key=lambda k: (k[0], k[1] or 0, k[2])):
+        group = groups[key]
+        theirs = [after_warmup_counts(r) for r in group if r["allocator"] == against]
+        theirs = [c[0] for c in theirs if c is not None]
+        reference = statistics.median(theirs) if theirs else None
+        for row in sorted(group, key=lambda r: r["allocator"]):
+            label = f"| {key[0]} | {budget_label(key[1])} | {key[2]} | {row['allocator']} |"
+            counted = after_warmup_counts(row)
+            if counted is None:
+                ran_out = oom_label([row]) if row.get("oom_at_step") is not None else "-"
+                lines.append(f"{label} - | {ran_out} | - | - |")
+                continue
+            if reference is None:
+                versus = "-"
+            elif reference == 0:
+                versus = "equal (0)" if counted[0] == 0 else "over (theirs 0)"
+            else:
+                versus = f"{counted[0] / reference:.2f}"
+            lines.append(f"{label} {len(row['calls_every_step'])} | {counted[0]:,} | {counted[1]} | {versus} |")
+    return "\n".join(lines)
+
+
 def shape_table(rows):
     """Where a step's time goes, per shape: each process's steady steps (steady_steps) by shape, the
     median step and the median time until the host had queued it (enqueue_s), in ms. A shape whose
@@ -491,6 +536,9 @@ def print_tables(rows):
         if any(row.get("samples_per_step") is not None for row in budget_rows(rows)):
             print()
             print(per_sample_table(rows))
+    if any(row.get("calls_every_step") and row.get("shapes") == 0 for row in rows):
+        print()
+        print(after_warmup_table(rows))
     if any(row.get("enqueue_s") and row.get("shapes") for row in rows):
         print()
         print(shape_table(rows))

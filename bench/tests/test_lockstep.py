@@ -535,3 +535,29 @@ def test_gpu_workloads_reads_the_room_left_at_an_oom():
     error = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79 GiB")
     room = gpu_workloads.room_at_oom(types.SimpleNamespace(cuda=cuda), error)
     assert room == {"device_free": GB, "reserved": 13 * GB, "requested": 2 << 30}
+
+
+def varying_row(allocator, calls, barriers=None, oom=None, seed=1):
+    """A process with a new shape every step (--shapes 0): its calls at every step, warm-up included."""
+    return dict(budget_row(allocator, [0.1] * len(calls), [16] * len(calls), seed=seed, oom=oom), shapes=0,
+                calls_every_step=calls, barriers_every_step=barriers or [0] * len(calls))
+
+
+def test_after_warmup_table_counts_the_second_half_of_every_step_against_expandable():
+    rows = [varying_row("expandable", [40, 20, 10, 10, 4, 6]),
+            varying_row("torchmem", [900, 300, 8, 0, 4, 3], barriers=[1, 0, 0, 0, 0, 1]),
+            varying_row("native", [], oom=2)]
+    cells = {row[3]: row for row in table_rows(lockstep_tables.after_warmup_table(rows))}
+    assert cells["expandable"][4:] == ["6", "20", "0", "1.00"]
+    assert cells["torchmem"][4:] == ["6", "7", "1", "0.35"]  # steps 3-5: 0 + 4 + 3, the warm-up's 1,208 left out
+    assert cells["native"][5] == "OOM"
+    quiet = [varying_row("expandable", [8, 0, 0, 0]), varying_row("torchmem", [50, 0, 0, 2])]
+    assert [row[7] for row in table_rows(lockstep_tables.after_warmup_table(quiet))] == ["equal (0)", "over (theirs 0)"]
+
+
+def test_expandable_calls_are_counted_by_page_not_by_mapped_range():
+    gpu_workloads = load_bench("gpu_workloads")
+    stats = {"reserved_bytes.large_pool.allocated": 3 * (20 << 20), "reserved_bytes.large_pool.freed": 20 << 20,
+             "reserved_bytes.small_pool.allocated": 5 * (2 << 20), "reserved_bytes.small_pool.freed": 0,
+             "num_device_alloc": 2}  # two mapped ranges, eight pages
+    assert gpu_workloads.expandable_page_calls(stats) == 2 * (3 + 1 + 5)
