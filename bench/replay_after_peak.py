@@ -2,6 +2,7 @@
 
     python bench/replay_after_peak.py gpt2_train llama_ckpt_train fsdp_train --budgets 1.03 1.06 1.12 \\
         [--configs - backed_fit=true]
+    python bench/replay_after_peak.py pattern:kv_cache pattern:random:400   # a churn pattern, 400 steps
 
 Why: the bundled traces draw a new shape every step and their peak request keeps
 rising late (GPT-2's at 88% of its events), so `replay`'s "after warm-up" (the
@@ -13,6 +14,8 @@ peak request) and torchmem configuration (`-`: the defaults), and for the
 expandable model: creates, maps, unmaps and releases after that event (the
 expandable model maps and unmaps 20 MiB pages, each counted as a create and a map,
 or an unmap and a release), device barriers, and OOMs over the whole trace.
+A churn pattern of torchmem.analysis.patterns (`pattern:NAME[:STEPS]`, 400 steps
+unless named) stands in for a trace: shapes that vary with no training step.
 """
 
 import argparse
@@ -23,10 +26,20 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from torchmem.analysis import replay  # noqa: E402
+from torchmem.analysis import patterns, replay  # noqa: E402
 from torchmem.analysis import trace as trace_io  # noqa: E402
 
 KINDS = ("create_calls", "map_calls", "unmap_calls", "release_calls")
+
+
+def load_events(name):
+    """A trace's events as an int64 array: `name` is a bundled trace, a trace file, or
+    pattern:NAME[:STEPS] (a churn pattern, 400 steps by default)."""
+    if name.startswith("pattern:"):
+        _, pattern, *steps = name.split(":")
+        return np.asarray(patterns.replay_events(pattern, int(steps[0]) if steps else 400), dtype=np.int64)
+    source = name if os.path.exists(name) else trace_io.bundled_trace(name)
+    return np.asarray(trace_io.load(source).events, dtype=np.int64)
 
 
 def calls_after(events, at, limit, policy, config, event_delay):
@@ -52,8 +65,7 @@ def main(argv=None):
           "| calls | barriers | OOMs |")
     print("|---|---|---|---|---|---|---|---|")
     for name in args.traces:
-        source = name if os.path.exists(name) else trace_io.bundled_trace(name)
-        events = np.asarray(trace_io.load(source).events, dtype=np.int64)
+        events = load_events(name)
         at, peak = trace_io.peak_requested_at(events.tolist())
         rows = [("torchmem", None if c == "-" else c) for c in args.configs] + [("expandable", None)]
         for budget in args.budgets:

@@ -3,7 +3,7 @@
 import numpy as np
 
 from bench_support import load_bench
-from torchmem.analysis import replay
+from torchmem.analysis import patterns, replay
 from torchmem.analysis import trace as trace_io
 
 replay_after_peak = load_bench("replay_after_peak")
@@ -48,3 +48,9 @@ def test_the_script_prints_a_row_per_budget_and_policy(capsys):
     labels = [row.split("|")[4].strip() for row in rows]
     assert labels == ["torchmem", "torchmem (backed_fit=true)", "expandable"] * 2
     assert all(row.split("|")[8].strip() == "0" for row in rows)  # no OOM at either budget
+
+
+def test_a_churn_pattern_stands_in_for_a_trace():
+    events = replay_after_peak.load_events("pattern:kv_cache:10")
+    assert events.dtype == np.int64 and len(events) == 64 + 2 * 10  # 64 live tensors, then an alloc and a free a step
+    assert (replay_after_peak.load_events("pattern:kv_cache") == np.asarray(patterns.replay_events("kv_cache", 400))).all()
