@@ -33,6 +33,11 @@ NAME on the same draws at S times the batch. Where the baseline cannot fit the b
 batch, the per-sample table sets torchmem's time per sample against the baseline's at the largest
 batch it fit, in the same group.
 
+Shapes that vary (--shapes 0: a new shape every step): a table of each process's driver calls
+and barriers over the second half of its steps, warm-up included in the halving (what the replay
+calls "after warm-up"), against the same group's expandable_segments processes, whose calls are
+counted by page as the replay's model counts them.
+
 Protocol (bench/gpu_workloads.py --lockstep R,W): the worker writes "ready" on W
 when it reaches a gate and blocks reading "go" from R. Segments between gates run
 alone. The worker's last segment ends with its exit (EOF on W).
