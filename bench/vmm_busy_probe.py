@@ -22,28 +22,10 @@ import sys
 import time
 
 from common import environment  # bench/common.py, beside this file
+from vmm_ctypes import device_prop, read_write  # beside this file too
 
 GRANULE = 2 << 20
 CALLS = ("create", "map_access", "unmap", "release")  # one granule's life, in order
-
-
-class MemLocation(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
-
-
-class AllocFlags(ctypes.Structure):
-    _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
-                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
-
-
-class AllocationProp(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int),
-                ("location", MemLocation), ("win32HandleMetaData", ctypes.c_void_p),
-                ("allocFlags", AllocFlags)]
-
-
-class AccessDesc(ctypes.Structure):
-    _fields_ = [("location", MemLocation), ("flags", ctypes.c_int)]
 
 
 class Driver:
@@ -51,8 +33,8 @@ class Driver:
 
     def __init__(self, device):
         self.lib = ctypes.CDLL("libcuda.so.1")
-        self.prop = AllocationProp(type=1, requestedHandleTypes=0, location=MemLocation(1, device))
-        self.access = AccessDesc(location=MemLocation(1, device), flags=3)
+        self.prop = device_prop(device)
+        self.access = read_write(device)
 
     def _check(self, name, rc):
         if rc != 0:

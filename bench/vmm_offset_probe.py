@@ -17,28 +17,7 @@ import ctypes
 import json
 import sys
 
-MiB = 1 << 20
-
-
-class MemLocation(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
-
-
-class AllocFlags(ctypes.Structure):
-    _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
-                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
-
-
-class AllocationProp(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location", MemLocation),
-                ("win32HandleMetaData", ctypes.c_void_p), ("allocFlags", AllocFlags)]
-
-
-class AccessDesc(ctypes.Structure):
-    _fields_ = [("location", MemLocation), ("flags", ctypes.c_int)]
-
-
-PINNED, DEVICE, READ_WRITE, GRANULARITY_MINIMUM = 1, 1, 3, 0
+from vmm_ctypes import GRANULARITY_MINIMUM, device_prop, read_write  # beside this file
 
 
 def probe(cu, device=0):
@@ -47,7 +26,7 @@ def probe(cu, device=0):
     version = ctypes.c_int()
     cu.cuDriverGetVersion(ctypes.byref(version))
     out["driver_version"] = version.value
-    prop = AllocationProp(type=PINNED, location=MemLocation(DEVICE, device))
+    prop = device_prop(device)
     granule = ctypes.c_size_t()
     out["granularity_rc"] = cu.cuMemGetAllocationGranularity(ctypes.byref(granule), ctypes.byref(prop),
                                                              GRANULARITY_MINIMUM)
@@ -60,7 +39,7 @@ def probe(cu, device=0):
                                                ctypes.c_ulonglong(0), 0)
     if out["create_rc"] or out["reserve_rc"]:
         return out
-    access = AccessDesc(MemLocation(DEVICE, device), READ_WRITE)
+    access = read_write(device)
 
     def map_at(addr, size, offset):
         rc = cu.cuMemMap(ctypes.c_ulonglong(addr), ctypes.c_size_t(size), ctypes.c_size_t(offset), handle, 0)
