@@ -434,9 +434,9 @@ def after_warmup_counts(row):
 
 def after_warmup_table(rows, against="expandable"):
     """Per group (workload, budget, seed) and process: the driver calls and barriers after warm-up,
-    and the calls against the median of the same group's `against` processes. With shapes that
-    vary, #34 asks that torchmem's be at or under expandable_segments' (counted by page, as the
-    replay's model counts them: gpu_workloads.expandable_page_calls)."""
+    and the calls against the median of the same group's `against` processes: with shapes that
+    vary, the bar a pool at the budget is held to is expandable_segments' calls (counted by page,
+    as the replay's model counts them: gpu_workloads.expandable_page_calls)."""
     groups = {}
     for row in rows:
         if "calls_every_step" in row and not row.get("reference"):
