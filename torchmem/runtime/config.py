@@ -220,7 +220,11 @@ OPTIONS = (
            "fewer driver calls after warm-up with it, and no device barrier; the cost is packing on churn "
            "of mixed sizes (min-cap of the periodic pattern 1.04 -> 1.12x), so it is off by default. On "
            "an H100 at 1.05x with a new shape every step, llama_ckpt went quiet at step 2 instead of 5 "
-           "with 35% fewer warm-up driver calls (BENCHMARKS.md, Backed placement).",
+           "with 35% fewer warm-up driver calls (BENCHMARKS.md, Backed placement). With "
+           "`stitch_above=1.0` as well, llama_ckpt's replay at 1.03-1.12x makes 3 driver calls after its "
+           "peak request where the expandable model makes 982, with min-cap unchanged; FSDP traces stay "
+           "over, and it has not run on a GPU (BENCHMARKS.md, Backed placement with stitching only at the "
+           "limit).",
            core="backed_fit"),
     Option("alias_reclaim", True, parse_bool,
            "Stitch granules freed on the requesting stream before the GPU finished with them, by "
