@@ -650,7 +650,7 @@ def main(argv=None):
     shapes = [scale_batch(draw(rng), args.batch_scale) for _ in range(args.shapes)]
     reset_peaks(torch, args.allocator)
     times, enqueue_times, allocs, samples, device_used_peak, info = [], [], [], [], 0, {}
-    driver_calls, barriers, oom_at, oom_room, plan_steps = [], [], None, None, []
+    oom_at, oom_room, plan_steps = None, None, []
     calls_every_step, barriers_every_step = [], []  # warm-up included: where a pool that varies settles
     plan_before = step_counters(torch)
     allocated = allocation_count(torch)  # nothing allocates between one step's end and the next's start
@@ -679,8 +679,6 @@ def main(argv=None):
                 enqueue_times.append(enqueued - start)
             allocs.append(allocated - before)
             samples.append(info["batch"] * info.get("micro_steps", 1))
-            driver_calls.append(costs[0] - costs_before[0])
-            barriers.append(costs[1] - costs_before[1])
         plan_now = step_counters(torch)
         if plan_now:
             plan_steps.append({k: plan_now[k] - plan_before.get(k, 0) for k in plan_now})
@@ -706,7 +704,9 @@ def main(argv=None):
         "mean_step_s": statistics.fmean(times) if times else None,
         "total_s": sum(times), "wall_s": None if args.lockstep else wall,  # lockstep: mostly waiting
         "oom_at_step": oom_at, "oom_room": oom_room, "device_total": total,
-        "driver_calls_per_step": driver_calls, "barriers_per_step": barriers,
+        # the timed steps' share of every step's counts (the warm-up steps are not timed)
+        "driver_calls_per_step": calls_every_step[args.warmup:],
+        "barriers_per_step": barriers_every_step[args.warmup:],
         "calls_every_step": calls_every_step, "barriers_every_step": barriers_every_step,
         "plan_per_step": plan_steps,  # every step, warm-up included: deltas of step_counters()
         "step_s": times, "host_speed": speed,
