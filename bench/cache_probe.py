@@ -3,6 +3,7 @@
     make bench-cache-probe
     python bench/cache_probe.py --trace llama_ckpt_train --step 10 --budgets 0 1.10
     python bench/cache_probe.py --timed --evict-mib 0 2 8   (the pool's own time instead, no valgrind)
+        [--config stitch_above_limit=0.95,backed_fit=false]  (a pool that stitches, so plans the step)
 
 One step of a bundled real trace is run 6 and then 18 times in turn (patterns.repeated_steps),
 under each budget (a multiple of the trace's peak request; 0: no limit), once with the CPU caches
@@ -85,9 +86,10 @@ def budget_label(budget):
     return f"{budget:.2f}x" if budget else "no limit"
 
 
-def timed(files, added, peak, budgets, evict_mib):
+def timed(files, added, peak, budgets, evict_mib, config=None):
     """The pool's ns per steady allocation and free (alloc, free, the plan's part of both), by
-    replay with time_host_ops, per budget and scratch walk."""
+    replay with time_host_ops (and `config`, key=value,...), per budget and scratch walk."""
+    options = "time_host_ops=true" + (f",{config}" if config else "")
     print("| budget | evicted after every event | alloc ns | free ns | of them, plan ns |")
     print("|---|---|---|---|---|")
     events = {n: load_events(files[n]) for n in (SHORT, LONG)}
@@ -95,7 +97,7 @@ def timed(files, added, peak, budgets, evict_mib):
         for budget in budgets:
             runs = []
             for n in (SHORT, LONG):
-                r = replay.replay(events[n], "torchmem", limit=int(peak * budget), config={"time_host_ops": True},
+                r = replay.replay(events[n], "torchmem", limit=int(peak * budget), config=options,
                                   event_delay=10, evict_bytes=int(mib * 2**20))
                 runs.append((r.host_alloc_ns, r.host_free_ns, r.host_plan_ns))
             alloc, free, plan = per_allocation(runs[0], runs[1], added)
@@ -110,6 +112,8 @@ def main(argv=None):
     parser.add_argument("--timed", action="store_true", help="the pool's own time instead of callgrind's counts")
     parser.add_argument("--evict-mib", type=float, nargs="+", default=[0, 2, 8],
                         help="with --timed: scratch walked after every event, MiB")
+    parser.add_argument("--config", help="with --timed: torchmem options, key=value,... (e.g. "
+                        "stitch_above_limit=0.95,backed_fit=false: a pool that stitches, and plans the step)")
     args = parser.parse_args(argv)
     if not args.timed and not os.path.exists(PROBE):
         sys.exit(f"cache_probe: {PROBE} is missing: run `make bench-cache-probe` first")
@@ -120,7 +124,7 @@ def main(argv=None):
         print(f"{args.trace}, step {args.step} repeated {SHORT} and {LONG} times: {added:,} allocations added, "
               f"peak request {peak:,} bytes")
         if args.timed:
-            timed(files, added, peak, args.budgets, args.evict_mib)
+            timed(files, added, peak, args.budgets, args.evict_mib, args.config)
             return 0
         print("| budget | instructions | L1 misses, hot | L1 misses, caches evicted |")
         print("|---|---|---|---|")

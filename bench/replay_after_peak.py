@@ -1,7 +1,7 @@
 """Driver calls once a trace has seen its largest step: torchmem against the expandable model.
 
     python bench/replay_after_peak.py gpt2_train llama_ckpt_train fsdp_train --budgets 1.03 1.06 1.12 \\
-        [--configs - backed_fit=true]
+        [--configs - backed_fit=false,stitch_above_limit=0.95]
     python bench/replay_after_peak.py pattern:kv_cache pattern:random:400   # a churn pattern, 400 steps
 
 Why: the bundled traces draw a new shape every step and their peak request keeps
@@ -29,8 +29,6 @@ import numpy as np  # noqa: E402
 from torchmem.analysis import patterns, replay  # noqa: E402
 from torchmem.analysis import trace as trace_io  # noqa: E402
 
-KINDS = ("create_calls", "map_calls", "unmap_calls", "release_calls")
-
 
 def load_events(name):
     """A trace's events as an int64 array: `name` is a bundled trace, a trace file, or
@@ -42,20 +40,12 @@ def load_events(name):
     return np.asarray(trace_io.load(source).events, dtype=np.int64)
 
 
-def calls_after(events, at, limit, policy, config, event_delay):
-    """(calls by kind after event `at`, barriers after it, OOMs in all) of one replay."""
-    before = replay.replay(events, limit=limit, policy=policy, config=config, stop_at=at, event_delay=event_delay)
-    whole = replay.replay(events, limit=limit, policy=policy, config=config, event_delay=event_delay)
-    kinds = [whole.backend_calls.get(k, 0) - before.backend_calls.get(k, 0) for k in KINDS]
-    return kinds, whole.device_barriers - before.device_barriers, whole.ooms
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("traces", nargs="+", help="bundled trace names or trace files")
     parser.add_argument("--budgets", type=float, nargs="+", default=[1.03, 1.06, 1.12],
                         help="multiples of each trace's peak request")
-    parser.add_argument("--configs", nargs="+", default=["-", "backed_fit=true"],
+    parser.add_argument("--configs", nargs="+", default=["-", "backed_fit=false,stitch_above_limit=0.95"],
                         help="torchmem options per row, key=value,... ('-': the defaults)")
     parser.add_argument("--event-delay", type=int, default=10)
     args = parser.parse_args(argv)
@@ -70,7 +60,9 @@ def main(argv=None):
         rows = [("torchmem", None if c == "-" else c) for c in args.configs] + [("expandable", None)]
         for budget in args.budgets:
             for policy, config in rows:
-                kinds, barriers, ooms = calls_after(events, at, int(peak * budget), policy, config, args.event_delay)
+                by_kind, barriers, ooms = replay.calls_after(events, at, policy, limit=int(peak * budget),
+                                                             config=config, event_delay=args.event_delay)
+                kinds = [by_kind[k] for k in replay.DRIVER_CALL_KINDS]
                 label = policy if config is None else f"torchmem ({config})"
                 print(f"| {name} | {at:,} of {len(events):,} | {budget:g}x | {label} | "
                       f"{' / '.join(f'{k:,}' for k in kinds)} | {sum(kinds):,} | {barriers} | {ooms} |")

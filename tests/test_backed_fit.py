@@ -16,14 +16,18 @@ from torchmem.runtime import config
 
 from sim_pool import make_pool
 
-BACKED = {"backed_fit": True}
+# Stitching in the top 5% of the limit, with and without backed placement: what the option
+# changes where the pool stitches. The defaults (stitch_above_limit=1, backed_fit on) are held
+# against the expandable model in tests/test_shapes_that_vary.py.
+BY_SIZE = {"backed_fit": False, "stitch_above_limit": 0.95}
+BACKED = {"backed_fit": True, "stitch_above_limit": 0.95}
 
 
 @pytest.mark.parametrize("name, budget", [("gpt2", 1.06), ("llama_ckpt", 1.03), ("llama_ckpt", 1.12)])
 def test_backed_placement_cuts_the_calls_of_stitching_under_a_budget(name, budget):
     trace = trace_io.load(trace_io.bundled_trace(name))
     limit = int(budget * trace.peak_requested())
-    default = replay_api.replay(trace, "torchmem", limit=limit, event_delay=10)
+    default = replay_api.replay(trace, "torchmem", limit=limit, event_delay=10, config=BY_SIZE)
     backed = replay_api.replay(trace, "torchmem", limit=limit, event_delay=10, config=BACKED)
     assert default.ooms == 0 and backed.ooms == 0
     assert backed.steady_driver_calls * 3 <= default.steady_driver_calls * 2, (backed.steady_driver_calls,
@@ -62,7 +66,7 @@ def test_moves_are_counted_and_stitch_less():
     limit = int(1.25 * peak) // (2 << 20) * (2 << 20)
     stats = {}
     for backed in (False, True):
-        pool = make_pool(limit=limit, event_delay=10, backed_fit=backed)
+        pool = make_pool(limit=limit, event_delay=10, backed_fit=backed, stitch_above_limit=0.95)
         ours = {}
         for action, addr, size, stream in events:
             if action == trace_io.ALLOC:
@@ -77,8 +81,8 @@ def test_moves_are_counted_and_stitch_less():
     assert stats[True]["num_reclaims"] < stats[False]["num_reclaims"]
 
 
-def test_the_option_is_checked_and_off_by_default():
-    assert config.Config().backed_fit is False
-    assert config.Config(backed_fit="true").pool_options()["backed_fit"] is True
+def test_the_option_is_checked_and_on_by_default():
+    assert config.Config().backed_fit is True
+    assert config.Config(backed_fit="false").pool_options()["backed_fit"] is False
     with pytest.raises(ValueError, match="backed_fit"):
         config.Config(backed_fit="sometimes")

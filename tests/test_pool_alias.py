@@ -18,7 +18,7 @@ NEVER = 10**9
 
 def make(limit=0, capacity=64 * MiB, event_delay=NEVER, host_memory=False, **config):
     sim = _C.SimBackend(capacity=capacity, event_delay=event_delay, host_memory=host_memory)
-    pool = _C.Pool(sim, dict(dict(stitch_above=0.0, run_below=0.0), **config, limit_bytes=limit, debug_checks=True))
+    pool = _C.Pool(sim, dict(dict(stitch_above=0.0, stitch_above_limit=0.0, backed_fit=False, run_below=0.0), **config, limit_bytes=limit, debug_checks=True))
     return sim, pool
 
 

@@ -20,7 +20,7 @@ DEFAULT, SIDE = 1, 2
 
 def make(limit, event_delay=0, **config):
     sim = _C.SimBackend(capacity=64 * MiB, event_delay=event_delay)
-    pool = _C.Pool(sim, dict(dict(stitch_above=0.0, run_below=0.0, debug_checks=True), limit_bytes=limit, **config))
+    pool = _C.Pool(sim, dict(dict(stitch_above=0.0, stitch_above_limit=0.0, backed_fit=False, run_below=0.0, debug_checks=True), limit_bytes=limit, **config))
     return sim, pool
 
 
@@ -119,8 +119,8 @@ def test_the_sim_catches_an_unmap_under_a_kernel():
 
 
 def test_with_room_to_spare_the_pool_creates_instead_of_stitching():
-    # Note [When to stitch]: under stitch_above x budget nothing is moved.
-    sim, pool = make(64 * MiB, stitch_above=0.8)
+    # Note [When to stitch]: under the line (stitch_above_limit x the limit) nothing is moved.
+    sim, pool = make(64 * MiB, stitch_above_limit=0.8)
     a, b, c = reader_scene(pool, sim)
     s = pool.stats()
     assert s["num_reclaims"] == 0 and s["backend"]["unmap_calls"] == 0

@@ -12,7 +12,7 @@ MiB = 1 << 20
 
 def make(limit=0, capacity=1 << 30, vmm=True, **config):
     sim = _C.SimBackend(capacity=capacity, vmm=vmm)
-    pool = _C.Pool(sim, dict(dict(stitch_above=0.0, run_below=0.0), **config, limit_bytes=limit))
+    pool = _C.Pool(sim, dict(dict(stitch_above=0.0, stitch_above_limit=0.0, backed_fit=False, run_below=0.0), **config, limit_bytes=limit))
     return sim, pool
 
 
@@ -43,7 +43,7 @@ def test_foreign_bytes_do_not_matter_without_a_limit():
 def _device_shared_with_a_neighbour():
     # No limit: the budget is the device's 1 GiB, of which another pool (process) holds 400 MiB
     sim = _C.SimBackend(capacity=1 << 30, vmm=True)
-    pool = _C.Pool(sim, dict(stitch_above=0.0, run_below=0.0))
+    pool = _C.Pool(sim, dict(stitch_above=0.0, stitch_above_limit=0.0, backed_fit=False, run_below=0.0))
     neighbour = _C.Pool(sim, dict(run_below=0.0))
     return sim, pool, neighbour, neighbour.allocate(400 * MiB)
 

@@ -14,7 +14,7 @@ G = 2 * MiB
 
 def make(limit=0, capacity=1 << 30, vmm=True, event_delay=0, **config):
     sim = _C.SimBackend(capacity=capacity, vmm=vmm, event_delay=event_delay)
-    pool = _C.Pool(sim, dict(dict(stitch_above=0.0, run_below=0.0), **config, limit_bytes=limit))
+    pool = _C.Pool(sim, dict(dict(stitch_above=0.0, stitch_above_limit=0.0, backed_fit=False, run_below=0.0), **config, limit_bytes=limit))
     return sim, pool
 
 

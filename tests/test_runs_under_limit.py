@@ -11,14 +11,18 @@ from torchmem.analysis import replay as replay_api
 from torchmem.analysis import trace as trace_io
 from torchmem.runtime import config
 
-SHORT_RUNS = {"run_below_limit": 0.95, "limit_run_granules": 10}
+# Where the pool stitches in the top 5% of its limit and fills fits by size, growth is what
+# short runs cut; the defaults (stitch_above_limit=1, backed_fit) are compared to the
+# expandable model in tests/test_shapes_that_vary.py.
+STITCHING = {"stitch_above_limit": 0.95, "backed_fit": False}
+SHORT_RUNS = {"run_below_limit": 0.95, "limit_run_granules": 10, **STITCHING}
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama_ckpt"])
 def test_short_runs_cut_the_calls_of_growth_under_a_budget(name):
     trace = trace_io.load(trace_io.bundled_trace(name))
     limit = int(1.12 * trace.peak_requested())
-    default = replay_api.replay(trace, "torchmem", limit=limit)
+    default = replay_api.replay(trace, "torchmem", limit=limit, config=STITCHING)
     short = replay_api.replay(trace, "torchmem", limit=limit, config=SHORT_RUNS)
     assert default.ooms == 0 and short.ooms == 0
     assert short.steady_driver_calls * 2 <= default.steady_driver_calls, (short.steady_driver_calls,

@@ -30,8 +30,10 @@ def test_the_events_repeat_one_real_step(tmp_path):
 
 
 def test_timed_prints_the_pools_own_time_per_allocation(capsys):
-    """--timed replays with time_host_ops: every cell is a measured time, the plan's part 0 with no limit."""
-    assert probe.main(["--timed", "--evict-mib", "0", "--budgets", "0", "1.10", "--step", "10"]) == 0
+    """--timed replays with time_host_ops: every cell is a measured time, the plan's part 0 with no limit.
+    A pool that stitches near its limit plans the step (the defaults keep it quiet without a plan)."""
+    assert probe.main(["--timed", "--evict-mib", "0", "--budgets", "0", "1.10", "--step", "10",
+                       "--config", "stitch_above_limit=0.95,backed_fit=false"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "MiB" in line]
     assert len(rows) == 2
     unlimited, budget = ([float(c.replace(",", "")) for c in row.split("|")[3:6]] for row in rows)

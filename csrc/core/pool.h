@@ -21,7 +21,7 @@
 //   granules. Free blocks stay mapped and cached. A request takes the best
 //   fitting cached block (smallest size, then lowest address), splitting it.
 //   Granules a new block needs come, in order, from: new granules while
-//   held < max((1 + reclaim_slack) * in use, stitch_above * budget); granules
+//   held < max((1 + reclaim_slack) * in use, stitch line * budget); granules
 //   of cached free space whose fences completed, least recently freed first
 //   (stitching); with alias_reclaim, granules freed on the requesting stream
 //   alone whose fences are pending (Note [Fences]); new granules under the
@@ -172,8 +172,12 @@ namespace torchmem {
   X(double, reclaim_slack, 0.0,                                                                      \
     "Create new granules instead of stitching while held < (1 + slack) x in use.")                   \
   X(double, stitch_above, 0.95,                                                                      \
-    "... and while held < stitch_above x budget: the pool stitches only in the top of its budget, " \
-    "where memory is the limit (Note [When to stitch]); 0 = stitch whenever a granule is missing.") \
+    "With no limit, ... and while held < stitch_above x the device's memory: the pool stitches only " \
+    "in the top of it, where memory is the limit (Note [When to stitch]); 0 = stitch whenever a "   \
+    "granule is missing.")                                                                           \
+  X(double, stitch_above_limit, 1.0,                                                                 \
+    "Under a limit, the same line as a fraction of the limit: 1 = grow to the limit before "        \
+    "stitching (Note [When to stitch]); 0 = stitch whenever a granule is missing.")                 \
   X(double, run_below, 0.5,                                                                          \
     "Without a limit, grow by one handle per run of missing granules while held stays under "      \
     "run_below x the device's memory, a handle per granule above or under a limit "                \
@@ -185,7 +189,7 @@ namespace torchmem {
   X(std::size_t, limit_run_granules, 0,                                                              \
     "Under a limit, a run handle covers at most this many granules (Note [Runs under a limit]); "   \
     "0 = a run covers the whole hole.")                                                              \
-  X(bool, backed_fit, false,                                                                         \
+  X(bool, backed_fit, true,                                                                          \
     "Under a limit, a fit that misses granules moves to where cached granules already back the "    \
     "request, inside the fit or in another candidate (Note [Backed placement]).")                    \
   X(bool, alias_reclaim, true,                                                                       \

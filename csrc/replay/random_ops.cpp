@@ -80,6 +80,7 @@ class Runner {
     c.limit_bytes = o.limit;
     c.reclaim_slack = o.reclaim_slack;
     c.stitch_above = o.stitch_above;
+    c.stitch_above_limit = o.stitch_above;
     c.run_below = o.run_below;
     c.run_below_limit = o.run_below_limit;
     c.alias_reclaim = o.alias_reclaim;

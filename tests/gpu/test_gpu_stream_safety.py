@@ -43,7 +43,7 @@ def test_cublas_threads_freeing_default_stream_tensors_under_a_tight_budget():
     run_python(textwrap.dedent("""
         import threading, torch, torchmem
         # 4 cuBLAS workspaces (32 MiB each) + 4 x (result, mm output, 7.5 MiB junk)
-        torchmem.install(limit="256MiB", stitch_above=0.0)
+        torchmem.install(limit="256MiB", stitch_above_limit=0.0)
         size, threads, iters, trials = 1024, 4, 60, 3
         weight = torch.ones((size, size), device="cuda")
         # The same threads and streams for every trial: cuBLAS keeps a workspace per

@@ -179,6 +179,22 @@ def replay(source, policy="torchmem", *, limit=0, config=None, capacity=DEFAULT_
     return result
 
 
+DRIVER_CALL_KINDS = ("create_calls", "map_calls", "unmap_calls", "release_calls")
+
+
+def calls_after(source, at, policy="torchmem", *, limit=0, config=None, event_delay=0):
+    """(driver calls by kind after event `at`, device barriers after it, OOMs over the whole
+    trace) of one replay: what a pool does once a trace has passed a point, such as the event
+    where its live requested bytes peak (trace.peak_requested_at), after which no step needs
+    more memory than one already run. The expandable model counts a 20 MiB page mapped as a
+    create and a map, and one unmapped as an unmap and a release."""
+    trace = _as_trace(source)
+    before = replay(trace, policy, limit=limit, config=config, stop_at=at, event_delay=event_delay)
+    whole = replay(trace, policy, limit=limit, config=config, event_delay=event_delay)
+    kinds = {k: whole.backend_calls.get(k, 0) - before.backend_calls.get(k, 0) for k in DRIVER_CALL_KINDS}
+    return kinds, whole.device_barriers - before.device_barriers, whole.ooms
+
+
 def _result_from(raw, label, policy, trace, limit):
     return ReplayResult(
         trace=label,

@@ -179,11 +179,20 @@ OPTIONS = (
            "larger values trade memory for fewer driver calls.",
            core="reclaim_slack"),
     Option("stitch_above", 0.95, _number(0.0, 1.0),
-           "The pool stitches granules (moves cached memory where a new block needs it) only once "
-           "it holds this fraction of its budget (limit, or the device); below, it grows like "
-           "expandable_segments and a stable workload makes no driver calls. 0 = always stitch "
-           "(least memory, most driver calls).",
+           "With no limit set, the pool stitches granules (moves cached memory where a new block needs "
+           "it) only once it holds this fraction of the device; below, it grows like expandable_segments "
+           "and a stable workload makes no driver calls. 0 = always stitch (least memory, most driver "
+           "calls). Under a limit, stitch_above_limit rules instead.",
            core="stitch_above"),
+    Option("stitch_above_limit", 1.0, _number(0.0, 1.0),
+           "Under a limit (a memory fraction, a share, the batch controller's ceiling), the pool stitches "
+           "only once it holds this fraction of the limit. 1 (the default) grows to the limit before "
+           "moving anything; with backed_fit the pool then places requests where cached granules already "
+           "back them, so shapes that vary do not move gigabytes of granules whenever a new shape fits none "
+           "of the holes (on an H100 at 1.03-1.12x with a new shape every step: 0-3 driver calls after "
+           "warm-up, as expandable_segments' 0-6, where 0.95 made 428-3,114; BENCHMARKS.md, Budget "
+           "regime). 0 = always stitch.",
+           core="stitch_above_limit"),
     Option("run_below", 0.5, _number(0.0, 1.0),
            "With no limit set, while the pool holds less than this fraction of the device it grows "
            "by one driver handle per run of missing granules, up to 256 MiB or a 16th of the hole a "
@@ -213,18 +222,13 @@ OPTIONS = (
            "shapes, 1.05x) it cut only the calls of the first steps at the budget (BENCHMARKS.md, Budget "
            "regime).",
            core="limit_run_granules"),
-    Option("backed_fit", False, parse_bool,
+    Option("backed_fit", True, parse_bool,
            "Under a limit, a request whose best fit would need new or moved 2 MiB granules goes where "
            "cached granules already back it instead, inside that fit or in one of the next fits "
-           "(Note [Backed placement]). Replays of the bundled traces at 1.03-1.12x their peak make 2-5x "
-           "fewer driver calls after warm-up with it, and no device barrier; the cost is packing on churn "
-           "of mixed sizes (min-cap of the periodic pattern 1.04 -> 1.12x), so it is off by default. On "
-           "an H100 at 1.05x with a new shape every step, llama_ckpt went quiet at step 2 instead of 5 "
-           "with 35% fewer warm-up driver calls (BENCHMARKS.md, Backed placement). With "
-           "`stitch_above=1.0` as well, llama_ckpt's replay at 1.03-1.12x makes 3 driver calls after its "
-           "peak request where the expandable model makes 982, with min-cap unchanged; FSDP traces stay "
-           "over, and it has not run on a GPU (BENCHMARKS.md, Backed placement with stitching only at the "
-           "limit).",
+           "(Note [Backed placement]). With stitch_above_limit=1, replays of the bundled traces at "
+           "1.03-1.12x their peak stay at or under 1.02x min-cap; the cost is packing on churn of mixed "
+           "sizes (min-cap of the periodic pattern 1.04 -> 1.09x, under the expandable model's 1.19x). "
+           "False: the best fit by size, stitching what it misses (tightest packing, most driver calls).",
            core="backed_fit"),
     Option("alias_reclaim", True, parse_bool,
            "Stitch granules freed on the requesting stream before the GPU finished with them, by "

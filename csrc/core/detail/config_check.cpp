@@ -35,6 +35,10 @@ void validate_config(const PoolConfig& c, Backend& backend, std::size_t capacity
     throw PoolError("PoolConfig.stitch_above = " + std::to_string(c.stitch_above) +
                     " must be in [0, 1] (a fraction of the budget)");
   }
+  if (!(c.stitch_above_limit >= 0.0 && c.stitch_above_limit <= 1.0)) {
+    throw PoolError("PoolConfig.stitch_above_limit = " + std::to_string(c.stitch_above_limit) +
+                    " must be in [0, 1] (a fraction of the limit)");
+  }
   if (!(c.run_below >= 0.0 && c.run_below <= 1.0)) {
     throw PoolError("PoolConfig.run_below = " + std::to_string(c.run_below) +
                     " must be in [0, 1] (a fraction of the budget; 0 = a handle per granule)");

@@ -16,24 +16,29 @@
 // native's time per allocation, on a device that was nearly empty. Tightness
 // only matters when memory is the limit, so a missing granule comes, in order:
 //   1. created, while held stays under max((1 + reclaim_slack) x in use,
-//      stitch_above x budget): with room to spare the pool grows like
-//      expandable segments and, once the working set is stable, makes no
-//      driver calls at all;
+//      line x budget): with room to spare the pool grows like expandable
+//      segments and, once the working set is stable, makes no driver calls;
 //   2. stitched from cached free space whose fence completed, least recently
 //      emptied first, then (alias_reclaim) from free space of the requesting
 //      stream whose fence is pending;
 //   3. created under the budget.
 // Creation failing because the device is full (another process, memory
-// outside the pool) also sends the pool to stitching. Under a budget (limit,
-// memory fraction, the batch controller's ceiling) the pool packs as tightly
-// as it can in the top (1 - stitch_above) of that budget.
-// stitch_above is 0.95: replays of the four bundled traces under budgets of
-// 1.02-1.2x their peak give the same min-cap at 0.8, 0.95 and 0.98, with no
-// OOM, and far fewer moves at 0.95, where the pool packs only once memory is
-// really the limit (gpt2 at 1.1x: 1,315 reclaims against 6,207 at 0.8;
-// BENCHMARKS.md, Memory: why stitching starts at 95% of the budget). What 0.95
-// trades: under a budget the pool may hold up to 95% of it rather than the
-// bare live peak.
+// outside the pool) also sends the pool to stitching.
+// The line: with no limit, stitch_above (0.95) x the device's memory, so that
+// the pool packs before the device refuses it (a failed creation costs a call
+// per request). Under a limit (memory fraction, the batch controller's
+// ceiling, a share), stitch_above_limit (1.0) x the limit: the pool grows to
+// the limit before it moves anything, and with backed_fit (Note [Backed
+// placement]) it then places where cached granules already back a request.
+// Why 1.0 under a limit: with shapes that vary, stitching in the top 5%
+// moved whole gigabytes of granules whenever a new shape fit none of the
+// holes the last ones left (about 3,000 calls at one step, on an H100, where
+// expandable_segments made 0-6 after warm-up); growing to the limit first and
+// placing on backed memory made 0-3, with the same min-cap on the bundled
+// traces (BENCHMARKS.md, Budget regime: backed placement with stitching only
+// at the limit). 0.95 with no limit: replays under budgets of 1.02-1.2x the
+// peak give the same min-cap at 0.8, 0.95 and 0.98 (BENCHMARKS.md, Memory: why
+// stitching starts at 95% of the budget).
 #include <algorithm>
 #include <stdexcept>
 
@@ -286,7 +291,9 @@ void Pool::Impl::unmap_granules(std::vector<GranuleRef>& refs, std::vector<Granu
 // by trying: each failed creation costs one call.
 double Pool::Impl::create_ceiling(std::size_t request) const {
   const double slack_cap = (1.0 + config.reclaim_slack) * double(active_total + request);
-  const double roomy_cap = config.stitch_above * double(budget());
+  // Note [When to stitch]: the line is a fraction of the limit under one, of the device without.
+  const double line = config.limit_bytes != 0 ? config.stitch_above_limit : config.stitch_above;
+  const double roomy_cap = line * double(budget());
   return std::max(slack_cap, roomy_cap);
 }
 

@@ -58,11 +58,14 @@ detail::Block* Pool::Impl::refit(Heap& heap, Addr from, detail::Block* to, std::
 // calls each), while cached granules back another free range that would
 // serve: replays of the bundled traces at 1.03-1.12x their peak make 2-5x
 // fewer driver calls after warm-up, and no barrier.
-// Cost, and why it is off by default: blocks placed where memory is mapped
-// stay in islands, where stitching packs them end to end at the frontier;
-// each island's end granules are partly free and cannot move, so churn of
-// mixed sizes needs more memory (min-cap of the periodic pattern 1.04 ->
-// 1.12x; BENCHMARKS.md, Backed placement).
+// Cost: blocks placed where memory is mapped stay in islands, where
+// stitching packs them end to end at the frontier; each island's end
+// granules are partly free and cannot move, so churn of mixed sizes needs
+// more memory (min-cap of the periodic pattern 1.04 -> 1.09x with
+// stitch_above_limit 1.0, still under the expandable model's 1.19x; the
+// bundled traces stay at or under 1.02x). On by default since, with shapes
+// that vary, it is what keeps a pool at its limit from moving memory every
+// time a new shape arrives (Note [When to stitch]).
 Addr Pool::Impl::place_on_backing(Heap& heap, detail::Block** fit_in_out, std::size_t size, StreamId stream,
                                   std::size_t* missing) {
   detail::Block* fit = *fit_in_out;
