@@ -101,8 +101,9 @@ class TorchmemProbe(MemoryProbe):
     """torchmem's allocator: its stats and its budget ("torchmem.limit_bytes").
 
     Its margin is 1%: the budget is a hard cap on reserved bytes, and near it
-    the pool packs reserved to within 0.3% of requested on the benchmark
-    workloads (Note [When to stitch]; BENCHMARKS.md, Memory), so allocated bytes, which
+    the pool packs reserved to within 0.2% of requested on four of the six
+    bundled traces and 1.2-1.5% on the other two (KV-cache decoding, FSDP2 with
+    32 micro-batches; the replay's min-cap; BENCHMARKS.md, Memory), so allocated bytes, which
     these figures read, are what counts; a wrong prediction costs one recovered
     OOM, after which the ceiling holds. Under the native allocator (TorchProbe)
     fragmentation hides up to tens of percent: 5%."""
