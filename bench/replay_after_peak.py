@@ -62,7 +62,7 @@ def main(argv=None):
             for policy, config in rows:
                 by_kind, barriers, ooms = replay.calls_after(events, at, policy, limit=int(peak * budget),
                                                              config=config, event_delay=args.event_delay)
-                kinds = [by_kind[k] for k in replay.DRIVER_CALL_KINDS]
+                kinds = [by_kind[k] for k in replay.VMM_CALL_KINDS]
                 label = policy if config is None else f"torchmem ({config})"
                 print(f"| {name} | {at:,} of {len(events):,} | {budget:g}x | {label} | "
                       f"{' / '.join(f'{k:,}' for k in kinds)} | {sum(kinds):,} | {barriers} | {ooms} |")

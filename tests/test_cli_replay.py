@@ -283,3 +283,18 @@ def test_planning_passes_are_shown_beside_the_driver_time(tmp_path, capsys):
     found = re.fullmatch(r"planning passes \(host\)\s+(\d+) \(([\d,]+) ms\)", row.strip())
     assert found, row
     assert int(found[1]) >= 1
+
+
+def test_under_a_limit_the_calls_after_the_peak_request_are_shown(short_trace, capsys):
+    """The second half of a trace whose peak comes late still holds growth; under a budget the
+    table also counts from the event where the live requested bytes peak, as the JSON does."""
+    assert main(["replay", short_trace, "--limit", "1.05x", "--event-delay", "10"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("after the peak request"))
+    assert len(re.findall(r"[\d,]+ calls, \d+ waits", row)) == 3  # one per policy
+    assert main(["replay", short_trace, "--limit", "1.05x", "--json", "--policy", "expandable"]) == 0
+    (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert record["after_peak_driver_calls"] >= 0 and record["after_peak_barriers"] >= 0
+    # with no limit there is no such row, and the JSON leaves it empty
+    assert main(["replay", short_trace, "--json", "--policy", "torchmem"]) == 0
+    (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert record["after_peak_driver_calls"] is None

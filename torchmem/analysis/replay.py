@@ -79,6 +79,10 @@ class ReplayResult:
     # The second half of the walk only, after warm-up (Note [Steady state], csrc/replay/replay.h)
     steady_backend_us: float = 0.0
     steady_driver_calls: int = 0
+    # From the event where the trace's live requested bytes peak (calls_after): set by
+    # `replay --limit`, None elsewhere.
+    after_peak_driver_calls: int = None
+    after_peak_barriers: int = None
     seconds: float = 0.0       # wall time of the replay (and min-cap search)
     recorded_peak_reserved: int = None  # the recording allocator's own peak, if the trace has segment events
     min_cap: int = None        # with min_cap=True
@@ -179,18 +183,24 @@ def replay(source, policy="torchmem", *, limit=0, config=None, capacity=DEFAULT_
     return result
 
 
-DRIVER_CALL_KINDS = ("create_calls", "map_calls", "unmap_calls", "release_calls")
+# The driver calls of a replay by kind: torchmem's and the expandable model's VMM calls, then
+# the native model's cudaMalloc and cudaFree of a segment (what steady_driver_calls counts).
+VMM_CALL_KINDS = ("create_calls", "map_calls", "unmap_calls", "release_calls")
+DRIVER_CALL_KINDS = VMM_CALL_KINDS + ("segment_alloc_calls", "segment_free_calls")
 
 
-def calls_after(source, at, policy="torchmem", *, limit=0, config=None, event_delay=0):
+def calls_after(source, at, policy="torchmem", *, limit=0, config=None, capacity=DEFAULT_CAPACITY, event_delay=0,
+                whole=None):
     """(driver calls by kind after event `at`, device barriers after it, OOMs over the whole
     trace) of one replay: what a pool does once a trace has passed a point, such as the event
     where its live requested bytes peak (trace.peak_requested_at), after which no step needs
     more memory than one already run. The expandable model counts a 20 MiB page mapped as a
-    create and a map, and one unmapped as an unmap and a release."""
+    create and a map, and one unmapped as an unmap and a release. `whole`: the ReplayResult
+    of the same replay to the end, if one was run already."""
     trace = _as_trace(source)
-    before = replay(trace, policy, limit=limit, config=config, stop_at=at, event_delay=event_delay)
-    whole = replay(trace, policy, limit=limit, config=config, event_delay=event_delay)
+    before = replay(trace, policy, limit=limit, config=config, capacity=capacity, stop_at=at, event_delay=event_delay)
+    if whole is None:
+        whole = replay(trace, policy, limit=limit, config=config, capacity=capacity, event_delay=event_delay)
     kinds = {k: whole.backend_calls.get(k, 0) - before.backend_calls.get(k, 0) for k in DRIVER_CALL_KINDS}
     return kinds, whole.device_barriers - before.device_barriers, whole.ooms
 

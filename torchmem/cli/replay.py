@@ -154,6 +154,9 @@ def format_table(trace, results, requested=None, steps=None, step_ms=None):
     if steps:
         row("  per step after warm-up", [f"{r.steady_driver_calls / (steps / 2):,.1f} calls, "
                                          f"{r.steady_barriers / (steps / 2):,.2f} waits" for r in results])
+    if any(r.after_peak_driver_calls is not None for r in results):
+        row("after the peak request", [f"{r.after_peak_driver_calls:,} calls, {r.after_peak_barriers:,} waits"
+                                       for r in results])
     if any(r.plans for r in results):
         row("step plans (placed / missed)", [f"{r.plans} ({r.plan_hits:,} / {r.plan_misses:,})"
                                              if r.policy == "torchmem" else "-" for r in results])
@@ -177,6 +180,20 @@ def format_table(trace, results, requested=None, steps=None, step_ms=None):
                          f"a budget of {budget}; the trace does not fit, so no ratio is given (its peaks count only "
                          f"the allocations that succeeded). --min-cap finds the smallest budget that fits.")
     return "\n".join(lines)
+
+
+def count_after_peak(replay_api, trace, results, limit, config, capacity, event_delay):
+    """Under a budget, each result's driver calls and device waits from the event where the
+    trace's live requested bytes peak: the second half of a trace whose peak comes late still
+    holds growth, which no allocator can avoid; after the peak no step needs more memory than
+    one already run (tests/test_shapes_that_vary.py holds torchmem there to the expandable
+    model)."""
+    at, _ = trace_io.peak_requested_at(trace.events.tolist())
+    for result in results:
+        kinds, barriers, _ = replay_api.calls_after(trace, at, result.policy, limit=limit, config=config,
+                                                    capacity=capacity, event_delay=event_delay, whole=result)
+        result.after_peak_driver_calls = sum(kinds.values())
+        result.after_peak_barriers = barriers
 
 
 def _per_step(total_us, steps, step_ms):
@@ -322,6 +339,8 @@ def run(args):
                                        min_cap=args.min_cap, min_device=args.min_device, progress=show, name=path,
                                        event_delay=args.event_delay)
             results.append(result)
+        if trace_limit:
+            count_after_peak(replay_api, trace, results, trace_limit, config, capacity, args.event_delay)
         progress.done()
         if args.json:
             for result in results:
