@@ -217,10 +217,11 @@ OPTIONS = (
            "Under a limit, a run handle (`run_below_limit`) covers at most this many 2 MiB granules, so "
            "that a run goes back whole as soon as its few granules are free and less memory is stranded "
            "in runs partly in use (Note [Runs under a limit]). 0 = a run covers the whole hole. With "
-           "`run_below_limit=0.95` and 10, replays of the bundled traces at 1.03-1.12x their peak make "
-           "1.3-4.5x fewer driver calls after warm-up, for a min-cap up to 1.016x; on the H200 (gpt2, four "
-           "shapes, 1.05x) it cut only the calls of the first steps at the budget (BENCHMARKS.md, Budget "
-           "regime).",
+           "`run_below_limit=0.95` and 10, with stitching in the top 5% of the limit "
+           "(`stitch_above_limit=0.95,backed_fit=false`), replays of the bundled traces at 1.03-1.12x their "
+           "peak make 1.3-4.5x fewer driver calls after warm-up, for a min-cap up to 1.016x; on the H200 (gpt2, "
+           "four shapes, 1.05x) it cut only the calls of the first steps at the budget. With the defaults it "
+           "moves whole runs after the peak request instead (BENCHMARKS.md, Budget regime).",
            core="limit_run_granules"),
     Option("backed_fit", True, parse_bool,
            "Under a limit, a request whose best fit would need new or moved 2 MiB granules goes where "
