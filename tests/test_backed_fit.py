@@ -14,13 +14,13 @@ from torchmem.analysis import replay as replay_api
 from torchmem.analysis import trace as trace_io
 from torchmem.runtime import config
 
-from sim_pool import make_pool
+from sim_pool import STITCHING, make_pool
 
 # Stitching in the top 5% of the limit, with and without backed placement: what the option
 # changes where the pool stitches. The defaults (stitch_above_limit=1, backed_fit on) are held
 # against the expandable model in tests/test_shapes_that_vary.py.
-BY_SIZE = {"backed_fit": False, "stitch_above_limit": 0.95}
-BACKED = {"backed_fit": True, "stitch_above_limit": 0.95}
+BY_SIZE = STITCHING
+BACKED = {**STITCHING, "backed_fit": True}
 
 
 @pytest.mark.parametrize("name, budget", [("gpt2", 1.06), ("llama_ckpt", 1.03), ("llama_ckpt", 1.12)])
@@ -66,7 +66,7 @@ def test_moves_are_counted_and_stitch_less():
     limit = int(1.25 * peak) // (2 << 20) * (2 << 20)
     stats = {}
     for backed in (False, True):
-        pool = make_pool(limit=limit, event_delay=10, backed_fit=backed, stitch_above_limit=0.95)
+        pool = make_pool(limit=limit, event_delay=10, **{**STITCHING, "backed_fit": backed})
         ours = {}
         for action, addr, size, stream in events:
             if action == trace_io.ALLOC:

@@ -11,6 +11,7 @@ import pytest
 
 from torchmem.analysis import trace as trace_io
 from torchmem.cli import main
+from sim_pool import STITCHING_CONF
 from support import REPO
 
 JSON_FIELDS = {"trace", "policy", "events", "peak_requested", "peak_reserved", "ratio", "ooms",
@@ -278,7 +279,7 @@ def test_planning_passes_are_shown_beside_the_driver_time(tmp_path, capsys):
     path = trace_io.save(trace_io.Trace(events=events, workload="steps"), tmp_path / "steps.json.gz")
     # a pool that stitches near its limit (Note [When to stitch]) plans the step
     assert main(["replay", str(path), "--limit", "1.02x", "--policy", "torchmem", "--event-delay", "10",
-                 "--config", "stitch_above_limit=0.95,backed_fit=false"]) == 0
+                 "--config", STITCHING_CONF]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("planning passes (host)"))
     found = re.fullmatch(r"planning passes \(host\)\s+(\d+) \(([\d,]+) ms\)", row.strip())
     assert found, row

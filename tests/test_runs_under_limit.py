@@ -11,10 +11,11 @@ from torchmem.analysis import replay as replay_api
 from torchmem.analysis import trace as trace_io
 from torchmem.runtime import config
 
+from sim_pool import STITCHING
+
 # Where the pool stitches in the top 5% of its limit and fills fits by size, growth is what
 # short runs cut; the defaults (stitch_above_limit=1, backed_fit) are compared to the
 # expandable model in tests/test_shapes_that_vary.py.
-STITCHING = {"stitch_above_limit": 0.95, "backed_fit": False}
 SHORT_RUNS = {"run_below_limit": 0.95, "limit_run_granules": 10, **STITCHING}
 
 

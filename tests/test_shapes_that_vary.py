@@ -17,6 +17,8 @@ import pytest
 from torchmem.analysis import replay
 from torchmem.analysis import trace as trace_io
 
+from sim_pool import STITCHING_CONF
+
 TRACES = ["gpt2_train", "llama_ckpt_train", "kv_generate", "vision"]
 LAG = 10  # polls a simulated event stays pending: the GPU runs behind the host
 
@@ -42,7 +44,7 @@ def test_stitching_in_the_top_of_the_limit_moves_memory_after_the_peak():
     at, peak = trace_io.peak_requested_at(trace.events.tolist())
     limit = int(peak * 1.03)
     stitching, _, _ = replay.calls_after(trace, at, "torchmem", limit=limit, event_delay=LAG,
-                                         config="stitch_above_limit=0.95,backed_fit=false")
+                                         config=STITCHING_CONF)
     theirs, _, _ = replay.calls_after(trace, at, "expandable", limit=limit, event_delay=LAG)
     assert sum(stitching.values()) > sum(theirs.values())
 

@@ -10,14 +10,12 @@ import pytest
 from torchmem.analysis import patterns, replay
 from torchmem._loader import _C
 
-from sim_pool import MiB, make_pool
+from sim_pool import STITCHING, MiB, make_pool
 
 STEPS = 10
 LAG = 10  # polls a simulated event stays pending: the GPU runs behind the host
-# A plan is learnt once the pool stitches (or waits for the device). Under a limit its defaults
-# (stitch_above_limit=1, backed_fit) keep these steps quiet with no plan at all, so the plan's
-# own tests run a pool that stitches in the top 5% of its limit and fills fits by size.
-STITCHING = {"stitch_above_limit": 0.95, "backed_fit": "false"}
+# A plan is learnt once the pool stitches (or waits for the device): the plan's own tests run
+# STITCHING, since the defaults keep these steps quiet under a limit with no plan at all.
 
 
 def events_of(**kwargs):
@@ -130,10 +128,6 @@ def test_invariants_hold_while_planning():
     limit = int(min_cap(events, **STITCHING) * 1.02)
     result = run(events, limit, debug_checks="true", **STITCHING)  # check_invariants() after every operation
     assert result["ooms"] == 0 and result["plans"] >= 1
-
-
-# STITCHING as a simulated pool's options
-POOL_STITCHING = {"stitch_above_limit": 0.95, "backed_fit": False}
 
 
 def run_steps(pool, events, live):
@@ -420,7 +414,7 @@ def test_a_repeating_step_is_named_without_hash_lookups_once_followed():
                                    (10,), 8)
     events = np.asarray(rows, dtype=np.int64)
     limit = int(run(events)["peak_requested"] * 1.10)
-    pool = make_pool(limit=limit, trace_capacity=0, capacity=140 << 30, event_delay=LAG, **POOL_STITCHING)
+    pool = make_pool(limit=limit, trace_capacity=0, capacity=140 << 30, event_delay=LAG, **STITCHING)
     live, lookups = {}, {}
     marks = {len(rows) * 3 // 4, len(rows) - 1}  # the last quarter: more than one whole step
     for i, (action, addr, size, stream) in enumerate(rows):

@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 
+from sim_pool import STITCHING_CONF
 from support import run_python
 
 pytestmark = pytest.mark.gpu
@@ -63,10 +64,8 @@ print("RESULT " + json.dumps({"per_step": per_step, "losses": losses, "plans": s
 """
 
 
-# A plan is learnt once the pool stitches; under a limit the defaults (stitch_above_limit=1,
-# backed_fit) keep this loop quiet without one, so the plan's own checks run a pool that
-# stitches in the top 5% of its limit and fills fits by size.
-STITCHING = "stitch_above_limit=0.95,backed_fit=false"
+# A plan is learnt once the pool stitches; under a limit the defaults keep this loop quiet
+# without one, so the plan's own checks run STITCHING_CONF (tests/sim_pool.py).
 
 
 def loop(limit="", plan="on", side="plain", conf=""):
@@ -88,7 +87,7 @@ def test_a_repeating_step_at_a_budget_makes_no_driver_call_once_warm(peak, side)
     quiet = loop(str(budget), "on", side)  # the defaults
     assert quiet["ooms"] == 0 and quiet["peak_reserved"] <= budget
     assert quiet["per_step"][-4:] == [[0, 0]] * 4, quiet["per_step"]
-    planned = loop(str(budget), "on", side, STITCHING)
+    planned = loop(str(budget), "on", side, STITCHING_CONF)
     assert planned["ooms"] == 0
     assert planned["peak_reserved"] <= budget
     late = planned["per_step"][-4:]
@@ -97,7 +96,7 @@ def test_a_repeating_step_at_a_budget_makes_no_driver_call_once_warm(peak, side)
     # the same numbers as without a plan: where a tensor lives changes nothing it computes,
     # and a range handed between streams (Note [Reuse behind a stream wait]) waits for its old
     # stream's kernels
-    online = loop(str(budget), "off", side, STITCHING)
+    online = loop(str(budget), "off", side, STITCHING_CONF)
     assert planned["losses"] == online["losses"] == quiet["losses"]
     if side == "side":
         assert planned["stream_waits"] > 0, "the streams never shared a range: the handover went untested"

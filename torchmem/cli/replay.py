@@ -182,13 +182,14 @@ def format_table(trace, results, requested=None, steps=None, step_ms=None):
     return "\n".join(lines)
 
 
-def count_after_peak(replay_api, trace, results, limit, config, capacity, event_delay):
-    """Under a budget, each result's driver calls and device waits from the event where the
+def count_after_peak(trace, at, results, limit, config, capacity, event_delay):
+    """Under a budget, each result's driver calls and device waits from event `at`, where the
     trace's live requested bytes peak: the second half of a trace whose peak comes late still
     holds growth, which no allocator can avoid; after the peak no step needs more memory than
     one already run (tests/test_shapes_that_vary.py holds torchmem there to the expandable
     model)."""
-    at, _ = trace_io.peak_requested_at(trace.events.tolist())
+    from torchmem.analysis import replay as replay_api  # the compiled module, as run() loads it
+
     for result in results:
         kinds, barriers, _ = replay_api.calls_after(trace, at, result.policy, limit=limit, config=config,
                                                     capacity=capacity, event_delay=event_delay, whole=result)
@@ -323,7 +324,8 @@ def run(args):
     first = True
     for path in paths:
         trace = checked(trace_io.load(path, device=args.device), path, args.lenient)
-        if (args.min_cap or args.min_device) and config.reserve >= trace.peak_requested():
+        peak_at, peak = trace_io.peak_requested_at(trace.events.tolist())  # one walk of the events for all below
+        if (args.min_cap or args.min_device) and config.reserve >= peak:
             # The searches try budgets down to the trace's peak requested; none may sit under the reservation.
             raise CliError(f"{_source(args, 'reserve')}: {config.reserve / (1 << 30):,.2f} GiB is at least {path}'s "
                            f"peak requested, and --min-cap/--min-device search budgets below it; leave reserve "
@@ -331,7 +333,7 @@ def run(args):
         show = progress if len(trace) >= PROGRESS_MIN_EVENTS else None
         trace_limit = limit
         if peak_multiple is not None:
-            trace_limit = limit_bytes(int(peak_multiple * trace.peak_requested()), capacity,
+            trace_limit = limit_bytes(int(peak_multiple * peak), capacity,
                                       f"--limit {peak_multiple:g}x")
         results = []
         for policy in policies:
@@ -340,7 +342,7 @@ def run(args):
                                        event_delay=args.event_delay)
             results.append(result)
         if trace_limit:
-            count_after_peak(replay_api, trace, results, trace_limit, config, capacity, args.event_delay)
+            count_after_peak(trace, peak_at, results, trace_limit, config, capacity, args.event_delay)
         progress.done()
         if args.json:
             for result in results:
@@ -349,7 +351,7 @@ def run(args):
             if not first:
                 print()
             steps, step_ms = step_timing(anchors.get(trace.name, {}))
-            print(format_table(path, results, requested=trace.peak_requested(), steps=steps, step_ms=step_ms),
+            print(format_table(path, results, requested=peak, steps=steps, step_ms=step_ms),
                   flush=True)
         first = False
         if args.snapshot:
