@@ -14,7 +14,8 @@
 #   bench          gpt2/llama_ckpt (torchmem, native) and kv_generate/vision
 #                  (native, expandable, torchmem): one seed
 #   churn          the torch.empty churn microbenchmark, four allocators (CHURN_ALLOCATORS), CHURN_ROUNDS rounds
-#   probe          bench/gpu_probe.py: driver call costs on this GPU
+#   probe          bench/gpu_probe.py: driver call costs on this GPU (probe.json; a later lockstep job's
+#                  warm-up table prices its calls at them)
 #   busy           bench/vmm_busy_probe.py: the VMM calls with the device idle and busy (do they wait?)
 #   traces         native memory-history traces of kv_generate and vision
 #   batch          bench/batch_compare.py (torchmem, accelerate, lightning, sweep, forced_oom;
@@ -269,7 +270,9 @@ job_lockstep() {  # the steps of every allocator side by side in time (bench/loc
       --out "$OUT/lockstep.jsonl" >> "$OUT/lockstep.log" 2>&1 || echo "lockstep $w rc=$?"
     pack
   done
-  [ -s "$OUT/lockstep.jsonl" ] && python3 bench/lockstep.py table "$OUT/lockstep.jsonl"
+  # with the probe job's figures from this call, the warm-up table prices calls at this GPU's own costs
+  [ -s "$OUT/lockstep.jsonl" ] && python3 bench/lockstep.py table "$OUT/lockstep.jsonl" \
+    $( [ -s "$OUT/probe.json" ] && echo --costs "$OUT/probe.json" )
 }
 
 job_peer() {

@@ -199,11 +199,16 @@ def run_group(args, seed, budget=None, fraction=None, budget_bytes=None):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["table"]:
+        # table FILE... [--costs PROBE.json]: the warm-up table's model at that GPU's own call prices
+        table = argparse.ArgumentParser(prog="lockstep.py table")
+        table.add_argument("files", nargs="+")
+        table.add_argument("--costs", default=None, help="bench/gpu_probe.py's JSON from the GPU the rows ran on")
+        opts = table.parse_args(argv[1:])
         rows = []
-        for path in argv[1:]:
+        for path in opts.files:
             with open(path) as f:
                 rows += [json.loads(line) for line in f if line.strip()]
-        print_tables(rows)
+        print_tables(rows, costs=opts.costs)
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workload", required=True)

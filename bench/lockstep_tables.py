@@ -311,17 +311,20 @@ def host_band(row):
     return f"{speed * 1e6:.2f}" if speed else "-"
 
 
-def warmup_table(rows):
+def warmup_table(rows, costs=None):
     """Where a group at a budget spent its warm-up: the timed steps before it went quiet, their
     driver calls, device barriers and planning passes (Note [Planning pass cost]), and the time they
     took over the same shape once quiet (per step: minus the median of that shape's quiet steps in
     the same process). "Per call" is what is left of that time once the passes and a third of a
     step per barrier (Note [Barrier cost]) are taken out, divided by the calls: the in-situ cost of
-    a driver call that the replay's time model has to match."""
+    a driver call that the replay's time model has to match. `costs`: bench/gpu_probe.py's JSON from
+    the GPU the rows ran on, to price the calls at its own figures (torchmem.analysis.call_costs);
+    by default the simulator's."""
     from torchmem._loader import _C  # the simulator's call prices (imports torch: here only)
+    from torchmem.analysis.call_costs import costs_from_probe
     from torchmem.cli.anchors import step_cost_us  # the replay's own barrier price
 
-    prices = _C.sim_costs()
+    prices = costs_from_probe(costs) if costs else _C.sim_costs()
     lines = ["| workload | budget | allocator | process | warm-up steps | driver calls | of them unmaps | barriers | "
              "planning passes: ms | time added, ms | per call, us | model, ms | model error |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -393,8 +396,8 @@ CALL_PRICES = {"create": ("create_us",), "map": ("map_us", "set_access_us"), "un
 
 
 def call_cost_us(step, prices):
-    """The replay's time model of one step's driver calls (the backend's counts by kind): each at the
-    simulator's price (torchmem._C.sim_costs(), measured in isolation on an H200)."""
+    """The replay's time model of one step's driver calls (the backend's counts by kind): each at its
+    price in `prices` (torchmem._C.sim_costs() keys: the simulator's, or a GPU probe's)."""
     return sum(step.get(f"{kind}_calls", 0) * sum(prices[key] for key in keys) for kind, keys in CALL_PRICES.items())
 
 
@@ -519,7 +522,7 @@ def card_full_note(rows):
             "(fewer processes: --per-allocator 1, --reference none; or a larger card)\n")
 
 
-def print_tables(rows):
+def print_tables(rows, costs=None):
     note = card_full_note(rows)
     if note:
         print(note)
@@ -532,7 +535,7 @@ def print_tables(rows):
         print()
         print(pooled_table(rows))
         print()
-        print(warmup_table(rows))
+        print(warmup_table(rows, costs=costs))
         if any(row.get("samples_per_step") is not None for row in budget_rows(rows)):
             print()
             print(per_sample_table(rows))

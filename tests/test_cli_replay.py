@@ -299,3 +299,51 @@ def test_under_a_limit_the_calls_after_the_peak_request_are_shown(short_trace, c
     assert main(["replay", short_trace, "--json", "--policy", "torchmem"]) == 0
     (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert record["after_peak_driver_calls"] is None
+
+
+def _probe(scale):
+    """bench/gpu_probe.py's JSON for a GPU whose calls cost `scale` x the simulator's prices."""
+    from torchmem._loader import _C
+
+    sim = _C.sim_costs()
+    run = {"granules_per_map": 1, "cuMemAddressReserve_us": sim["reserve_us"] * scale,
+           "cuMemCreate_us_per_granule": sim["create_us"] * scale,
+           "map_and_set_access_us_per_call": (sim["map_us"] + sim["set_access_us"]) * scale,
+           "map_and_set_access_again_us_per_call": 1.0, "cuMemUnmap_us_per_call": sim["unmap_us"] * scale,
+           "cuMemRelease_us_per_granule": sim["release_us"] * scale}
+    return {"gpu": "test", "runs": [dict(run, granules_per_map=16), run], "event_record_us": sim["event_record_us"] * scale,
+            "event_query_us": sim["event_query_us"] * scale, "stream_wait_us": sim["stream_wait_us"] * scale,
+            "cudaMalloc_20MiB_us": sim["segment_alloc_us"] * scale, "cudaFree_20MiB_us": sim["segment_free_us"] * scale}
+
+
+def test_costs_price_the_same_calls_at_a_probed_gpus_figures(short_trace, tmp_path, capsys):
+    # The time model prices calls at the simulator's H200 figures unless a GPU's own probe is given:
+    # the same calls, every price doubled, double the modeled driver time
+    from torchmem.analysis.call_costs import costs_from_probe
+
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps(_probe(2.0)))
+    costs = costs_from_probe(str(probe))
+    assert costs["create_us"] == pytest.approx(2 * costs_from_probe(_probe(1.0))["create_us"])
+    assert costs["map_us"] == 0.0  # the probe times map and access together: set_access_us holds both
+    records = {}
+    for args in ([], ["--costs", str(probe)]):
+        assert main(["replay", short_trace, "--json", "--policy", "torchmem", "--limit", "1.06x"] + args) == 0
+        records[bool(args)] = json.loads(capsys.readouterr().out)
+    assert records[True]["backend_calls"] == records[False]["backend_calls"]
+    assert records[False]["modeled_backend_us"] > 0
+    assert records[True]["modeled_backend_us"] == pytest.approx(2 * records[False]["modeled_backend_us"], rel=1e-6)
+
+
+def test_costs_that_are_not_a_probe_are_refused_naming_the_fix(short_trace, tmp_path, capsys):
+    assert main(["replay", short_trace, "--costs", str(tmp_path / "none.json")]) == 2
+    assert "--costs" in capsys.readouterr().err
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps({"runs": [{"granules_per_map": 16}]}))
+    assert main(["replay", short_trace, "--costs", str(partial)]) == 2
+    err = capsys.readouterr().err
+    assert "one granule per call" in err and "gpu_probe.py" in err
+    lacking = tmp_path / "lacking.json"
+    lacking.write_text(json.dumps({"runs": [{"granules_per_map": 1, "cuMemCreate_us_per_granule": 9.0}]}))
+    assert main(["replay", short_trace, "--costs", str(lacking)]) == 2
+    assert "lacks cuMemAddressReserve_us" in capsys.readouterr().err

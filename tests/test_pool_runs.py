@@ -326,6 +326,40 @@ def test_a_small_block_of_another_stream_keeps_at_most_its_run_of_a_freed_tensor
     assert pool.stats()["reserved_bytes"]["all"]["current"] == 0
 
 
+@pytest.mark.parametrize("backed_fit", [True, False])
+def test_a_limit_set_after_empty_cache_lets_requests_use_the_free_memory_a_live_run_keeps(backed_fit):
+    # PyTorch's test_max_split_expandable sets a memory fraction of memory_reserved() + 120 MiB after
+    # empty_cache and expects a fourth 40 MiB tensor to fail. The limit bounds what the pool holds, as
+    # a memory fraction bounds PyTorch's reserved segments, and memory already held serves requests
+    # (PyTorch's allocator serves them from the free blocks of its segments the same way). Here a
+    # 32 MiB block of another stream keeps its 256 MiB run through empty_cache (Note [Run length]),
+    # so all four fit in that run and the pool holds no more than it did: docs/compatibility.md.
+    sim, pool = make(capacity=80 << 30, backed_fit=backed_fit)
+    tensor = pool.allocate(256 * MiB, 1)
+    pool.free(tensor)
+    workspace = pool.allocate(32 * MiB, 2)
+    assert tensor <= workspace < tensor + 256 * MiB
+    pool.release_cached()
+    held = pool.stats()["reserved_bytes"]["all"]["current"]
+    assert held == 256 * MiB
+    pool.set_limit(held + 120 * MiB)
+    blocks = [pool.allocate(40 * MiB, 0) for _ in range(4)]
+    assert all(blocks)
+    assert all(tensor <= b < tensor + 256 * MiB for b in blocks)
+    assert pool.stats()["reserved_bytes"]["all"]["current"] == held
+    # with nothing free in what it holds, the limit refuses the fourth, as the test expects
+    for b in blocks:
+        pool.free(b)
+    pool.free(workspace)
+    pool.release_cached()
+    assert pool.stats()["reserved_bytes"]["all"]["current"] == 0
+    pool.set_limit(120 * MiB)
+    blocks = [pool.allocate(40 * MiB, 0) for _ in range(3)]
+    assert all(blocks)
+    assert pool.allocate(40 * MiB, 0) == 0
+    pool.check_invariants()
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("delay", [0, 20])
 def test_cut_runs_survive_churn_across_streams_empty_cache_and_limits(seed, delay):

@@ -53,7 +53,7 @@ class ReplayResult:
     ratio: float               # peak_reserved / peak_requested
     ooms: int                  # allocations that failed (the replay goes on)
     backend_calls: dict        # calls by kind (create/map/unmap/... or segment_alloc/free)
-    modeled_backend_us: float  # those calls at the measured H200 costs
+    modeled_backend_us: float  # those calls at the simulator's prices (measured on an H200) or the costs given
     peak_reserved_event: int   # first event index at which peak_reserved was reached
     allocs: int = 0
     frees: int = 0

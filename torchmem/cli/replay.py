@@ -68,6 +68,9 @@ def add_arguments(parser):
                              "many polls (default 0: events complete at once; ~10 matches an H200's lag)")
     parser.add_argument("--device", type=int, default=None,
                         help="which device's events to take from a snapshot pickle (default: the busiest)")
+    parser.add_argument("--costs", metavar="PROBE.json", default=None,
+                        help="price the driver calls at a GPU's own figures: the JSON of `python bench/gpu_probe.py "
+                             "--out PROBE.json` on that GPU (default: the simulator's, measured on an H200)")
 
 
 class Progress:
@@ -317,6 +320,14 @@ def run(args):
         raise CliError(f"--event-delay must be >= 0 polls, got {args.event_delay}")
     if args.snapshot:
         check_snapshot_target(args.snapshot, args.policy, args.traces)
+    costs = None
+    if args.costs is not None:
+        from torchmem.analysis.call_costs import costs_from_probe
+
+        try:
+            costs = costs_from_probe(args.costs)
+        except ValueError as e:
+            raise CliError(f"--costs {args.costs}: {e}") from None
     paths = [resolve_trace(name) for name in args.traces]
 
     anchors = load_anchors()
@@ -339,7 +350,7 @@ def run(args):
         for policy in policies:
             result = replay_api.replay(trace, policy, limit=trace_limit, config=config, capacity=capacity,
                                        min_cap=args.min_cap, min_device=args.min_device, progress=show, name=path,
-                                       event_delay=args.event_delay)
+                                       event_delay=args.event_delay, costs=costs)
             results.append(result)
         if trace_limit:
             count_after_peak(trace, peak_at, results, trace_limit, config, capacity, args.event_delay)

@@ -1,0 +1,58 @@
+"""call_costs: the driver-call prices the replay's time model charges, from a GPU's own probe.
+
+The simulated backend prices each call at figures measured in isolation on one H200
+(torchmem._C.sim_costs()). The same calls cost another machine more or less: on the H100s
+this project measured, a create and a map cost about twice as much. `python -m torchmem
+replay --costs probe.json` and `bench/lockstep.py table --costs probe.json` take the
+machine's own prices from `bench/gpu_probe.py --out probe.json`, so the model answers for
+the machine the step times come from.
+"""
+
+import json
+
+# gpu_probe's keys (a run of one granule per call: a handle per granule, as the pool grows under
+# a limit) -> the simulator's. The probe times cuMemMap and cuMemSetAccess as one call, and the
+# simulator charges map_us + set_access_us once per handle, so the pair's price goes to set_access_us.
+PROBE_KEYS = {
+    "reserve_us": "cuMemAddressReserve_us",
+    "create_us": "cuMemCreate_us_per_granule",
+    "set_access_us": "map_and_set_access_us_per_call",
+    "unmap_us": "cuMemUnmap_us_per_call",
+    "release_us": "cuMemRelease_us_per_granule",
+    "event_record_us": "event_record_us",
+    "event_query_us": "event_query_us",
+    "stream_wait_us": "stream_wait_us",
+    "segment_alloc_us": "cudaMalloc_20MiB_us",
+    "segment_free_us": "cudaFree_20MiB_us",
+}
+
+
+def costs_from_probe(probe):
+    """The simulator's cost table (sim_costs() keys, microseconds) with what `probe` measured.
+
+    `probe` is gpu_probe's JSON (a dict, or the path of its file): its run of one granule per
+    call gives the per-handle prices; prices it does not measure (runs of many granules, a
+    device barrier) stay the simulator's. Raises ValueError naming what is missing."""
+    from torchmem._loader import extension
+
+    if isinstance(probe, (str, bytes)) or hasattr(probe, "__fspath__"):
+        try:
+            with open(probe) as f:
+                probe = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"costs: cannot read {probe!s} as bench/gpu_probe.py's JSON ({e})") from None
+    runs = probe.get("runs") if isinstance(probe, dict) else None
+    single = [r for r in runs or [] if r.get("granules_per_map") == 1]
+    if not single:
+        raise ValueError("costs: the probe has no run of one granule per call (its 'runs' list); "
+                         "make it with `python bench/gpu_probe.py --granules 1 16 --out probe.json` on the GPU")
+    run = single[0]
+    figures = {**{k: v for k, v in probe.items() if isinstance(v, (int, float))}, **run}
+    costs = dict(extension().sim_costs())
+    missing = [theirs for theirs in PROBE_KEYS.values() if theirs not in figures]
+    if missing:
+        raise ValueError(f"costs: the probe lacks {', '.join(missing)}; rerun bench/gpu_probe.py with this torchmem")
+    for ours, theirs in PROBE_KEYS.items():
+        costs[ours] = float(figures[theirs])
+    costs["map_us"] = 0.0  # in set_access_us: the probe times the two together
+    return costs
