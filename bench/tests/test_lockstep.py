@@ -83,11 +83,12 @@ def result(allocator, seed, steps, process):
             "total_s": sum(steps), "lockstep": {"group": f"llama_ckpt/{seed}", "process": process}}
 
 
-def tables(tmp_path, rows):
-    """The tables `python bench/lockstep.py table FILE` prints for `rows`, as its lines."""
+def tables(tmp_path, rows, *options):
+    """The tables `python bench/lockstep.py table FILE [OPTIONS]` prints for `rows`, as its lines."""
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    proc = subprocess.run([sys.executable, SCRIPT, "table", str(path)], capture_output=True, text=True, check=True)
+    proc = subprocess.run([sys.executable, SCRIPT, "table", str(path), *options], capture_output=True, text=True,
+                          check=True)
     return proc.stdout.splitlines()
 
 
@@ -288,6 +289,17 @@ def test_warmup_table_reads_the_model_against_the_steps_spread(tmp_path):
     (tmp_path / "over").mkdir()
     table = "\n".join(tables(tmp_path / "over", [dict(row, plan_per_step=plan)]))
     assert "ms (added within ±39 ms) |" in table and "| 30 | - |" in table
+    # --costs: the same maps at a probed GPU's price (bench/gpu_probe.py's JSON): 10,000 at 10 us = 100 ms
+    probe = {"runs": [{"granules_per_map": 1, "cuMemAddressReserve_us": 20, "cuMemCreate_us_per_granule": 10,
+                       "map_and_set_access_us_per_call": 10, "cuMemUnmap_us_per_call": 10,
+                       "cuMemRelease_us_per_granule": 10}],
+             "event_record_us": 1, "event_query_us": 1, "stream_wait_us": 1, "cudaMalloc_20MiB_us": 50,
+             "cudaFree_20MiB_us": 50}
+    (tmp_path / "probe.json").write_text(json.dumps(probe))
+    (tmp_path / "probed").mkdir()
+    table = "\n".join(tables(tmp_path / "probed", [dict(row, plan_per_step=plan)], "--costs",
+                             str(tmp_path / "probe.json")))
+    assert "| 30 | - | 100 | +70 ms (added within ±39 ms) |" in table
 
 
 def test_shape_table_gives_each_shapes_steady_step_and_enqueue_medians(tmp_path):
