@@ -310,10 +310,10 @@ def _probe(scale):
            "cuMemCreate_us_per_granule": sim["create_us"] * scale,
            "map_and_set_access_us_per_call": (sim["map_us"] + sim["set_access_us"]) * scale,
            "map_and_set_access_again_us_per_call": 1.0, "cuMemUnmap_us_per_call": sim["unmap_us"] * scale,
-           "cuMemRelease_us_per_granule": sim["release_us"] * scale}
-    return {"gpu": "test", "runs": [dict(run, granules_per_map=16), run], "event_record_us": sim["event_record_us"] * scale,
-            "event_query_us": sim["event_query_us"] * scale, "stream_wait_us": sim["stream_wait_us"] * scale,
-            "cudaMalloc_20MiB_us": sim["segment_alloc_us"] * scale, "cudaFree_20MiB_us": sim["segment_free_us"] * scale}
+           "cuMemRelease_us_per_granule": sim["release_us"] * scale, "event_record_us": sim["event_record_us"] * scale,
+           "event_query_us": sim["event_query_us"] * scale, "stream_wait_us": sim["stream_wait_us"] * scale,
+           "cudaMalloc_20MiB_us": sim["segment_alloc_us"] * scale, "cudaFree_20MiB_us": sim["segment_free_us"] * scale}
+    return {"gpu": "test", "runs": [dict(run, granules_per_map=16), run]}
 
 
 def test_costs_price_the_same_calls_at_a_probed_gpus_figures(short_trace, tmp_path, capsys):

@@ -292,9 +292,8 @@ def test_warmup_table_reads_the_model_against_the_steps_spread(tmp_path):
     # --costs: the same maps at a probed GPU's price (bench/gpu_probe.py's JSON): 10,000 at 10 us = 100 ms
     probe = {"runs": [{"granules_per_map": 1, "cuMemAddressReserve_us": 20, "cuMemCreate_us_per_granule": 10,
                        "map_and_set_access_us_per_call": 10, "cuMemUnmap_us_per_call": 10,
-                       "cuMemRelease_us_per_granule": 10}],
-             "event_record_us": 1, "event_query_us": 1, "stream_wait_us": 1, "cudaMalloc_20MiB_us": 50,
-             "cudaFree_20MiB_us": 50}
+                       "cuMemRelease_us_per_granule": 10, "event_record_us": 1, "event_query_us": 1,
+                       "stream_wait_us": 1, "cudaMalloc_20MiB_us": 50, "cudaFree_20MiB_us": 50}]}
     (tmp_path / "probe.json").write_text(json.dumps(probe))
     (tmp_path / "probed").mkdir()
     table = "\n".join(tables(tmp_path / "probed", [dict(row, plan_per_step=plan)], "--costs",

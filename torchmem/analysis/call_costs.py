@@ -35,24 +35,21 @@ def costs_from_probe(probe):
     device barrier) stay the simulator's. Raises ValueError naming what is missing."""
     from torchmem._loader import extension
 
-    if isinstance(probe, (str, bytes)) or hasattr(probe, "__fspath__"):
+    if not isinstance(probe, dict):
         try:
             with open(probe) as f:
                 probe = json.load(f)
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"costs: cannot read {probe!s} as bench/gpu_probe.py's JSON ({e})") from None
     runs = probe.get("runs") if isinstance(probe, dict) else None
-    single = [r for r in runs or [] if r.get("granules_per_map") == 1]
-    if not single:
+    run = next((r for r in runs or [] if r.get("granules_per_map") == 1), None)
+    if run is None:
         raise ValueError("costs: the probe has no run of one granule per call (its 'runs' list); "
                          "make it with `python bench/gpu_probe.py --granules 1 16 --out probe.json` on the GPU")
-    run = single[0]
-    figures = {**{k: v for k, v in probe.items() if isinstance(v, (int, float))}, **run}
-    costs = dict(extension().sim_costs())
-    missing = [theirs for theirs in PROBE_KEYS.values() if theirs not in figures]
+    missing = [theirs for theirs in PROBE_KEYS.values() if theirs not in run]
     if missing:
         raise ValueError(f"costs: the probe lacks {', '.join(missing)}; rerun bench/gpu_probe.py with this torchmem")
-    for ours, theirs in PROBE_KEYS.items():
-        costs[ours] = float(figures[theirs])
+    costs = dict(extension().sim_costs())
+    costs.update({ours: float(run[theirs]) for ours, theirs in PROBE_KEYS.items()})
     costs["map_us"] = 0.0  # in set_access_us: the probe times the two together
     return costs
