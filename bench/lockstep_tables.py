@@ -315,9 +315,11 @@ def warmup_table(rows, costs=None):
     """Where a group at a budget spent its warm-up: the timed steps before it went quiet, their
     driver calls, device barriers and planning passes (Note [Planning pass cost]), and the time they
     took over the same shape once quiet (per step: minus the median of that shape's quiet steps in
-    the same process). "Per call" is what is left of that time once the passes and a third of a
-    step per barrier (Note [Barrier cost]) are taken out, divided by the calls: the in-situ cost of
-    a driver call that the replay's time model has to match. `costs`: bench/gpu_probe.py's JSON from
+    the same process), less the group's drift (group_drift_ms: what the same steps took over their
+    quiet ones in the group's processes that made no driver call). "Per call" is what is left of
+    that time once the passes and a third of a step per barrier (Note [Barrier cost]) are taken
+    out, divided by the calls: the in-situ cost of a driver call that the replay's time model has
+    to match. `costs`: bench/gpu_probe.py's JSON from
     the GPU the rows ran on, to price the calls at its own figures (torchmem.analysis.call_costs);
     by default the simulator's."""
     from torchmem._loader import _C  # the simulator's call prices (imports torch: here only)
@@ -326,8 +328,9 @@ def warmup_table(rows, costs=None):
 
     prices = costs_from_probe(costs) if costs else _C.sim_costs()
     lines = ["| workload | budget | allocator | process | warm-up steps | driver calls | of them unmaps | barriers | "
-             "planning passes: ms | time added, ms | per call, us | model, ms | model error |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "planning passes: ms | time added, ms | of it the group's drift, ms | per call, us | model, ms | "
+             "model error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in budget_rows(rows):
         quiet = quiet_from(row)
         if row.get("oom_at_step") is not None or not quiet:
@@ -348,27 +351,59 @@ def warmup_table(rows, costs=None):
         if by_kind:  # the backend's count, the one the model prices (older runs' counts left out alias unmaps)
             calls = [sum(p.get(f"{kind}_calls", 0) for kind in CALL_PRICES) for p in plans]
         pass_ms = sum(p.get("plan_pass_us", 0) for p in plans) / 1e3
-        added_ms = sum(steps[i] - warm[i % shapes] for i in range(quiet)) * 1e3
-        noise_ms = added_noise_ms(by_shape, quiet)
+        gross_ms = added_ms(row, quiet)
+        drift_ms, drift_noise_ms = group_drift_ms(row, rows, quiet)
+        net_ms = gross_ms - (drift_ms or 0.0)
+        noise_ms = math.hypot(added_noise_ms(by_shape, quiet), drift_noise_ms)
         drain_ms = sum(step_cost_us(0.0, waits[i], warm[i % shapes] * 1e3) for i in range(quiet)) / 1e3
-        inside_noise = abs(added_ms) <= noise_ms
-        per_call = (f"{(added_ms - pass_ms - drain_ms) * 1e3 / sum(calls):.1f}" if sum(calls) and not inside_noise
+        inside_noise = abs(net_ms) <= noise_ms
+        per_call = (f"{(net_ms - pass_ms - drain_ms) * 1e3 / sum(calls):.1f}" if sum(calls) and not inside_noise
                     else "-")
         model, error = "-", "-"
         if by_kind:
             model_ms = sum(call_cost_us(p, prices) for p in plans) / 1e3 + pass_ms + drain_ms
             model = f"{model_ms:.0f}"
-            if abs(model_ms - added_ms) <= noise_ms:
+            if abs(model_ms - net_ms) <= noise_ms:
                 error = f"within noise (±{noise_ms:.0f} ms)"
-            elif inside_noise or added_ms <= 0:
-                error = f"{model_ms - added_ms:+.0f} ms (added within ±{noise_ms:.0f} ms)"
+            elif inside_noise or net_ms <= 0:
+                error = f"{model_ms - net_ms:+.0f} ms (added within ±{noise_ms:.0f} ms)"
             else:
-                error = f"{model_ms / added_ms - 1:+.0%}"
+                error = f"{model_ms / net_ms - 1:+.0%}"
         process = (row.get("lockstep") or {}).get("process", "")
         lines.append(f"| {row['workload']} | {budget_label(row['budget'])} | {row['allocator']} | {process} | "
-                     f"{quiet} | {sum(calls):,} | {unmaps} | {sum(waits)} | {passes}: {pass_ms:.0f} | {added_ms:.0f} | "
-                     f"{per_call} | {model} | {error} |")
+                     f"{quiet} | {sum(calls):,} | {unmaps} | {sum(waits)} | {passes}: {pass_ms:.0f} | {gross_ms:.0f} | "
+                     f"{'-' if drift_ms is None else f'{drift_ms:.0f}'} | {per_call} | {model} | {error} |")
     return "\n".join(lines)
+
+
+def added_ms(row, quiet):
+    """What a process's first `quiet` timed steps took over the median of the same shape's steps from
+    `quiet` on, in ms (None: no whole cycle of steps from `quiet` on to measure them against)."""
+    steps, shapes = row["step_s"], max(1, row.get("shapes") or 1)
+    if len(steps) - quiet < shapes:
+        return None
+    warm = {k: statistics.median(times) for k, times in quiet_by_shape(steps, quiet, shapes).items()}
+    return sum(steps[i] - warm[i % shapes] for i in range(quiet)) * 1e3
+
+
+def group_drift_ms(row, rows, quiet):
+    """(drift, its noise) in ms: what the first `quiet` timed steps took over the later ones in the
+    processes of `row`'s lockstep group that made no driver call nor barrier in any timed step (the
+    reference processes with no budget, or native where it fits), averaged; (None, 0) where there
+    is none. Processes that take turns share the machine's pace, and a group's early steps can all
+    run slower or faster than its later ones (the GPU's clocks, the other processes' own warm-up):
+    that part of a warm-up's added time is not the allocator's. The noise is two standard errors
+    of the mean over those processes (0 with one: unknown, not zero)."""
+    group = (row.get("lockstep") or {}).get("group")
+    drifts = [added_ms(peer, quiet) for peer in rows
+              if peer is not row and group and (peer.get("lockstep") or {}).get("group") == group
+              and peer.get("oom_at_step") is None and len(peer.get("step_s") or []) == len(row["step_s"])
+              and peer.get("shapes") == row.get("shapes") and quiet_from(peer) == 0]
+    drifts = [d for d in drifts if d is not None]
+    if not drifts:
+        return None, 0.0
+    noise = 2 * statistics.stdev(drifts) / math.sqrt(len(drifts)) if len(drifts) > 1 else 0.0
+    return statistics.fmean(drifts), noise
 
 
 def quiet_by_shape(steps, quiet, shapes):
