@@ -15,7 +15,7 @@
 #                  (native, expandable, torchmem): one seed
 #   churn          the torch.empty churn microbenchmark, four allocators (CHURN_ALLOCATORS), CHURN_ROUNDS rounds
 #   probe          bench/gpu_probe.py: driver call costs on this GPU (probe.json; a later lockstep job's
-#                  warm-up table prices its calls at them)
+#                  warm-up table prices its calls at them; PROBE_ARGS: its options)
 #   busy           bench/vmm_busy_probe.py: the VMM calls with the device idle and busy (do they wait?)
 #   traces         native memory-history traces of kv_generate and vision
 #   batch          bench/batch_compare.py (torchmem, accelerate, lightning, sweep, forced_oom;
@@ -151,8 +151,8 @@ job_churn() {  # CHURN_PATTERNS (torchmem/analysis/patterns.py), CHURN_ALLOCATOR
   echo "churn: $(grep -c allocator "$OUT/churn.log") lines"; grep '^{' "$OUT/churn.log" | cut -c1-200
 }
 
-job_probe() {
-  timeout 60 python3 bench/gpu_probe.py --out "$OUT/probe.json" > "$OUT/probe.log" 2>&1
+job_probe() {  # PROBE_ARGS: more options, e.g. "--live-granules 5000 --evict-mib 64" (Note [Probe conditions])
+  timeout 120 python3 bench/gpu_probe.py ${PROBE_ARGS:-} --out "$OUT/probe.json" > "$OUT/probe.log" 2>&1
   echo "probe rc=$?"
 }
 

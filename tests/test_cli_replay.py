@@ -335,6 +335,23 @@ def test_costs_price_the_same_calls_at_a_probed_gpus_figures(short_trace, tmp_pa
     assert records[True]["modeled_backend_us"] == pytest.approx(2 * records[False]["modeled_backend_us"], rel=1e-6)
 
 
+def test_costs_read_the_plain_run_unless_asked_for_a_probe_condition():
+    """A probe with runs in a training process's conditions (--live-granules, --evict-mib: Note
+    [Probe conditions]) still gives the plain run by default; asked for, the run of those
+    conditions, and a condition it did not time is refused, naming the options that time it."""
+    from torchmem.analysis.call_costs import costs_from_probe
+
+    plain, loaded = _probe(1.0), _probe(3.0)["runs"][1]
+    loaded.update(live_granules=5000, evict_bytes=64 << 20)
+    older = dict(plain["runs"][1])  # an older probe's run: neither key, so both count as 0
+    probe = {"runs": [plain["runs"][0], dict(loaded), dict(older, live_granules=0, evict_bytes=0)]}
+    assert costs_from_probe(probe)["create_us"] == pytest.approx(costs_from_probe(_probe(1.0))["create_us"])
+    chosen = costs_from_probe(probe, live_granules=5000, evict_bytes=64 << 20)
+    assert chosen["create_us"] == pytest.approx(3 * costs_from_probe(probe)["create_us"])
+    with pytest.raises(ValueError, match=r"with 5000 live granules and 0 bytes walked.*--live-granules"):
+        costs_from_probe(probe, live_granules=5000)
+
+
 def test_costs_that_are_not_a_probe_are_refused_naming_the_fix(short_trace, tmp_path, capsys):
     assert main(["replay", short_trace, "--costs", str(tmp_path / "none.json")]) == 2
     assert "--costs" in capsys.readouterr().err

@@ -12,6 +12,12 @@ def test_driver_costs_names_the_count_that_is_wrong(repeats, granules):
         probe.driver_costs(0, repeats=repeats, granules=granules)
 
 
+@pytest.mark.parametrize("live,evict", [(-1, 0), (0, -64)])
+def test_driver_costs_names_the_condition_that_is_wrong(live, evict):
+    with pytest.raises(ValueError, match=rf"live_granules \({live}\) and evict_bytes \({evict}\)"):
+        probe.driver_costs(0, live_granules=live, evict_bytes=evict)
+
+
 def test_allocation_pair_ns_needs_at_least_one_iteration():
     with pytest.raises(ValueError, match=r"iterations \(0\) must be at least 1"):
         probe.allocation_pair_ns(0, iterations=0)

@@ -358,17 +358,18 @@ void bind_runtime(py::module_& m) {
       py::arg("device"));
   m.def(
       "runtime_probe_backend",
-      [](int device, int repeats, std::size_t granules) {
+      [](int device, int repeats, std::size_t granules, std::size_t live_granules, std::size_t evict_bytes) {
         py::dict out;
         std::vector<std::pair<std::string, double>> costs;
         {
           py::gil_scoped_release released;
-          costs = shim::probe_backend_costs(device, repeats, granules);
+          costs = shim::probe_backend_costs(device, repeats, granules, live_granules, evict_bytes);
         }
         for (const auto& [name, micros] : costs) out[py::str(name)] = micros;
         return out;
       },
-      py::arg("device"), py::arg("repeats") = 20, py::arg("granules") = 1,
+      py::arg("device"), py::arg("repeats") = 20, py::arg("granules") = 1, py::arg("live_granules") = 0,
+      py::arg("evict_bytes") = 0,
       "Mean microseconds of each backend primitive on the device (torchmem.runtime.probe.driver_costs)");
   m.def("runtime_probe_pool_pair", &shim::probe_pool_pair_ns, py::arg("device"), py::arg("iterations") = 200000,
         py::call_guard<py::gil_scoped_release>(),

@@ -13,8 +13,12 @@
 namespace torchmem::shim {
 
 // Times each backend primitive `repeats` times on `device` outside any pool and
-// returns (name, mean microseconds) pairs.
-std::vector<std::pair<std::string, double>> probe_backend_costs(int device, int repeats, std::size_t granules);
+// returns (name, mean microseconds) pairs; with `live_granules` granules mapped
+// meanwhile and `evict_bytes` of host memory walked before each timed call
+// (Note [Probe conditions] in diagnostics.cpp).
+std::vector<std::pair<std::string, double>> probe_backend_costs(int device, int repeats, std::size_t granules,
+                                                                std::size_t live_granules = 0,
+                                                                std::size_t evict_bytes = 0);
 // Nanoseconds per free + allocate pair through the shim's allocation path (the
 // device's torchmem pool, legacy stream), 64 live blocks of mixed sizes.
 double probe_pool_pair_ns(int device, int iterations);

@@ -277,13 +277,17 @@ torchmem.install()
 from torchmem.runtime import probe
 x = torch.ones(1 << 20, device="cuda")
 costs = probe.driver_costs(0, repeats=3, granules=4)
+loaded = probe.driver_costs(0, repeats=2, granules=1, live_granules=8, evict_bytes=1 << 20)
 pair = probe.allocation_pair_ns(iterations=2000)
-print(json.dumps({"costs": costs, "pair": pair, "x": float(x.sum()),
+print(json.dumps({"costs": costs, "loaded": loaded, "pair": pair, "x": float(x.sum()),
                   "allocated": torchmem.memory_allocated()}))
 """)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = _last_json(proc)
     assert out["costs"] and all(isinstance(v, float) and v >= 0 for v in out["costs"].values())
     assert any(name.startswith("map") for name in out["costs"]), sorted(out["costs"])
+    # in a training process's conditions (Note [Probe conditions]): the same keys, the conditions named
+    assert out["loaded"]["live_granules"] == 8 and out["loaded"]["evict_bytes"] == 1 << 20
+    assert set(out["costs"]) <= set(out["loaded"]) and all(v >= 0 for v in out["loaded"].values())
     assert 0 < out["pair"] < 1e6
     assert out["x"] == float(1 << 20) and out["allocated"] == 4 << 20  # the pairs left nothing behind

@@ -27,12 +27,14 @@ PROBE_KEYS = {
 }
 
 
-def costs_from_probe(probe):
+def costs_from_probe(probe, live_granules=0, evict_bytes=0):
     """The simulator's cost table (sim_costs() keys, microseconds) with what `probe` measured.
 
     `probe` is gpu_probe's JSON (a dict, or the path of its file): its run of one granule per
     call gives the per-handle prices; prices it does not measure (runs of many granules, a
-    device barrier) stay the simulator's. Raises ValueError naming what is missing."""
+    device barrier) stay the simulator's. `live_granules` and `evict_bytes` pick the run timed
+    in those conditions (Note [Probe conditions]; runs of older probes, which lack the keys,
+    count as 0). Raises ValueError naming what is missing."""
     from torchmem._loader import extension
 
     if not isinstance(probe, dict):
@@ -42,10 +44,15 @@ def costs_from_probe(probe):
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"costs: cannot read {probe!s} as bench/gpu_probe.py's JSON ({e})") from None
     runs = probe.get("runs") if isinstance(probe, dict) else None
-    run = next((r for r in runs or [] if r.get("granules_per_map") == 1), None)
+    wanted = (1, live_granules, evict_bytes)
+    run = next((r for r in runs or [] if (r.get("granules_per_map"), r.get("live_granules", 0),
+                                          r.get("evict_bytes", 0)) == wanted), None)
     if run is None:
-        raise ValueError("costs: the probe has no run of one granule per call (its 'runs' list); "
-                         "make it with `python bench/gpu_probe.py --granules 1 16 --out probe.json` on the GPU")
+        conditions = (f" with {live_granules} live granules and {evict_bytes} bytes walked"
+                      if live_granules or evict_bytes else "")
+        raise ValueError(f"costs: the probe has no run of one granule per call{conditions} (its 'runs' list); "
+                         "make it with `python bench/gpu_probe.py --granules 1 16 --out probe.json` on the GPU"
+                         + (" (--live-granules, --evict-mib)" if conditions else ""))
     missing = [theirs for theirs in PROBE_KEYS.values() if theirs not in run]
     if missing:
         raise ValueError(f"costs: the probe lacks {', '.join(missing)}; rerun bench/gpu_probe.py with this torchmem")

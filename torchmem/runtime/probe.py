@@ -18,13 +18,22 @@ from torchmem._loader import extension
 from torchmem.runtime.stats import device_index
 
 
-def driver_costs(device=None, repeats=20, granules=1):
+def driver_costs(device=None, repeats=20, granules=1, live_granules=0, evict_bytes=0):
     """Mean microseconds of each virtual-memory primitive (reserve, create, map, set access, unmap,
     release, ...) on `device`, `repeats` times over, mapping `granules` 2 MiB granules per call.
-    Keys ending in `_per_call` are per call; divide by `granules` for a granule's share."""
+    Keys ending in `_per_call` are per call; divide by `granules` for a granule's share.
+
+    The conditions of a call inside a training process (Note [Probe conditions],
+    csrc/shim/diagnostics.cpp): `live_granules` granules, a handle each, stay mapped while it
+    times, and `evict_bytes` of host memory are walked before each timed call (outside its time),
+    as framework work between two calls evicts the driver's code and data from the host's caches."""
     if repeats < 1 or granules < 1:
         raise ValueError(f"driver_costs: repeats ({repeats}) and granules ({granules}) must be at least 1")
-    return dict(extension().runtime_probe_backend(device_index(device), int(repeats), int(granules)))
+    if live_granules < 0 or evict_bytes < 0:
+        raise ValueError(f"driver_costs: live_granules ({live_granules}) and evict_bytes ({evict_bytes}) "
+                         "must be 0 or more")
+    return dict(extension().runtime_probe_backend(device_index(device), int(repeats), int(granules),
+                                                  int(live_granules), int(evict_bytes)))
 
 
 def allocation_pair_ns(device=None, iterations=200_000):
