@@ -37,6 +37,8 @@ def main(argv=None):
                         help="also time one granule per call after walking this much host memory before each call")
     parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args(argv)
+    if args.live_granules < 0 or args.evict_mib < 0:
+        parser.error(f"--live-granules ({args.live_granules}) and --evict-mib ({args.evict_mib}) must be 0 or more")
 
     import torch
     from torchmem.runtime import probe
@@ -46,8 +48,6 @@ def main(argv=None):
         return 2
     torch.cuda.init()
     result = {**environment(torch, args.device), "runs": []}
-    if args.live_granules < 0 or args.evict_mib < 0:
-        parser.error(f"--live-granules ({args.live_granules}) and --evict-mib ({args.evict_mib}) must be 0 or more")
     evict = args.evict_mib << 20
     runs = [(granules, 0, 0) for granules in args.granules]
     runs += [(1, live, bytes_) for live, bytes_ in ((args.live_granules, 0), (0, evict), (args.live_granules, evict))
