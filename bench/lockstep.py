@@ -199,16 +199,30 @@ def run_group(args, seed, budget=None, fraction=None, budget_bytes=None):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["table"]:
-        # table FILE... [--costs PROBE.json]: the warm-up table's model at that GPU's own call prices
+        # table FILE... [--costs PROBE.json [--costs-run LIVE,MIB]]: the warm-up table's model at that GPU's
+        # own call prices
         table = argparse.ArgumentParser(prog="lockstep.py table")
         table.add_argument("files", nargs="+")
         table.add_argument("--costs", default=None, help="bench/gpu_probe.py's JSON from the GPU the rows ran on")
+        table.add_argument("--costs-run", default="0,0", metavar="LIVE,MIB",
+                           help="with --costs: the probe's run timed with LIVE granules mapped and MIB of host "
+                                "memory walked before each call (gpu_probe.py --live-granules, --evict-mib)")
         opts = table.parse_args(argv[1:])
+        try:
+            live, mib = (int(part) for part in opts.costs_run.split(","))
+        except ValueError:
+            table.error(f"--costs-run {opts.costs_run!r}: give two whole numbers, LIVE,MIB (e.g. 5000,64)")
+        if opts.costs:  # refused here, before any table is printed
+            from torchmem.analysis.call_costs import costs_from_probe
+            try:
+                costs_from_probe(opts.costs, live, mib << 20)
+            except ValueError as e:
+                table.error(str(e))
         rows = []
         for path in opts.files:
             with open(path) as f:
                 rows += [json.loads(line) for line in f if line.strip()]
-        print_tables(rows, costs=opts.costs)
+        print_tables(rows, costs=opts.costs, costs_run=(live, mib << 20))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workload", required=True)

@@ -311,7 +311,7 @@ def host_band(row):
     return f"{speed * 1e6:.2f}" if speed else "-"
 
 
-def warmup_table(rows, costs=None):
+def warmup_table(rows, costs=None, costs_run=(0, 0)):
     """Where a group at a budget spent its warm-up: the timed steps before it went quiet, their
     driver calls, device barriers and planning passes (Note [Planning pass cost]), and the time they
     took over the same shape once quiet (per step: minus the median of that shape's quiet steps in
@@ -319,14 +319,14 @@ def warmup_table(rows, costs=None):
     quiet ones in the group's processes that made no driver call). "Per call" is what is left of
     that time once the passes and a third of a step per barrier (Note [Barrier cost]) are taken
     out, divided by the calls: the in-situ cost of a driver call that the replay's time model has
-    to match. `costs`: bench/gpu_probe.py's JSON from
-    the GPU the rows ran on, to price the calls at its own figures (torchmem.analysis.call_costs);
-    by default the simulator's."""
+    to match. `costs`: bench/gpu_probe.py's JSON from the GPU the rows ran on, to price the calls
+    at its own figures (torchmem.analysis.call_costs; `costs_run`: (live granules, evicted bytes),
+    the probe's run in those conditions); by default the simulator's."""
     from torchmem._loader import _C  # the simulator's call prices (imports torch: here only)
     from torchmem.analysis.call_costs import costs_from_probe
     from torchmem.cli.anchors import step_cost_us  # the replay's own barrier price
 
-    prices = costs_from_probe(costs) if costs else _C.sim_costs()
+    prices = costs_from_probe(costs, *costs_run) if costs else _C.sim_costs()
     lines = ["| workload | budget | allocator | process | warm-up steps | driver calls | of them unmaps | barriers | "
              "planning passes: ms | time added, ms | of it the group's drift, ms | per call, us | model, ms | "
              "model error |",
@@ -557,7 +557,7 @@ def card_full_note(rows):
             "(fewer processes: --per-allocator 1, --reference none; or a larger card)\n")
 
 
-def print_tables(rows, costs=None):
+def print_tables(rows, costs=None, costs_run=(0, 0)):
     note = card_full_note(rows)
     if note:
         print(note)
@@ -570,7 +570,7 @@ def print_tables(rows, costs=None):
         print()
         print(pooled_table(rows))
         print()
-        print(warmup_table(rows, costs=costs))
+        print(warmup_table(rows, costs=costs, costs_run=costs_run))
         if any(row.get("samples_per_step") is not None for row in budget_rows(rows)):
             print()
             print(per_sample_table(rows))

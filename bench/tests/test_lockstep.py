@@ -302,6 +302,33 @@ def test_warmup_table_reads_the_model_against_the_steps_spread(tmp_path):
     assert "| 30 | - | - | 100 | +70 ms (added within ±39 ms) |" in table
 
 
+def test_costs_run_prices_the_warm_up_at_the_probe_s_run_in_those_conditions(tmp_path):
+    """--costs-run LIVE,MIB picks the probe's run timed with that many granules mapped and that much
+    host memory walked (gpu_probe.py --live-granules, --evict-mib); one the probe lacks is refused
+    before any table is printed."""
+    steps = [0.5, 0.1, 0.1, 0.1]  # quiet from step 1, one shape
+    plan = [{"num_plan_passes": 0, "plan_pass_us": 0, "create_calls": 0, "map_calls": 10_000,
+             "unmap_calls": 0, "release_calls": 0}] + [{}] * 3
+    row = dict(result("torchmem", 1, steps, "torchmem#0"), shapes=1, budget=1.05,
+               driver_calls_per_step=[10_000, 0, 0, 0], barriers_per_step=[0] * 4, plan_per_step=plan)
+    run = {"granules_per_map": 1, "cuMemAddressReserve_us": 20, "cuMemCreate_us_per_granule": 10,
+           "map_and_set_access_us_per_call": 10, "cuMemUnmap_us_per_call": 10, "cuMemRelease_us_per_granule": 10,
+           "event_record_us": 1, "event_query_us": 1, "stream_wait_us": 1, "cudaMalloc_20MiB_us": 50,
+           "cudaFree_20MiB_us": 50}
+    loaded = dict(run, map_and_set_access_us_per_call=30, live_granules=5000, evict_bytes=64 << 20)
+    (tmp_path / "probe.json").write_text(json.dumps({"runs": [run, loaded]}))
+    for name, extra, model in (("plain", [], "| 400 | - | 40.0 | 100 | -75% |"),
+                               ("loaded", ["--costs-run", "5000,64"], "| 400 | - | 40.0 | 300 | -25% |")):
+        (tmp_path / name).mkdir()
+        table = "\n".join(tables(tmp_path / name, [row], "--costs", str(tmp_path / "probe.json"), *extra))
+        assert model in table, name
+    (tmp_path / "rows.jsonl").write_text(json.dumps(row) + "\n")
+    proc = subprocess.run([sys.executable, SCRIPT, "table", str(tmp_path / "rows.jsonl"), "--costs",
+                           str(tmp_path / "probe.json"), "--costs-run", "5000,0"], capture_output=True, text=True)
+    assert proc.returncode == 2 and not proc.stdout
+    assert "with 5000 live granules and 0 bytes walked" in proc.stderr and "--live-granules" in proc.stderr
+
+
 def test_warmup_table_takes_out_what_the_same_steps_added_in_the_group_s_call_free_processes(tmp_path):
     """Processes that take turns share the machine's pace: where the group's call-free processes
     (the reference with no budget) also ran their first steps slower, that part of the warm-up's
