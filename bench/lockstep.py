@@ -212,17 +212,18 @@ def main(argv=None):
             live, mib = (int(part) for part in opts.costs_run.split(","))
         except ValueError:
             table.error(f"--costs-run {opts.costs_run!r}: give two whole numbers, LIVE,MIB (e.g. 5000,64)")
-        if opts.costs:  # refused here, before any table is printed
+        prices = None
+        if opts.costs:  # read once, and refused here, before any table is printed
             from torchmem.analysis.call_costs import costs_from_probe
             try:
-                costs_from_probe(opts.costs, live, mib << 20)
+                prices = costs_from_probe(opts.costs, live, mib << 20)
             except ValueError as e:
                 table.error(str(e))
         rows = []
         for path in opts.files:
             with open(path) as f:
                 rows += [json.loads(line) for line in f if line.strip()]
-        print_tables(rows, costs=opts.costs, costs_run=(live, mib << 20))
+        print_tables(rows, prices)
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workload", required=True)

@@ -311,7 +311,7 @@ def host_band(row):
     return f"{speed * 1e6:.2f}" if speed else "-"
 
 
-def warmup_table(rows, costs=None, costs_run=(0, 0)):
+def warmup_table(rows, prices=None):
     """Where a group at a budget spent its warm-up: the timed steps before it went quiet, their
     driver calls, device barriers and planning passes (Note [Planning pass cost]), and the time they
     took over the same shape once quiet (per step: minus the median of that shape's quiet steps in
@@ -319,14 +319,12 @@ def warmup_table(rows, costs=None, costs_run=(0, 0)):
     quiet ones in the group's processes that made no driver call). "Per call" is what is left of
     that time once the passes and a third of a step per barrier (Note [Barrier cost]) are taken
     out, divided by the calls: the in-situ cost of a driver call that the replay's time model has
-    to match. `costs`: bench/gpu_probe.py's JSON from the GPU the rows ran on, to price the calls
-    at its own figures (torchmem.analysis.call_costs; `costs_run`: (live granules, evicted bytes),
-    the probe's run in those conditions); by default the simulator's."""
+    to match. `prices`: the calls' prices (torchmem._C.sim_costs() keys), e.g. a GPU probe's
+    (torchmem.analysis.call_costs.costs_from_probe); by default the simulator's."""
     from torchmem._loader import _C  # the simulator's call prices (imports torch: here only)
-    from torchmem.analysis.call_costs import costs_from_probe
     from torchmem.cli.anchors import step_cost_us  # the replay's own barrier price
 
-    prices = costs_from_probe(costs, *costs_run) if costs else _C.sim_costs()
+    prices = prices or _C.sim_costs()
     lines = ["| workload | budget | allocator | process | warm-up steps | driver calls | of them unmaps | barriers | "
              "planning passes: ms | time added, ms | of it the group's drift, ms | per call, us | model, ms | "
              "model error |",
@@ -335,11 +333,11 @@ def warmup_table(rows, costs=None, costs_run=(0, 0)):
         quiet = quiet_from(row)
         if row.get("oom_at_step") is not None or not quiet:
             continue
-        steps, shapes = row["step_s"], max(1, row.get("shapes") or 1)
-        if (len(steps) - quiet) < shapes:
+        medians = shape_medians(row, quiet)
+        if medians is None:
             continue  # no whole quiet cycle: no warm time for every shape
-        by_shape = quiet_by_shape(steps, quiet, shapes)
-        warm = {k: statistics.median(times) for k, times in by_shape.items()}
+        by_shape, warm = medians
+        steps, shapes = row["step_s"], len(warm)
         calls = (row.get("driver_calls_per_step") or [])[:quiet]
         waits = (row.get("barriers_per_step") or [0] * quiet)[:quiet]
         plans = row.get("plan_per_step") or []
@@ -351,7 +349,7 @@ def warmup_table(rows, costs=None, costs_run=(0, 0)):
         if by_kind:  # the backend's count, the one the model prices (older runs' counts left out alias unmaps)
             calls = [sum(p.get(f"{kind}_calls", 0) for kind in CALL_PRICES) for p in plans]
         pass_ms = sum(p.get("plan_pass_us", 0) for p in plans) / 1e3
-        gross_ms = added_ms(row, quiet)
+        gross_ms = added_ms(row, quiet, warm)
         drift_ms, drift_noise_ms = group_drift_ms(row, rows, quiet)
         net_ms = gross_ms - (drift_ms or 0.0)
         noise_ms = math.hypot(added_noise_ms(by_shape, quiet), drift_noise_ms)
@@ -376,14 +374,20 @@ def warmup_table(rows, costs=None, costs_run=(0, 0)):
     return "\n".join(lines)
 
 
-def added_ms(row, quiet):
-    """What a process's first `quiet` timed steps took over the median of the same shape's steps from
-    `quiet` on, in ms (None: no whole cycle of steps from `quiet` on to measure them against)."""
+def shape_medians(row, quiet):
+    """(shape -> the times of its steps from `quiet` on, shape -> their median), or None where the
+    steps from `quiet` on hold no whole cycle of shapes."""
     steps, shapes = row["step_s"], max(1, row.get("shapes") or 1)
     if len(steps) - quiet < shapes:
         return None
-    warm = {k: statistics.median(times) for k, times in quiet_by_shape(steps, quiet, shapes).items()}
-    return sum(steps[i] - warm[i % shapes] for i in range(quiet)) * 1e3
+    by_shape = quiet_by_shape(steps, quiet, shapes)
+    return by_shape, {k: statistics.median(times) for k, times in by_shape.items()}
+
+
+def added_ms(row, quiet, warm):
+    """What a process's first `quiet` timed steps took over `warm` (shape -> the median of its steps
+    from `quiet` on: shape_medians), in ms."""
+    return sum(step - warm[i % len(warm)] for i, step in enumerate(row["step_s"][:quiet])) * 1e3
 
 
 def group_drift_ms(row, rows, quiet):
@@ -395,11 +399,15 @@ def group_drift_ms(row, rows, quiet):
     that part of a warm-up's added time is not the allocator's. The noise is two standard errors
     of the mean over those processes (0 with one: unknown, not zero)."""
     group = (row.get("lockstep") or {}).get("group")
-    drifts = [added_ms(peer, quiet) for peer in rows
-              if peer is not row and group and (peer.get("lockstep") or {}).get("group") == group
-              and peer.get("oom_at_step") is None and len(peer.get("step_s") or []) == len(row["step_s"])
-              and peer.get("shapes") == row.get("shapes") and quiet_from(peer) == 0]
-    drifts = [d for d in drifts if d is not None]
+    peers = [peer for peer in rows
+             if group and (peer.get("lockstep") or {}).get("group") == group and peer.get("oom_at_step") is None
+             and len(peer.get("step_s") or []) == len(row["step_s"]) and peer.get("shapes") == row.get("shapes")
+             and quiet_from(peer) == 0]  # `row` itself made calls: not among them
+    drifts = []
+    for peer in peers:
+        medians = shape_medians(peer, quiet)
+        if medians is not None:
+            drifts.append(added_ms(peer, quiet, medians[1]))
     if not drifts:
         return None, 0.0
     noise = 2 * statistics.stdev(drifts) / math.sqrt(len(drifts)) if len(drifts) > 1 else 0.0
@@ -557,7 +565,7 @@ def card_full_note(rows):
             "(fewer processes: --per-allocator 1, --reference none; or a larger card)\n")
 
 
-def print_tables(rows, costs=None, costs_run=(0, 0)):
+def print_tables(rows, prices=None):
     note = card_full_note(rows)
     if note:
         print(note)
@@ -570,7 +578,7 @@ def print_tables(rows, costs=None, costs_run=(0, 0)):
         print()
         print(pooled_table(rows))
         print()
-        print(warmup_table(rows, costs=costs, costs_run=costs_run))
+        print(warmup_table(rows, prices))
         if any(row.get("samples_per_step") is not None for row in budget_rows(rows)):
             print()
             print(per_sample_table(rows))

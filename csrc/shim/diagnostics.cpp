@@ -3,9 +3,10 @@
 //
 // probe_backend_costs runs on fresh backends outside every pool, so it measures
 // the driver, not torchmem's policy (memory used: `granules` granules, the
-// `live_granules` it holds mapped meanwhile, and one 1 GiB segment). probe_pool_pair_ns times torchmem's own allocation path on the
-// device's pool, to split the Python-level churn figure into torchmem's share
-// and the share of torch's wrapper.
+// `live_granules` it holds mapped meanwhile, and one 1 GiB segment).
+// probe_pool_pair_ns times torchmem's own allocation path on the device's pool,
+// to split the Python-level churn figure into torchmem's share and the share of
+// torch's wrapper.
 #include <chrono>
 #include <cstdint>
 #include <stdexcept>
