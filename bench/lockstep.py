@@ -204,12 +204,14 @@ def main(argv=None):
         table = argparse.ArgumentParser(prog="lockstep.py table")
         table.add_argument("files", nargs="+")
         table.add_argument("--costs", default=None, help="bench/gpu_probe.py's JSON from the GPU the rows ran on")
-        table.add_argument("--costs-run", default="0,0", metavar="LIVE,MIB",
+        table.add_argument("--costs-run", default=None, metavar="LIVE,MIB",
                            help="with --costs: the probe's run timed with LIVE granules mapped and MIB of host "
                                 "memory walked before each call (gpu_probe.py --live-granules, --evict-mib)")
         opts = table.parse_args(argv[1:])
+        if opts.costs_run is not None and not opts.costs:
+            table.error("--costs-run picks a run of the probe: give the probe with --costs PROBE.json")
         try:
-            live, mib = (int(part) for part in opts.costs_run.split(","))
+            live, mib = (int(part) for part in (opts.costs_run or "0,0").split(","))
         except ValueError:
             table.error(f"--costs-run {opts.costs_run!r}: give two whole numbers, LIVE,MIB (e.g. 5000,64)")
         prices = None

@@ -304,8 +304,8 @@ def test_warmup_table_reads_the_model_against_the_steps_spread(tmp_path):
 
 def test_costs_run_prices_the_warm_up_at_the_probe_s_run_in_those_conditions(tmp_path):
     """--costs-run LIVE,MIB picks the probe's run timed with that many granules mapped and that much
-    host memory walked (gpu_probe.py --live-granules, --evict-mib); one the probe lacks is refused
-    before any table is printed."""
+    host memory walked (gpu_probe.py --live-granules, --evict-mib); one the probe lacks, or a run
+    asked for with no probe, is refused before any table is printed."""
     steps = [0.5, 0.1, 0.1, 0.1]  # quiet from step 1, one shape
     plan = [{"num_plan_passes": 0, "plan_pass_us": 0, "create_calls": 0, "map_calls": 10_000,
              "unmap_calls": 0, "release_calls": 0}] + [{}] * 3
@@ -327,6 +327,9 @@ def test_costs_run_prices_the_warm_up_at_the_probe_s_run_in_those_conditions(tmp
                            str(tmp_path / "probe.json"), "--costs-run", "5000,0"], capture_output=True, text=True)
     assert proc.returncode == 2 and not proc.stdout
     assert "with 5000 live granules and 0 bytes walked" in proc.stderr and "--live-granules" in proc.stderr
+    alone = subprocess.run([sys.executable, SCRIPT, "table", str(tmp_path / "rows.jsonl"), "--costs-run", "5000,64"],
+                           capture_output=True, text=True)
+    assert alone.returncode == 2 and not alone.stdout and "--costs PROBE.json" in alone.stderr
 
 
 def test_warmup_table_takes_out_what_the_same_steps_added_in_the_group_s_call_free_processes(tmp_path):
