@@ -23,15 +23,19 @@ TRACES = ["gpt2_train", "llama_ckpt_train", "kv_generate", "vision"]
 LAG = 10  # polls a simulated event stays pending: the GPU runs behind the host
 
 
+# A GPU that keeps up with its host (events done by the next poll) as well as one that runs behind:
+# with no lag, llama_ckpt's pool maps at a pending place after its peak, and the barrier that takes
+# must not bring the whole warm-up's stitched places down with it (Note [Pending unmaps]).
+@pytest.mark.parametrize("lag", [0, LAG])
 @pytest.mark.parametrize("name", TRACES)
-def test_after_the_peak_request_no_more_calls_than_the_expandable_model(name):
+def test_after_the_peak_request_no_more_calls_than_the_expandable_model(name, lag):
     trace = trace_io.load(trace_io.bundled_trace(name))
     at, peak = trace_io.peak_requested_at(trace.events.tolist())
     for budget in (1.03, 1.06, 1.12):
         limit = int(peak * budget)
-        ours, our_barriers, our_ooms = replay.calls_after(trace, at, "torchmem", limit=limit, event_delay=LAG)
+        ours, our_barriers, our_ooms = replay.calls_after(trace, at, "torchmem", limit=limit, event_delay=lag)
         theirs, their_barriers, their_ooms = replay.calls_after(trace, at, "expandable", limit=limit,
-                                                                event_delay=LAG)
+                                                                event_delay=lag)
         assert our_ooms == 0, (name, budget)
         assert sum(ours.values()) <= sum(theirs.values()), (name, budget, ours, theirs)
         assert our_barriers <= their_barriers, (name, budget, our_barriers, their_barriers)

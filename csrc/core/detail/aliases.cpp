@@ -29,12 +29,22 @@
 // that kills the process, where PyTorch's allocator would at worst give a
 // stale read. With the old mapping kept, such a kernel reads the same
 // physical bytes the new block now owns: PyTorch's stale read, no fault.
-//   - Pending places are retired lazily, all at once, after a barrier. A
-//     barrier is taken only when needed: release_cached (empty_cache, the
+//   - A barrier is taken only when needed: release_cached (empty_cache, the
 //     OOM ladder), the destructor, and mapping at a pending address. To keep
 //     the last one rare, a best fit that would map over a pending place gives
 //     way to the next best fit that would not (slow path only: a fit with
 //     every granule mapped never looks at pending places).
+//   - A place behind a barrier no longer blocks a fit, and is unmapped when a
+//     mapping needs its address, not before: the old mapping costs no
+//     memory (its handle is counted at its new place), and unmapping every
+//     place after the one barrier a request needed would cost a call per
+//     granule stitched so far (a whole warm-up's stitching, once its growth
+//     ended), most of them for addresses nothing maps again. release_cached
+//     and the destructor retire them all; so does the slow path while a
+//     released pool waits for its heap to empty.
+//   - The list of places drops entries resolved on demand once it has grown
+//     to twice its size after the last such pass (compact_pending_unmaps),
+//     so it stays proportional to the places still pending.
 //   - One handle may be pending at several places (CUDA allows any number of
 //     mappings); releasing a handle retires all of them first.
 //   - While a CUDA graph captures, the backend refuses barriers: pending
@@ -55,6 +65,8 @@ namespace {
 constexpr std::size_t kMaxAliasSkips = 64;
 // How many best-fit candidates a refit away from pending places looks at.
 constexpr int kMaxRefitCandidates = 33;
+// The pending list's length below which compact_pending_unmaps never runs.
+constexpr std::size_t kMinPendingCompact = 1024;
 }  // namespace
 
 std::vector<GranuleRef> Pool::Impl::pop_aliasable(std::uint32_t slot, std::size_t count) {
@@ -92,6 +104,7 @@ GranuleHandle Pool::Impl::make_stale(GranuleRef ref) {
   memory_dirty = true;
   mapped_bytes[heap.small ? 0 : 1] -= gran;
   stale_at.emplace(h, ref);
+  if (pending_unmaps.size() >= pending_compact_at) compact_pending_unmaps();
   pending_unmaps.push_back(PendingUnmap{ref, h, g.seq});
   // For the pool the granule is unmapped now; the backend call comes later.
   trace(TraceAction::kSegmentUnmap, heap.base + std::size_t{ref.index} * gran, gran, 0, heap.pool, op_context);
@@ -147,6 +160,19 @@ bool Pool::Impl::resolve_stale(GranuleRef ref, bool wait) {
   g.stale = 0;
   --heap.stale;
   return true;
+}
+
+void Pool::Impl::compact_pending_unmaps() {
+  // Entries whose place was resolved (unmapped on demand, or mapped again)
+  // go; order and the rest stay.
+  std::size_t kept = 0;
+  for (const PendingUnmap& e : pending_unmaps) {
+    if (!heaps[e.ref.heap]) continue;
+    const Granule& g = granule(e.ref);
+    if (g.stale == e.handle && g.stale_seq == e.seq) pending_unmaps[kept++] = e;
+  }
+  pending_unmaps.resize(kept);
+  pending_compact_at = std::max(kMinPendingCompact, 2 * kept);
 }
 
 void Pool::Impl::process_pending_unmaps(bool wait) {

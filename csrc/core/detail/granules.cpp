@@ -299,8 +299,10 @@ double Pool::Impl::create_ceiling(std::size_t request) const {
 
 bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t missing,
                          std::size_t request, StreamId stream) {
-  // The slow path: a good moment to retire pending places behind the barrier.
-  if (!pending_unmaps.empty()) process_pending_unmaps(/*wait=*/false);
+  // Places behind the last barrier are unmapped where a mapping needs them
+  // (Note [Pending unmaps]); all of them only while a released pool waits
+  // for its heap to empty before it is dropped.
+  if (released_pools && !pending_unmaps.empty()) process_pending_unmaps(/*wait=*/false);
   // Mapping over a pending place needs the whole device to have caught up
   // (Note [Pending unmaps]); the caller looked for a fit that avoids it first.
   if (heap.stale && pending_blocks(heap, addr, size) && !device_barrier()) return false;

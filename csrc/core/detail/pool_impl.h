@@ -304,6 +304,7 @@ struct Pool::Impl {
   void forget_stale(detail::GranuleRef ref, GranuleHandle handle);
   // Unmaps every pending place behind the barrier (all, after one, if `wait`).
   void process_pending_unmaps(bool wait);
+  void compact_pending_unmaps();  // drops entries already resolved (Note [Pending unmaps])
   // True if [addr, addr + size) covers a pending place not yet behind the
   // barrier (mapping there now would wait for the whole device).
   // A pending place (Note [Pending unmaps]) that mapping over would wait for the device.
@@ -427,6 +428,7 @@ struct Pool::Impl {
   // barrier began: no stream still touches what they freed.
   std::uint64_t barrier_seq = 0;
   std::uint64_t pending_checked_at = ~std::uint64_t{0};  // barrier_seq at the last pending-unmap pass
+  std::size_t pending_compact_at = 1024;  // pending_unmaps' length that triggers compact_pending_unmaps
 
   std::size_t held = 0;         // bytes held from the backend
   std::size_t free_runs = 0;    // run handles with no live block (Note [Run handles])
