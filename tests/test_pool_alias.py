@@ -218,3 +218,48 @@ def test_random_ops_with_lagging_fences(seed, options):
     summary = _C._random_ops(seed, 150_000, dict(options, check_every=300))
     assert summary["ops"] == 150_000 and summary["frees"] == summary["allocs"]
     assert summary["reclaims"] > 0
+
+
+def test_places_behind_a_barrier_are_unmapped_when_a_mapping_needs_them():
+    # One barrier makes every pending place safe to unmap, but unmapping them
+    # all would cost a call per granule for addresses nothing may map again:
+    # each is unmapped when a mapping needs its address, the rest at empty_cache.
+    sim, pool = make()
+    pool.create_private_pool(7)
+    x = pool.allocate(8 * MiB, stream=1)          # large heap, granules 0-3
+    pool.free(x)
+    assert pool.allocate(8 * MiB, stream=1, pool=7)  # aliases granules 0-3 away
+    assert pool.allocate(4 * MiB, stream=1) == x     # needs granules 0-1: the barrier
+    s = pool.stats()["backend"]
+    assert s["device_sync_calls"] == 1 and s["unmap_calls"] == 2
+    assert pool.allocate(8 * MiB, stream=1, pool=7)  # slow path elsewhere: 2-3 stay mapped
+    assert pool.stats()["backend"]["unmap_calls"] == 2
+    assert pool.allocate(4 * MiB, stream=1) == x + 4 * MiB  # behind the barrier: no new wait
+    s = pool.stats()["backend"]
+    assert s["device_sync_calls"] == 1 and s["unmap_calls"] == 4
+    pool.check_invariants()
+    pool.release_cached()
+    pool.check_invariants()
+    del pool
+    assert sim.counters()["unmap_calls"] == sim.counters()["map_calls"]
+
+
+def test_pending_queue_drops_places_resolved_on_demand():
+    # Each round maps at the places the last one left pending (the heap's only
+    # free block starts there): 1,196 of 1,200 queued places are resolved on
+    # demand. The queue compacts past its threshold (check_invariants bounds
+    # its length) and loses none of the places still pending.
+    sim, pool = make(capacity=4096 * MiB)
+    pool.create_private_pool(7)
+    for _ in range(300):
+        x = pool.allocate(8 * MiB, stream=1)
+        pool.free(x)
+        assert pool.allocate(8 * MiB, stream=1, pool=7)
+    s = pool.stats()
+    assert s["num_reclaims"] == 1200 and s["backend"]["unmap_calls"] == 1196
+    pool.check_invariants()
+    pool.release_cached()
+    assert pool.stats()["backend"]["unmap_calls"] == 1200
+    pool.check_invariants()
+    del pool
+    assert sim.counters()["unmap_calls"] == sim.counters()["map_calls"]

@@ -180,6 +180,7 @@ std::string Pool::Impl::check_invariants() const {
     if (g.stale == e.handle && g.stale_seq == e.seq) ++pending_live;
   }
   if (pending_live != stale_places) { err << pending_live << " pending unmaps queued, " << stale_places << " places pending"; return err.str(); }
+  if (pending_unmaps.size() > pending_compact_at) { err << pending_unmaps.size() << " pending unmaps queued, more than the " << pending_compact_at << " that compact the queue"; return err.str(); }
   if (free_runs_seen != free_runs) { err << free_runs_seen << " free runs found, tally says " << free_runs; return err.str(); }
   if (held_seen != held) { err << "the pool holds " << held_seen << " bytes, tally says " << held; return err.str(); }
   if (live_count != live.size()) { err << live.size() << " blocks in the live map, " << live_count << " in the heaps"; return err.str(); }
