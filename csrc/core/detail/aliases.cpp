@@ -34,7 +34,7 @@
 //     the last one rare, a best fit that would map over a pending place gives
 //     way to the next best fit that would not (slow path only: a fit with
 //     every granule mapped never looks at pending places).
-//   - A place behind a barrier no longer blocks a fit, and is unmapped when a
+//   - A place behind a barrier does not block a fit, and is unmapped when a
 //     mapping needs its address, not before: the old mapping costs no
 //     memory (its handle is counted at its new place), and unmapping every
 //     place after the one barrier a request needed would cost a call per
@@ -65,8 +65,6 @@ namespace {
 constexpr std::size_t kMaxAliasSkips = 64;
 // How many best-fit candidates a refit away from pending places looks at.
 constexpr int kMaxRefitCandidates = 33;
-// The pending list's length below which compact_pending_unmaps never runs.
-constexpr std::size_t kMinPendingCompact = 1024;
 }  // namespace
 
 std::vector<GranuleRef> Pool::Impl::pop_aliasable(std::uint32_t slot, std::size_t count) {
@@ -163,16 +161,11 @@ bool Pool::Impl::resolve_stale(GranuleRef ref, bool wait) {
 }
 
 void Pool::Impl::compact_pending_unmaps() {
-  // Entries whose place was resolved (unmapped on demand, or mapped again)
-  // go; order and the rest stay.
-  std::size_t kept = 0;
-  for (const PendingUnmap& e : pending_unmaps) {
-    if (!heaps[e.ref.heap]) continue;
-    const Granule& g = granule(e.ref);
-    if (g.stale == e.handle && g.stale_seq == e.seq) pending_unmaps[kept++] = e;
-  }
-  pending_unmaps.resize(kept);
-  pending_compact_at = std::max(kMinPendingCompact, 2 * kept);
+  // Resolved entries go; order and the rest stay.
+  pending_unmaps.erase(std::remove_if(pending_unmaps.begin(), pending_unmaps.end(),
+                                      [&](const PendingUnmap& e) { return !still_pending(e); }),
+                       pending_unmaps.end());
+  pending_compact_at = std::max(kMinPendingCompact, 2 * pending_unmaps.size());
 }
 
 void Pool::Impl::process_pending_unmaps(bool wait) {
@@ -190,10 +183,8 @@ void Pool::Impl::process_pending_unmaps(bool wait) {
   std::size_t kept = 0;
   for (std::size_t i = 0; i < pending_unmaps.size(); ++i) {
     const PendingUnmap& e = pending_unmaps[i];
-    if (!heaps[e.ref.heap]) continue;  // cannot happen: a heap with pending places is not dropped
-    Granule& g = granule(e.ref);
-    if (g.stale != e.handle || g.stale_seq != e.seq) continue;  // resolved already
-    if (behind_barrier(g.stale_seq)) {
+    if (!still_pending(e)) continue;
+    if (behind_barrier(e.seq)) {
       done.push_back(e.ref);
     } else {
       pending_unmaps[kept++] = e;

@@ -174,11 +174,7 @@ std::string Pool::Impl::check_invariants() const {
     if (!handles.count(sh)) { err << "granule handle " << sh << " is pending unmap but mapped at no live place"; return err.str(); }
   }
   std::size_t pending_live = 0;
-  for (const PendingUnmap& e : pending_unmaps) {
-    if (!heaps[e.ref.heap]) continue;  // resolved, and its heap dropped since
-    const Granule& g = heaps[e.ref.heap]->granules[e.ref.index];
-    if (g.stale == e.handle && g.stale_seq == e.seq) ++pending_live;
-  }
+  for (const PendingUnmap& e : pending_unmaps) pending_live += still_pending(e);
   if (pending_live != stale_places) { err << pending_live << " pending unmaps queued, " << stale_places << " places pending"; return err.str(); }
   if (pending_unmaps.size() > pending_compact_at) { err << pending_unmaps.size() << " pending unmaps queued, more than the " << pending_compact_at << " that compact the queue"; return err.str(); }
   if (free_runs_seen != free_runs) { err << free_runs_seen << " free runs found, tally says " << free_runs; return err.str(); }

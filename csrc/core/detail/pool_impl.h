@@ -305,10 +305,10 @@ struct Pool::Impl {
   // Unmaps every pending place behind the barrier (all, after one, if `wait`).
   void process_pending_unmaps(bool wait);
   void compact_pending_unmaps();  // drops entries already resolved (Note [Pending unmaps])
-  // True if [addr, addr + size) covers a pending place not yet behind the
-  // barrier (mapping there now would wait for the whole device).
   // A pending place (Note [Pending unmaps]) that mapping over would wait for the device.
   bool pending_place(const detail::Granule& g) const { return g.stale && !behind_barrier(g.stale_seq); }
+  // True if [addr, addr + size) covers a pending place not yet behind the
+  // barrier (mapping there now would wait for the whole device).
   bool pending_blocks(const detail::Heap& heap, Addr addr, std::size_t size);
   // Like find_fit, skipping blocks whose first `size` bytes pending_blocks().
   detail::Block* find_fit_unblocked(detail::Heap& heap, std::size_t size, StreamId stream);
@@ -423,12 +423,21 @@ struct Pool::Impl {
     std::uint64_t seq;
   };
   std::vector<PendingUnmap> pending_unmaps;
+  // False once the entry's place was unmapped on demand or mapped again (the
+  // queue keeps such entries until a pass or compact_pending_unmaps drops them).
+  bool still_pending(const PendingUnmap& e) const {
+    if (!heaps[e.ref.heap]) return false;
+    const detail::Granule& g = heaps[e.ref.heap]->granules[e.ref.index];
+    return g.stale == e.handle && g.stale_seq == e.seq;
+  }
   std::unordered_multimap<GranuleHandle, detail::GranuleRef> stale_at;  // handle -> its pending places
   // Frees with a sequence up to this one happened before the last device
   // barrier began: no stream still touches what they freed.
   std::uint64_t barrier_seq = 0;
   std::uint64_t pending_checked_at = ~std::uint64_t{0};  // barrier_seq at the last pending-unmap pass
-  std::size_t pending_compact_at = 1024;  // pending_unmaps' length that triggers compact_pending_unmaps
+  // pending_unmaps' length that triggers compact_pending_unmaps; never below the minimum.
+  static constexpr std::size_t kMinPendingCompact = 1024;
+  std::size_t pending_compact_at = kMinPendingCompact;
 
   std::size_t held = 0;         // bytes held from the backend
   std::size_t free_runs = 0;    // run handles with no live block (Note [Run handles])
