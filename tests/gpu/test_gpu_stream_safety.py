@@ -141,3 +141,48 @@ def test_a_block_handed_to_another_stream_waits_for_the_old_one(stream_order):
         assert figures["reused"] and figures["waits"] >= 1 and figures["barriers"] == 0
     else:
         assert figures["waits"] == 0 and (figures["barriers"] >= 1 or not figures["reused"])
+
+
+def test_a_block_dropped_on_a_reader_stream_waits_for_that_reader():
+    """Note [Freed under another stream]: the pattern of PyTorch's
+    test_cusparse_multiple_threads_same_device. A tensor made on the default stream is read
+    late (after a sleep) on a reader stream and dropped there, with no record_stream; a
+    third stream's request then takes its block (with no limit, rather than new memory).
+    Natively the block would stay the default stream's, which allocates nothing more, so
+    the read is safe; under torchmem the third stream must wait for the reader as well as
+    for the default stream, or its write lands before the read and changes the sum."""
+    figures = last_json(run_python(textwrap.dedent("""
+        import json, torch, torchmem
+        torchmem.install()
+        torch.cuda._sleep(1_000_000); torch.cuda.synchronize()
+        rates = []
+        for _ in range(5):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(); torch.cuda._sleep(10_000_000); end.record(); end.synchronize()
+            rates.append(10_000_000 / start.elapsed_time(end))
+        cycles_per_ms = sorted(rates)[2]
+        n = 16 << 20
+        reader, third = torch.cuda.Stream(), torch.cuda.Stream()
+        sums, reused = [], []
+        for trial in range(3):
+            a = torch.ones(n, device="cuda")
+            ptr = a.data_ptr()
+            reader.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(reader):
+                torch.cuda._sleep(int(200 * cycles_per_ms))  # the read below runs late
+                sums.append(a.sum())
+                del a  # freed (on the default stream, its allocation stream) under the reader
+            with torch.cuda.stream(third):
+                b = torch.empty(n, device="cuda")
+                b.fill_(2.0)
+                reused.append(b.data_ptr() == ptr)
+            torch.cuda.synchronize()
+            del b
+        stats = torchmem.memory_stats()
+        print(json.dumps({"sums": [float(s) for s in sums], "reused": reused,
+                          "waits": stats["torchmem.backend.stream_wait_calls"],
+                          "barriers": stats["num_sync_all_streams"]}))
+    """)))
+    assert figures["sums"] == [float(16 << 20)] * 3
+    # the handover took place (else the test shows nothing) behind device-side waits alone
+    assert any(figures["reused"]) and figures["waits"] >= 2 and figures["barriers"] == 0
