@@ -95,12 +95,12 @@ def test_cublas_threads_freeing_default_stream_tensors_under_a_tight_budget():
     """))
 
 
-def run_late_read(install_args, trial):
-    """Three trials of `trial` (a loop body) in a fresh process under
-    torchmem.install(install_args): each makes `a` (16M floats) on the default stream, queues
-    a late read of it (after a sleep of `delay` cycles, 200 ms) and hands the block on; the
-    figures are the sums read, whether the next request got a's address, and the pool's
-    device-side waits and device barriers."""
+def run_late_read(install_args, read_and_drop, taker):
+    """Three trials in a fresh process under torchmem.install(install_args): each makes `a`
+    (16M floats) on the default stream, runs `read_and_drop` (script lines that queue a late
+    read of `a`, after a sleep of `delay` cycles, 200 ms, and drop it), then has stream
+    `taker` ask for as much and fill it. The figures: the sums read, whether the taker got
+    a's address, and the pool's device-side waits and device barriers."""
     head = textwrap.dedent(f"""
         import json, torch, torchmem
         torchmem.install({install_args})
@@ -118,14 +118,22 @@ def run_late_read(install_args, trial):
         side, third = torch.cuda.Stream(), torch.cuda.Stream()
         sums, reused = [], []
         for _ in range(3):
+            a = torch.ones(n, device="cuda")
+            ptr = a.data_ptr()
     """)
-    tail = textwrap.dedent("""
+    tail = textwrap.dedent(f"""
+            with torch.cuda.stream({taker}):
+                b = torch.empty(n, device="cuda")
+                b.fill_(2.0)
+                reused.append(b.data_ptr() == ptr)
+            torch.cuda.synchronize()
+            del b
         stats = torchmem.memory_stats()
-        print(json.dumps({"sums": [float(s) for s in sums], "reused": reused,
+        print(json.dumps({{"sums": [float(s) for s in sums], "reused": reused,
                           "waits": stats["torchmem.backend.stream_wait_calls"],
-                          "barriers": stats["num_sync_all_streams"]}))
+                          "barriers": stats["num_sync_all_streams"]}}))
     """)
-    return last_json(run_python(head + textwrap.indent(textwrap.dedent(trial), "    ") + tail))
+    return last_json(run_python(head + textwrap.indent(textwrap.dedent(read_and_drop), "    ") + tail))
 
 
 @pytest.mark.parametrize("stream_order", [True, False])
@@ -137,18 +145,10 @@ def test_a_block_handed_to_another_stream_waits_for_the_old_one(stream_order):
     the sum. With stream_order=false the block changes streams only behind a device
     barrier, or the side stream gets other memory."""
     figures = run_late_read(f"stream_order={stream_order}", """
-        a = torch.ones(n, device="cuda")
-        ptr = a.data_ptr()
         torch.cuda._sleep(delay)  # the read below runs late
         sums.append(a.sum())
         del a  # freed on the default stream while its read is still queued
-        with torch.cuda.stream(side):
-            b = torch.empty(n, device="cuda")
-            b.fill_(2.0)
-            reused.append(b.data_ptr() == ptr)
-        torch.cuda.synchronize()
-        del b
-    """)
+    """, taker="side")
     assert figures["sums"] == [float(16 << 20)] * 3
     if stream_order:
         assert figures["reused"][-1] and figures["waits"] >= 1 and figures["barriers"] == 0
@@ -165,20 +165,12 @@ def test_a_block_dropped_on_a_reader_stream_waits_for_that_reader():
     the read is safe; under torchmem the third stream must wait for the reader as well as
     for the default stream, or its write lands before the read and changes the sum."""
     figures = run_late_read("", """
-        a = torch.ones(n, device="cuda")
-        ptr = a.data_ptr()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # the reader
             torch.cuda._sleep(delay)  # the read below runs late
             sums.append(a.sum())
             del a  # freed (on the default stream, its allocation stream) under the reader
-        with torch.cuda.stream(third):
-            b = torch.empty(n, device="cuda")
-            b.fill_(2.0)
-            reused.append(b.data_ptr() == ptr)
-        torch.cuda.synchronize()
-        del b
-    """)
+    """, taker="third")
     assert figures["sums"] == [float(16 << 20)] * 3
     # the handover took place (else the test shows nothing) behind device-side waits alone
     assert any(figures["reused"]) and figures["waits"] >= 2 and figures["barriers"] == 0
