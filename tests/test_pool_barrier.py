@@ -174,14 +174,15 @@ def test_memory_another_stream_freed_is_reused_only_behind_a_wait_or_a_barrier(s
     pool.check_invariants()
 
 
-THIRD = 3
+THIRD, LEGACY = 3, 0  # 0: the legacy default stream, a stream like any other
 
 
 # (current stream at the free, stream that asks next) -> device-side waits that hand the block over
 @pytest.mark.parametrize("freed_under, asked_on, waits", [
-    (0, THIRD, 1),        # current stream unknown: the freeing stream's wait, as before
+    (None, THIRD, 1),     # current stream unknown: the freeing stream's wait alone
     (DEFAULT, THIRD, 1),  # freed where it was made: no reader
     (SIDE, THIRD, 2),     # read on SIDE: a third stream waits for SIDE too
+    (LEGACY, THIRD, 2),   # the same with the legacy default stream as the reader
     (SIDE, SIDE, 1),      # the reader itself: stream order covers its read
     (SIDE, DEFAULT, 0),   # the allocation stream reuses it at once, as natively
 ])
@@ -196,7 +197,7 @@ def test_a_block_freed_under_another_stream_goes_to_a_third_only_behind_both(fre
     pool = _C.Pool(sim, dict(debug_checks=True))
     a = pool.allocate(4 * MiB, stream=DEFAULT)
     keep = pool.allocate(4 * MiB, stream=DEFAULT)  # a stays a block of its own
-    pool.free(a, current_stream=freed_under)
+    pool.free(a, **({} if freed_under is None else dict(current_stream=freed_under)))
     before = pool.stats()["num_device_barriers"], sim.counters()["stream_wait_calls"]
     assert pool.allocate(4 * MiB, stream=asked_on) == a
     after = pool.stats()["num_device_barriers"], sim.counters()["stream_wait_calls"]

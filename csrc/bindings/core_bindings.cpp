@@ -188,9 +188,9 @@ void bind_core(py::module_& m) {
       .def("allocate_cached", &Pool::allocate_cached, py::arg("size"), py::arg("stream") = 0, py::arg("pool") = 0,
            py::arg("context") = 0, py::call_guard<py::gil_scoped_release>(),
            "A cached block that fits, or 0: no new memory, no OOM ladder, no OOM counted (use_on_oom lenders)")
-      .def("free", &Pool::deallocate, py::arg("addr"), py::arg("free_context") = 0, py::arg("current_stream") = 0,
+      .def("free", &Pool::deallocate, py::arg("addr"), py::arg("free_context") = 0, py::arg("current_stream") = kNoStream,
            py::call_guard<py::gil_scoped_release>(),
-           "current_stream: the caller's current stream at the free, when known (Note [Freed under another stream])")
+           "current_stream: the caller's current stream at the free, if known (Note [Freed under another stream])")
       .def("sequence", &Pool::sequence)
       .def("record_stream", &Pool::record_stream, py::arg("addr"), py::arg("stream"),
            py::call_guard<py::gil_scoped_release>())

@@ -364,10 +364,10 @@ void Pool::Impl::deallocate(Addr addr, std::uint64_t free_context, StreamId curr
   --heap->live_blocks;
   trace(TraceAction::kFreeRequested, addr, requested, stream, pool, context);
   // Note [Freed under another stream]
-  const StreamId reader = current_stream != 0 && current_stream != stream ? current_stream : 0;
+  const StreamId reader = current_stream != stream ? current_stream : kNoStream;
   if (!b->uses.empty()) {
     // Note [Record stream]: wait for every foreign stream before reuse.
-    if (reader && std::find(b->uses.begin(), b->uses.end(), reader) == b->uses.end()) b->uses.push_back(reader);
+    if (reader != kNoStream && std::find(b->uses.begin(), b->uses.end(), reader) == b->uses.end()) b->uses.push_back(reader);
     Deferred d{b, {}};
     d.events.reserve(b->uses.size());
     for (StreamId s : b->uses) d.events.push_back(backend.record_event(s));

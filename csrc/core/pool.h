@@ -356,9 +356,9 @@ class Pool {
   // `free_context` (0 = none) is the caller's context for this free: history
   // entries of the free and of any segment it unmaps carry it instead of the
   // allocation's (torch's _record_memory_history(context="all")).
-  // `current_stream` (0 = unknown) is the caller's current stream at the free
-  // (Note [Freed under another stream]).
-  void deallocate(Addr addr, std::uint64_t free_context = 0, StreamId current_stream = 0);
+  // `current_stream` (kNoStream: unknown) is the caller's current stream at the
+  // free (Note [Freed under another stream]).
+  void deallocate(Addr addr, std::uint64_t free_context = 0, StreamId current_stream = kNoStream);
   // Marks the block at `addr` as used on `stream` too (Note [Record stream]).
   void record_stream(Addr addr, StreamId stream);
 

@@ -44,7 +44,7 @@ void Pool::Impl::merge_tags(Block& into, const Block& other) {
   // tag's walk over every stream covers it.
   if (into.free_stream != other.free_stream || into.free_reader != other.free_reader) {
     into.free_stream = detail::kMixedStreams;
-    into.free_reader = 0;
+    into.free_reader = kNoStream;
   }
   into.free_seq = std::max(into.free_seq, other.free_seq);
 }
@@ -54,7 +54,7 @@ Block* Pool::Impl::release_block(Block* b, StreamId free_stream, StreamId reader
   const int kind = heap.small ? 0 : 1;
   const std::uint32_t slot = slot_for(free_stream);
   slots[slot].last_free_seq = seq;
-  if (__builtin_expect(reader != 0, 0)) slots[slot_for(reader)].last_free_seq = seq;  // Note [Freed under another stream]
+  if (__builtin_expect(reader != kNoStream, 0)) slots[slot_for(reader)].last_free_seq = seq;  // Note [Freed under another stream]
   if (__builtin_expect(b->plan_item != detail::StepPlan::kNoItem, 0)) {  // Note [Step plan]: its name is free again
     detail::HostClock clock(time_host_ops, stats_.host_plan_ns);  // Note [Host time]
     plan.on_free(b->plan_item);

@@ -73,7 +73,7 @@ struct Pool::Impl {
   // ---- pool.cpp ----------------------------------------------------------------
   // cached_only: a cached block that fits, or 0 (no new memory, no ladder, no OOM counted).
   Addr allocate(std::size_t size, StreamId stream, PoolId pool, std::uint64_t context, bool cached_only);
-  void deallocate(Addr addr, std::uint64_t free_context = 0, StreamId current_stream = 0);
+  void deallocate(Addr addr, std::uint64_t free_context = 0, StreamId current_stream = kNoStream);
   void record_stream(Addr addr, StreamId stream);
   void create_private_pool(PoolId pool);
   void release_private_pool(PoolId pool);
@@ -166,8 +166,8 @@ struct Pool::Impl {
   // stays free. Granules must already be mapped (VMM).
   detail::Block* carve(detail::Block* b, std::size_t size);
   // Makes a live or pending block free again and merges it with free neighbours;
-  // `reader` (0: none) is Note [Freed under another stream]'s stream.
-  detail::Block* release_block(detail::Block* b, StreamId free_stream, StreamId reader = 0);
+  // `reader` (kNoStream: none) is Note [Freed under another stream]'s stream.
+  detail::Block* release_block(detail::Block* b, StreamId free_stream, StreamId reader = kNoStream);
   void merge_tags(detail::Block& into, const detail::Block& other);
   bool poll_deferred(bool wait);  // true if some deferred free completed
 
