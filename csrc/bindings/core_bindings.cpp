@@ -287,6 +287,7 @@ void bind_core(py::module_& m) {
             else if (key == "run_below") o.run_below = item.second.cast<double>();
             else if (key == "run_below_limit") o.run_below_limit = item.second.cast<double>();
             else if (key == "foreign_readers") o.foreign_readers = item.second.cast<unsigned>();
+            else if (key == "declared_readers") o.declared_readers = item.second.cast<unsigned>();
             else if (key == "alias_reclaim") o.alias_reclaim = item.second.cast<bool>();
             else if (key == "private_pools") o.private_pools = item.second.cast<bool>();
             else if (key == "max_live") o.max_live = item.second.cast<std::size_t>();
