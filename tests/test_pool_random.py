@@ -14,7 +14,7 @@ from torchmem._loader import _C
 
 MiB = 1 << 20
 
-# (seed, operations, options): 1.2 million operations in all, ~10 s on 2 cores.
+# (seed, operations, options): 1.55 million operations in all, ~5 s on 2 cores.
 CASES = [
     (1, 300_000, None),                                         # VMM, 2 streams, private pools
     (2, 250_000, {"vmm": False}),                               # cuda_malloc segments
