@@ -38,4 +38,6 @@ def test_timed_prints_the_pools_own_time_per_allocation(capsys):
     assert len(rows) == 2
     unlimited, budget = ([float(c.replace(",", "")) for c in row.split("|")[3:6]] for row in rows)
     assert unlimited[0] > 0 and unlimited[1] > 0 and unlimited[2] == 0
-    assert budget[2] > 0  # a plan in force at 1.10x
+    # a plan in force at 1.10x: its host time is measured (a difference of two runs' times,
+    # which noise may make negative), where with no limit there is none (exactly 0)
+    assert budget[2] != 0
