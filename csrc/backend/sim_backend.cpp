@@ -328,6 +328,10 @@ bool SimBackend::order_streams(StreamId waiter, StreamId signaler) {
 }
 
 void SimBackend::launch(StreamId stream, Addr addr, std::size_t size, std::uint64_t polls) {
+  launch_read_of(kNoStream, stream, addr, size, polls);
+}
+
+void SimBackend::launch_read_of(StreamId owner, StreamId stream, Addr addr, std::size_t size, std::uint64_t polls) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (size == 0) misuse("launch", "size 0");
   if (config_.vmm) {
@@ -341,13 +345,7 @@ void SimBackend::launch(StreamId stream, Addr addr, std::size_t size, std::uint6
       misuse("launch", "kernel touches " + hex(addr) + " outside any segment (illegal address)");
     }
   }
-  kernels_[next_kernel_++] = KernelState{stream, addr, size, polls, kNoStream, {}};
-}
-
-void SimBackend::launch_read_of(StreamId owner, StreamId stream, Addr addr, std::size_t size, std::uint64_t polls) {
-  launch(stream, addr, size, polls);
-  std::lock_guard<std::mutex> lock(mutex_);
-  std::prev(kernels_.end())->second.owner = owner;
+  kernels_[next_kernel_++] = KernelState{stream, addr, size, polls, owner, {}};
 }
 
 void SimBackend::reused_by_owner(StreamId owner, Addr at, std::size_t bytes) {

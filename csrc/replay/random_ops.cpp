@@ -172,9 +172,11 @@ class Runner {
       if (prev->first + prev->second.rounded > a) return fail("new block overlaps a live block");
     }
     if (pool_.block_size(a) != rounded) return fail("block_size() does not return the rounded size");
-    if (o_.declared_readers) sim_.reused_by_owner(stream, a, rounded);
-    if (o_.declared_readers && sim_.unordered_reader(stream, a, rounded)) {
-      return fail("memory handed to a stream while a declared reader on another still reads it, with no wait");
+    if (o_.declared_readers) {
+      if (sim_.unordered_reader(stream, a, rounded)) {
+        return fail("memory handed to a stream while a declared reader on another still reads it, with no wait");
+      }
+      sim_.reused_by_owner(stream, a, rounded);
     }
     live_.emplace(a, LiveBlock{size, rounded, pid, stream});
     order_.push_back(a);
