@@ -174,6 +174,75 @@ def test_memory_another_stream_freed_is_reused_only_behind_a_wait_or_a_barrier(s
     pool.check_invariants()
 
 
+THIRD, LEGACY = 3, 0  # 0: the legacy default stream, a stream like any other
+
+
+# (current stream at the free, stream that asks next) -> device-side waits that hand the block over
+@pytest.mark.parametrize("freed_under, asked_on, waits", [
+    (None, THIRD, 1),     # current stream unknown: the freeing stream's wait alone
+    (DEFAULT, THIRD, 1),  # freed where it was made: no reader
+    (SIDE, THIRD, 2),     # read on SIDE: a third stream waits for SIDE too
+    (LEGACY, THIRD, 2),   # the same with the legacy default stream as the reader
+    (SIDE, SIDE, 1),      # the reader itself: stream order covers its read
+    (SIDE, DEFAULT, 0),   # the allocation stream reuses it at once, as natively
+])
+def test_a_block_freed_under_another_stream_goes_to_a_third_only_behind_both(freed_under, asked_on, waits):
+    """Note [Freed under another stream]: a worker thread reads a tensor of the default
+    stream on its own stream and drops it there (PyTorch's
+    test_cusparse_multiple_threads_same_device). With no limit, another stream's request
+    takes that cached block when the device is full (and rather than new memory, when the
+    block backs the whole request); it must wait for the reader's work as well as the
+    freeing stream's, or its kernels write under the read."""
+    sim = _C.SimBackend(capacity=8 * MiB, event_delay=1000)
+    pool = _C.Pool(sim, dict(debug_checks=True))
+    a = pool.allocate(4 * MiB, stream=DEFAULT)
+    keep = pool.allocate(4 * MiB, stream=DEFAULT)  # a stays a block of its own
+    pool.free(a, **({} if freed_under is None else dict(current_stream=freed_under)))
+    before = pool.stats()["num_device_barriers"], sim.counters()["stream_wait_calls"]
+    assert pool.allocate(4 * MiB, stream=asked_on) == a
+    after = pool.stats()["num_device_barriers"], sim.counters()["stream_wait_calls"]
+    assert (after[0] - before[0], after[1] - before[1]) == (0, waits)
+    assert keep
+    pool.check_invariants()
+
+
+def test_a_reader_survives_a_merge_and_a_capture_refuses_the_waits():
+    """Two neighbours freed on DEFAULT, one under SIDE: the merged block goes to a third
+    stream behind waits on both (the mixed tag walks every stream); with waits refused
+    (a capture) only a barrier hands it over."""
+    sim = _C.SimBackend(capacity=12 * MiB, event_delay=1000)
+    pool = _C.Pool(sim, dict(debug_checks=True))
+    a = pool.allocate(4 * MiB, stream=DEFAULT)
+    b = pool.allocate(4 * MiB, stream=DEFAULT)
+    keep = pool.allocate(4 * MiB, stream=DEFAULT)
+    pool.free(a, current_stream=SIDE)
+    pool.free(b)
+    waits = sim.counters()["stream_wait_calls"]
+    assert pool.allocate(8 * MiB, stream=THIRD) == a
+    assert sim.counters()["stream_wait_calls"] - waits == 2
+    pool.free(a, current_stream=SIDE)  # freed on THIRD, read on SIDE
+    sim.allow_stream_order(False)
+    barriers = pool.stats()["num_device_barriers"]
+    assert pool.allocate(8 * MiB, stream=DEFAULT) == a
+    assert pool.stats()["num_device_barriers"] - barriers == 1
+    assert keep
+    pool.check_invariants()
+
+
+def test_a_deferred_free_also_waits_for_the_stream_current_at_the_free():
+    """Note [Record stream] with Note [Freed under another stream]: a block recorded on
+    THIRD and freed under SIDE waits for an event on each before it is free."""
+    sim = _C.SimBackend(capacity=1024 * MiB, event_delay=1000)
+    pool = _C.Pool(sim, dict(debug_checks=True))
+    a = pool.allocate(4 * MiB, stream=DEFAULT)
+    pool.record_stream(a, THIRD)
+    events = sim.counters()["event_record_calls"]
+    pool.free(a, current_stream=SIDE)
+    assert sim.counters()["event_record_calls"] - events == 2
+    assert pool.stats()["num_deferred_frees"] == 1
+    pool.check_invariants()
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_two_streams_share_one_cache_with_no_limit(seed):
     """Note [Cross-stream reuse]: FSDP-like steps, each layer's weights gathered on a

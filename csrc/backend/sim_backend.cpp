@@ -321,10 +321,17 @@ bool SimBackend::order_streams(StreamId waiter, StreamId signaler) {
   ++counters_.event_record_calls;
   ++counters_.stream_wait_calls;
   modeled_us_ += config_.costs.stream_wait_us;
+  for (auto& [id, kernel] : kernels_) {
+    if (kernel.stream == signaler) kernel.ordered_for.push_back(waiter);
+  }
   return true;
 }
 
 void SimBackend::launch(StreamId stream, Addr addr, std::size_t size, std::uint64_t polls) {
+  launch_read_of(kNoStream, stream, addr, size, polls);
+}
+
+void SimBackend::launch_read_of(StreamId owner, StreamId stream, Addr addr, std::size_t size, std::uint64_t polls) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (size == 0) misuse("launch", "size 0");
   if (config_.vmm) {
@@ -338,7 +345,24 @@ void SimBackend::launch(StreamId stream, Addr addr, std::size_t size, std::uint6
       misuse("launch", "kernel touches " + hex(addr) + " outside any segment (illegal address)");
     }
   }
-  kernels_[next_kernel_++] = KernelState{stream, addr, size, polls};
+  kernels_[next_kernel_++] = KernelState{stream, addr, size, polls, owner, {}};
+}
+
+void SimBackend::reused_by_owner(StreamId owner, Addr at, std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [id, k] : kernels_) {
+    if (k.owner == owner && k.addr < at + bytes && at < k.addr + k.size) k.owner = kNoStream;
+  }
+}
+
+bool SimBackend::unordered_reader(StreamId taker, Addr at, std::size_t bytes) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [id, k] : kernels_) {
+    if (k.owner == kNoStream || k.stream == taker || k.owner == taker) continue;
+    if (!(k.addr < at + bytes && at < k.addr + k.size)) continue;
+    if (std::find(k.ordered_for.begin(), k.ordered_for.end(), taker) == k.ordered_for.end()) return true;
+  }
+  return false;
 }
 
 std::size_t SimBackend::kernels_in_flight() const {

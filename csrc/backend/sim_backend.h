@@ -116,6 +116,20 @@ class SimBackend final : public Backend, public VmmPrimitives, public SegmentPri
   // A kernel on `stream` touching [addr, addr + size) for `polls` event polls
   // (see Kernels above). The memory must be mapped (or in a segment) now.
   void launch(StreamId stream, Addr addr, std::size_t size, std::uint64_t polls);
+  // The same kernel as the read of a tensor that `owner` allocated, made on
+  // `stream` and declared to the pool at its free (Note [Freed under another
+  // stream]): unordered_reader() watches it.
+  void launch_read_of(StreamId owner, StreamId stream, Addr addr, std::size_t size, std::uint64_t polls);
+  // True if memory just handed to `taker` at [at, at + bytes) is still read by
+  // such a kernel that neither runs on `taker` nor belongs to a tensor of
+  // `taker`'s (whose reuse on its own stream PyTorch allows) and that `taker`
+  // was not ordered after (order_streams) since its launch: on a GPU, taker's
+  // kernels would write under the read.
+  bool unordered_reader(StreamId taker, Addr at, std::size_t bytes) const;
+  // Memory at [at, at + bytes) went back to `owner` itself: PyTorch's own
+  // allocator reuses it there at once, so what such a read sees from then on is
+  // the program's to order; unordered_reader() stops watching those kernels.
+  void reused_by_owner(StreamId owner, Addr at, std::size_t bytes);
   std::size_t kernels_in_flight() const;
   // false: synchronize_device() refuses, as during a CUDA graph capture.
   void allow_device_sync(bool allowed);
@@ -172,6 +186,8 @@ class SimBackend final : public Backend, public VmmPrimitives, public SegmentPri
     Addr addr = 0;
     std::size_t size = 0;
     std::uint64_t polls_left = 0;
+    StreamId owner = kNoStream;          // launch_read_of(): the tensor's allocation stream
+    std::vector<StreamId> ordered_for;   // streams made to wait for it (order_streams)
   };
   // One event poll's worth of time passes for every kernel in flight.
   void tick_kernels();

@@ -188,8 +188,9 @@ void bind_core(py::module_& m) {
       .def("allocate_cached", &Pool::allocate_cached, py::arg("size"), py::arg("stream") = 0, py::arg("pool") = 0,
            py::arg("context") = 0, py::call_guard<py::gil_scoped_release>(),
            "A cached block that fits, or 0: no new memory, no OOM ladder, no OOM counted (use_on_oom lenders)")
-      .def("free", &Pool::deallocate, py::arg("addr"), py::arg("free_context") = 0,
-           py::call_guard<py::gil_scoped_release>())
+      .def("free", &Pool::deallocate, py::arg("addr"), py::arg("free_context") = 0, py::arg("current_stream") = kNoStream,
+           py::call_guard<py::gil_scoped_release>(),
+           "current_stream: the caller's current stream at the free, if known (Note [Freed under another stream])")
       .def("sequence", &Pool::sequence)
       .def("record_stream", &Pool::record_stream, py::arg("addr"), py::arg("stream"),
            py::call_guard<py::gil_scoped_release>())
@@ -286,6 +287,7 @@ void bind_core(py::module_& m) {
             else if (key == "run_below") o.run_below = item.second.cast<double>();
             else if (key == "run_below_limit") o.run_below_limit = item.second.cast<double>();
             else if (key == "foreign_readers") o.foreign_readers = item.second.cast<unsigned>();
+            else if (key == "declared_readers") o.declared_readers = item.second.cast<unsigned>();
             else if (key == "alias_reclaim") o.alias_reclaim = item.second.cast<bool>();
             else if (key == "private_pools") o.private_pools = item.second.cast<bool>();
             else if (key == "max_live") o.max_live = item.second.cast<std::size_t>();

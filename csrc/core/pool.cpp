@@ -348,7 +348,7 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
   return b->addr;
 }
 
-void Pool::Impl::deallocate(Addr addr, std::uint64_t free_context) {
+void Pool::Impl::deallocate(Addr addr, std::uint64_t free_context, StreamId current_stream) {
   Block* b = live.erase(addr);
   if (!b) {
     throw PoolError("free: " + hex(addr) +
@@ -363,8 +363,11 @@ void Pool::Impl::deallocate(Addr addr, std::uint64_t free_context) {
   const std::uint64_t context = free_context != 0 ? free_context : b->context;
   --heap->live_blocks;
   trace(TraceAction::kFreeRequested, addr, requested, stream, pool, context);
+  // Note [Freed under another stream]
+  const StreamId reader = current_stream != stream ? current_stream : kNoStream;
   if (!b->uses.empty()) {
     // Note [Record stream]: wait for every foreign stream before reuse.
+    if (reader != kNoStream && std::find(b->uses.begin(), b->uses.end(), reader) == b->uses.end()) b->uses.push_back(reader);
     Deferred d{b, {}};
     d.events.reserve(b->uses.size());
     for (StreamId s : b->uses) d.events.push_back(backend.record_event(s));
@@ -374,7 +377,7 @@ void Pool::Impl::deallocate(Addr addr, std::uint64_t free_context) {
     note_free_requested(small, size, requested, /*deferred=*/true);
     return;
   }
-  release_block(b, stream);
+  release_block(b, stream, reader);
   active_total -= size;
   note_free_requested(small, size, requested, /*deferred=*/false);
   note_free_completed(small, size);
@@ -501,11 +504,11 @@ Addr Pool::allocate_locked(std::size_t size, StreamId stream, PoolId pool, std::
   return a;
 }
 
-void Pool::deallocate(Addr addr, std::uint64_t free_context) {
+void Pool::deallocate(Addr addr, std::uint64_t free_context, StreamId current_stream) {
   std::lock_guard<std::mutex> lock(mutex_);
   detail::HostClock clock(impl_->time_host_ops, impl_->stats_.host_free_ns);  // Note [Host time]
   OpContext op(impl_->op_context, free_context);
-  impl_->deallocate(addr, free_context);
+  impl_->deallocate(addr, free_context, current_stream);
   impl_->after_op("free");
 }
 

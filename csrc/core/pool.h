@@ -71,6 +71,22 @@
 // give: deferred frees, fences of granules to stitch, and captures (no wait
 // may be added to a capturing stream).
 //
+// Note [Freed under another stream]
+// A tensor freed while the freeing thread's current stream U is not its
+// allocation stream S was, most likely, just used on U, and PyTorch tells the
+// allocator nothing of it without record_stream: a worker thread that reads a
+// tensor made on the default stream on a stream of its own, then drops it
+// (PyTorch's test_cusparse_multiple_threads_same_device). Natively that is
+// safe as long as S allocates nothing more meanwhile: the block goes back to
+// S's cache alone. Handed to a third stream T behind a wait on S only (Note
+// [Reuse behind a stream wait]), T's kernels would write it under U's read.
+// So the pool takes U as a reader of the freed block: S reuses it at once, as
+// natively; U behind a wait on S, as before (stream order covers U's own
+// read); any other stream only behind waits on S and on U (or a barrier). A
+// read on a stream that is neither the allocation stream nor current at the
+// free stays the program's to order (record_stream), as natively it is for
+// S's own reuse. A deferred free (record_stream) also waits for U.
+//
 // Note [Device barrier]
 // Reuse follows the free's stream; unmapping must follow every stream. A
 // tensor freed without record_stream may still be read by a kernel on a
@@ -340,7 +356,9 @@ class Pool {
   // `free_context` (0 = none) is the caller's context for this free: history
   // entries of the free and of any segment it unmaps carry it instead of the
   // allocation's (torch's _record_memory_history(context="all")).
-  void deallocate(Addr addr, std::uint64_t free_context = 0);
+  // `current_stream` (kNoStream: unknown) is the caller's current stream at the
+  // free (Note [Freed under another stream]).
+  void deallocate(Addr addr, std::uint64_t free_context = 0, StreamId current_stream = kNoStream);
   // Marks the block at `addr` as used on `stream` too (Note [Record stream]).
   void record_stream(Addr addr, StreamId stream);
 

@@ -16,6 +16,10 @@ using GranuleHandle = std::uint64_t;  // a backend's physical granule; 0 = none
 using EventHandle = std::uint64_t;    // a backend's stream event; 0 = none
 using PoolId = std::uint64_t;         // a private pool (CUDA graphs, MemPool); 0 = the default pool
 
+// No stream known (0 is a real one, the legacy default stream): a free whose
+// caller's current stream is unknown, a free block with no reader.
+constexpr StreamId kNoStream = ~StreamId{0} - 1;
+
 constexpr std::size_t kKiB = std::size_t{1} << 10;
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 constexpr std::size_t kGiB = std::size_t{1} << 30;

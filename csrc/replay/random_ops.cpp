@@ -25,6 +25,7 @@ struct LiveBlock {
   std::size_t requested;
   std::size_t rounded;
   PoolId pool;
+  StreamId stream;
 };
 
 class Runner {
@@ -155,7 +156,8 @@ class Runner {
     const std::size_t size = draw_size();
     PoolId pid = 0;
     if (!active_pools_.empty() && below(10) == 0) pid = active_pools_[below(active_pools_.size())];
-    const Addr a = pool_.allocate(size, draw_stream(), pid, step_);
+    const StreamId stream = draw_stream();
+    const Addr a = pool_.allocate(size, stream, pid, step_);
     if (!a) {
       ++summary_.ooms;
       return;
@@ -170,7 +172,13 @@ class Runner {
       if (prev->first + prev->second.rounded > a) return fail("new block overlaps a live block");
     }
     if (pool_.block_size(a) != rounded) return fail("block_size() does not return the rounded size");
-    live_.emplace(a, LiveBlock{size, rounded, pid});
+    if (o_.declared_readers) {
+      if (sim_.unordered_reader(stream, a, rounded)) {
+        return fail("memory handed to a stream while a declared reader on another still reads it, with no wait");
+      }
+      sim_.reused_by_owner(stream, a, rounded);
+    }
+    live_.emplace(a, LiveBlock{size, rounded, pid, stream});
     order_.push_back(a);
     live_bytes_ += rounded;
     summary_.peak_live = std::max<std::uint64_t>(summary_.peak_live, live_bytes_);
@@ -186,8 +194,16 @@ class Runner {
     if (o_.foreign_readers && below(o_.foreign_readers) == 0) {
       sim_.launch(draw_stream() + 1, a, it->second.requested, 1 + below(200));
     }
+    StreamId current = kNoStream;
+    if (o_.declared_readers && below(o_.declared_readers) == 0) {
+      const StreamId reader = draw_stream();
+      if (reader != it->second.stream) {
+        sim_.launch_read_of(it->second.stream, reader, a, it->second.requested, 1 + below(200));
+        current = reader;
+      }
+    }
     live_.erase(it);
-    pool_.deallocate(a);
+    pool_.deallocate(a, 0, current);
     ++summary_.frees;
   }
 

@@ -28,6 +28,11 @@ struct RandomOpsOptions {
   // reading the block (a free without record_stream); any unmap under it
   // fails the run (Note [Device barrier] in pool.h). 0 = never.
   unsigned foreign_readers = 4;
+  // Before one free in `declared_readers`, a kernel on another allocating
+  // stream reads the block and the free names that stream as current (Note
+  // [Freed under another stream]); memory handed to a third stream under it
+  // without a wait fails the run. 0 = never.
+  unsigned declared_readers = 4;
   bool alias_reclaim = true;            // PoolConfig.alias_reclaim
   bool private_pools = true;            // create/use/release private pools
   std::size_t max_live = 400;           // free when this many blocks are live

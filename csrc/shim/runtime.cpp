@@ -27,6 +27,7 @@
 #include <cuda_runtime_api.h>
 
 #include <c10/core/Allocator.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -453,7 +454,10 @@ void deallocate(void* ptr, int device) {
   const std::size_t size = profiling ? state->pool->block_size(reinterpret_cast<Addr>(ptr)) : 0;
   try {
     if (!park_if_private(*state, reinterpret_cast<Addr>(ptr))) {
-      state->pool->deallocate(reinterpret_cast<Addr>(ptr), free_context());
+      // Note [Freed under another stream] (core/pool.h): the current stream may have read it
+      const auto current = reinterpret_cast<StreamId>(
+          c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream());
+      state->pool->deallocate(reinterpret_cast<Addr>(ptr), free_context(), current);
     }
   } catch (const PoolError& error) {
     throw std::runtime_error("torchmem: free of address " + format_address(ptr) + " on device " +

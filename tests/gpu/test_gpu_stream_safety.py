@@ -95,17 +95,15 @@ def test_cublas_threads_freeing_default_stream_tensors_under_a_tight_budget():
     """))
 
 
-@pytest.mark.parametrize("stream_order", [True, False])
-def test_a_block_handed_to_another_stream_waits_for_the_old_one(stream_order):
-    """Note [Cross-stream reuse]: with no limit, a side stream's request takes the block
-    the default stream just freed (rather than new memory) behind a device-side wait on
-    the default stream. The default stream's last read of it runs late (after a sleep);
-    a write on the side stream that did not wait would land before that read and change
-    the sum. With stream_order=false the block changes streams only behind a device
-    barrier, or the side stream gets other memory."""
-    figures = last_json(run_python(textwrap.dedent(f"""
+def run_late_read(install_args, read_and_drop, taker):
+    """Three trials in a fresh process under torchmem.install(install_args): each makes `a`
+    (16M floats) on the default stream, runs `read_and_drop` (script lines that queue a late
+    read of `a`, after a sleep of `delay` cycles, 200 ms, and drop it), then has stream
+    `taker` ask for as much and fill it. The figures: the sums read, whether the taker got
+    a's address, and the pool's device-side waits and device barriers."""
+    head = textwrap.dedent(f"""
         import json, torch, torchmem
-        torchmem.install(stream_order={stream_order})
+        torchmem.install({install_args})
         # _sleep's cycles per ms, measured here (torch.testing._internal needs expecttest, a test-only
         # package): after one launch that loads the kernel, the median of five, so that the sleep
         # below is not cut short by a first launch's overhead counted as sleep
@@ -115,29 +113,64 @@ def test_a_block_handed_to_another_stream_waits_for_the_old_one(stream_order):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record(); torch.cuda._sleep(10_000_000); end.record(); end.synchronize()
             rates.append(10_000_000 / start.elapsed_time(end))
-        cycles_per_ms = sorted(rates)[2]
+        delay = int(200 * sorted(rates)[2])
         n = 16 << 20
-        side = torch.cuda.Stream()
-        sums = []
-        for trial in range(3):
+        side, third = torch.cuda.Stream(), torch.cuda.Stream()
+        sums, reused = [], []
+        for _ in range(3):
             a = torch.ones(n, device="cuda")
             ptr = a.data_ptr()
-            torch.cuda._sleep(int(200 * cycles_per_ms))  # the read below runs late
-            sums.append(a.sum())
-            del a  # freed on the default stream while its read is still queued
-            with torch.cuda.stream(side):
+    """)
+    tail = textwrap.dedent(f"""
+            with torch.cuda.stream({taker}):
                 b = torch.empty(n, device="cuda")
                 b.fill_(2.0)
-                reused = b.data_ptr() == ptr
+                reused.append(b.data_ptr() == ptr)
             torch.cuda.synchronize()
             del b
         stats = torchmem.memory_stats()
         print(json.dumps({{"sums": [float(s) for s in sums], "reused": reused,
                           "waits": stats["torchmem.backend.stream_wait_calls"],
                           "barriers": stats["num_sync_all_streams"]}}))
-    """)))
+    """)
+    return last_json(run_python(head + textwrap.indent(textwrap.dedent(read_and_drop), "    ") + tail))
+
+
+@pytest.mark.parametrize("stream_order", [True, False])
+def test_a_block_handed_to_another_stream_waits_for_the_old_one(stream_order):
+    """Note [Cross-stream reuse]: with no limit, a side stream's request takes the block
+    the default stream just freed (rather than new memory) behind a device-side wait on
+    the default stream. The default stream's last read of it runs late (after a sleep);
+    a write on the side stream that did not wait would land before that read and change
+    the sum. With stream_order=false the block changes streams only behind a device
+    barrier, or the side stream gets other memory."""
+    figures = run_late_read(f"stream_order={stream_order}", """
+        torch.cuda._sleep(delay)  # the read below runs late
+        sums.append(a.sum())
+        del a  # freed on the default stream while its read is still queued
+    """, taker="side")
     assert figures["sums"] == [float(16 << 20)] * 3
     if stream_order:
-        assert figures["reused"] and figures["waits"] >= 1 and figures["barriers"] == 0
+        assert figures["reused"][-1] and figures["waits"] >= 1 and figures["barriers"] == 0
     else:
-        assert figures["waits"] == 0 and (figures["barriers"] >= 1 or not figures["reused"])
+        assert figures["waits"] == 0 and (figures["barriers"] >= 1 or not figures["reused"][-1])
+
+
+def test_a_block_dropped_on_a_reader_stream_waits_for_that_reader():
+    """Note [Freed under another stream]: the pattern of PyTorch's
+    test_cusparse_multiple_threads_same_device. A tensor made on the default stream is read
+    late (after a sleep) on a reader stream and dropped there, with no record_stream; a
+    third stream's request then takes its block (with no limit, rather than new memory).
+    Natively the block would stay the default stream's, which allocates nothing more, so
+    the read is safe; under torchmem the third stream must wait for the reader as well as
+    for the default stream, or its write lands before the read and changes the sum."""
+    figures = run_late_read("", """
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # the reader
+            torch.cuda._sleep(delay)  # the read below runs late
+            sums.append(a.sum())
+            del a  # freed (on the default stream, its allocation stream) under the reader
+    """, taker="third")
+    assert figures["sums"] == [float(16 << 20)] * 3
+    # the handover took place (else the test shows nothing) behind device-side waits alone
+    assert any(figures["reused"]) and figures["waits"] >= 2 and figures["barriers"] == 0

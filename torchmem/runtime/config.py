@@ -241,7 +241,9 @@ OPTIONS = (
            "beside the compute stream), take the best one behind a device-side wait on those streams "
            "(an event recorded there, cudaStreamWaitEvent on the requesting stream) instead of "
            "waiting on the host for the whole device; with no limit set, also instead of new memory "
-           "(Note [Cross-stream reuse]). One wait covers every earlier free of that pair of streams. "
+           "(Note [Cross-stream reuse]), and on the stream that was current at the free if that was "
+           "another, which may have read the tensor (Note [Freed under another stream]). One wait "
+           "covers every earlier free of that pair of streams. "
            "False: a device barrier, or new memory, as PyTorch's allocator never shares cached memory "
            "between streams.",
            core="stream_order"),

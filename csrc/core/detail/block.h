@@ -50,6 +50,9 @@ struct alignas(64) Block {
   std::uint64_t context = 0;
   std::vector<StreamId> uses;   // record_stream() streams other than `stream`
   Segment* segment = nullptr;   // cuda_malloc mode: the segment it lies in
+  // Free blocks: the stream current where it was freed, when that was not the
+  // stream that freed it (Note [Freed under another stream] in pool.h).
+  StreamId free_reader = kNoStream;
 
   bool is_free() const { return state == BlockState::kInactive; }
   Addr end() const { return addr + size; }
@@ -70,6 +73,7 @@ class BlockArena {
     b->state = BlockState::kInactive;
     b->free_seq = 0;
     b->free_stream = 0;
+    b->free_reader = kNoStream;
     b->plan_item = ~std::uint32_t{0};
     b->requested = 0;
     b->prev = b->next = nullptr;

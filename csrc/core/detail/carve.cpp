@@ -37,17 +37,24 @@ void Pool::Impl::merge_tags(Block& into, const Block& other) {
   if (into.free_seq == 0 || behind_barrier(into.free_seq)) {
     into.free_stream = other.free_stream;
     into.free_seq = other.free_seq;
+    into.free_reader = other.free_reader;
     return;
   }
-  if (into.free_stream != other.free_stream) into.free_stream = detail::kMixedStreams;
+  // A reader's slot carries the free's sequence (release_block), so the mixed
+  // tag's walk over every stream covers it.
+  if (into.free_stream != other.free_stream || into.free_reader != other.free_reader) {
+    into.free_stream = detail::kMixedStreams;
+    into.free_reader = kNoStream;
+  }
   into.free_seq = std::max(into.free_seq, other.free_seq);
 }
 
-Block* Pool::Impl::release_block(Block* b, StreamId free_stream) {
+Block* Pool::Impl::release_block(Block* b, StreamId free_stream, StreamId reader) {
   Heap& heap = *b->heap;
   const int kind = heap.small ? 0 : 1;
   const std::uint32_t slot = slot_for(free_stream);
   slots[slot].last_free_seq = seq;
+  if (__builtin_expect(reader != kNoStream, 0)) slots[slot_for(reader)].last_free_seq = seq;  // Note [Freed under another stream]
   if (__builtin_expect(b->plan_item != detail::StepPlan::kNoItem, 0)) {  // Note [Step plan]: its name is free again
     detail::HostClock clock(time_host_ops, stats_.host_plan_ns);  // Note [Host time]
     plan.on_free(b->plan_item);
@@ -60,6 +67,7 @@ Block* Pool::Impl::release_block(Block* b, StreamId free_stream) {
   if (!b->uses.empty()) b->uses.clear();
   b->free_stream = free_stream;
   b->free_seq = seq;
+  b->free_reader = reader;
 
   // The merged block takes over the index entry of the first free neighbour
   // (FreeIndex::replace), so a merge costs at most one entry update and one

@@ -73,7 +73,7 @@ struct Pool::Impl {
   // ---- pool.cpp ----------------------------------------------------------------
   // cached_only: a cached block that fits, or 0 (no new memory, no ladder, no OOM counted).
   Addr allocate(std::size_t size, StreamId stream, PoolId pool, std::uint64_t context, bool cached_only);
-  void deallocate(Addr addr, std::uint64_t free_context = 0);
+  void deallocate(Addr addr, std::uint64_t free_context = 0, StreamId current_stream = kNoStream);
   void record_stream(Addr addr, StreamId stream);
   void create_private_pool(PoolId pool);
   void release_private_pool(PoolId pool);
@@ -154,6 +154,7 @@ struct Pool::Impl {
     upper->heap = f->heap;
     upper->segment = f->segment;
     upper->free_stream = f->free_stream;
+    upper->free_reader = f->free_reader;
     upper->free_seq = f->free_seq;
     upper->prev = f;
     upper->next = f->next;
@@ -164,8 +165,9 @@ struct Pool::Impl {
   // Turns the first `size` bytes of free block `b` into a live block; the rest
   // stays free. Granules must already be mapped (VMM).
   detail::Block* carve(detail::Block* b, std::size_t size);
-  // Makes a live or pending block free again and merges it with free neighbours.
-  detail::Block* release_block(detail::Block* b, StreamId free_stream);
+  // Makes a live or pending block free again and merges it with free neighbours;
+  // `reader` (kNoStream: none) is Note [Freed under another stream]'s stream.
+  detail::Block* release_block(detail::Block* b, StreamId free_stream, StreamId reader = kNoStream);
   void merge_tags(detail::Block& into, const detail::Block& other);
   bool poll_deferred(bool wait);  // true if some deferred free completed
 

@@ -56,7 +56,12 @@ bool Pool::Impl::backed(const Heap& heap, Addr addr, std::size_t size) const {
 // must be for any reuse.
 bool Pool::Impl::reusable_ordered(const Block& f, StreamId stream) {
   if (reusable(f, stream)) return true;
-  if (f.free_stream != detail::kMixedStreams) return order_after(stream, f.free_stream, f.free_seq);
+  if (f.free_stream != detail::kMixedStreams) {
+    // Note [Freed under another stream]: a third stream waits for the reader too.
+    const bool reader_ordered = f.free_reader == kNoStream || f.free_reader == stream ||
+                                order_after(stream, f.free_reader, f.free_seq);
+    return reader_ordered && order_after(stream, f.free_stream, f.free_seq);
+  }
   for (std::size_t s = 1; s < slots.size(); ++s) {  // slot 0: memory never used
     const detail::StreamSlot& slot = slots[s];
     if (slot.stream == stream || slot.last_free_seq == 0) continue;
