@@ -317,8 +317,8 @@ def warmup_table(rows, prices=None):
     took over the same shape once quiet (per step: minus the median of that shape's quiet steps in
     the same process), less the group's drift (group_drift_ms: what the same steps took over their
     quiet ones in the group's processes that made no driver call). "Per call" is what is left of
-    that time once the passes and a third of a step per barrier (Note [Barrier cost]) are taken
-    out, divided by the calls: the in-situ cost of a driver call that the replay's time model has
+    that time once the passes and each barrier's drain (a third of a step, at most the step's lag
+    where enqueue_s was recorded: Note [Barrier cost]) are taken out, divided by the calls: the in-situ cost of a driver call that the replay's time model has
     to match. `prices`: the calls' prices (torchmem._C.sim_costs() keys), e.g. a GPU probe's
     (torchmem.analysis.call_costs.costs_from_probe); by default the simulator's."""
     from torchmem._loader import _C  # the simulator's call prices (imports torch: here only)
@@ -353,7 +353,9 @@ def warmup_table(rows, prices=None):
         drift_ms, drift_noise_ms = group_drift_ms(row, rows, quiet)
         net_ms = gross_ms - (drift_ms or 0.0)
         noise_ms = math.hypot(added_noise_ms(by_shape, quiet), drift_noise_ms)
-        drain_ms = sum(step_cost_us(0.0, waits[i], warm[i % shapes] * 1e3) for i in range(quiet)) / 1e3
+        lag = shape_lags(row, quiet)
+        drain_ms = sum(step_cost_us(0.0, waits[i], warm[i % shapes] * 1e3,
+                                    None if lag is None else lag[i % shapes] * 1e3) for i in range(quiet)) / 1e3
         inside_noise = abs(net_ms) <= noise_ms
         per_call = (f"{(net_ms - pass_ms - drain_ms) * 1e3 / sum(calls):.1f}" if sum(calls) and not inside_noise
                     else "-")
@@ -382,6 +384,17 @@ def shape_medians(row, quiet):
         return None
     by_shape = quiet_by_shape(steps, quiet, shapes)
     return by_shape, {k: statistics.median(times) for k, times in by_shape.items()}
+
+
+def shape_lags(row, quiet):
+    """shape -> the median, over its quiet steps, of the step's time after the host had queued it
+    (step_s - enqueue_s): what a device wait can drain (Note [Barrier cost]); None where the run
+    did not record enqueue_s."""
+    steps, enqueue = row["step_s"], row.get("enqueue_s") or []
+    if len(enqueue) != len(steps):
+        return None
+    lags = [step - queued for step, queued in zip(steps, enqueue)]
+    return {k: statistics.median(v) for k, v in quiet_by_shape(lags, quiet, max(1, row.get("shapes") or 1)).items()}
 
 
 def added_ms(row, quiet, warm):

@@ -260,12 +260,16 @@ def test_bundled_traces_by_name_and_list(capsys):
 
 def test_a_device_wait_costs_a_third_of_the_step_in_the_time_model():
     """Note [Barrier cost]: the replay's step figures charge each wait for the whole device the
-    pipeline it drains, a third of the workload's step, on top of the simulated driver calls."""
+    pipeline it drains, a third of the workload's step (at most the step's lag where measured), on
+    top of the simulated driver calls."""
     from torchmem.cli.anchors import BARRIER_DRAIN_STEPS, step_cost_us
 
     assert BARRIER_DRAIN_STEPS == pytest.approx(1 / 3)
     assert step_cost_us(5_000.0, 0, step_ms=90.0) == 5_000.0
     assert step_cost_us(5_000.0, 2, step_ms=90.0) == pytest.approx(5_000.0 + 2 * 30_000.0)
+    # a measured lag bounds each wait's drain: a host-bound step's GPU has little queued
+    assert step_cost_us(5_000.0, 2, step_ms=90.0, lag_ms=1.5) == pytest.approx(5_000.0 + 2 * 1_500.0)
+    assert step_cost_us(5_000.0, 2, step_ms=90.0, lag_ms=80.0) == pytest.approx(5_000.0 + 2 * 30_000.0)
 
 
 def test_planning_passes_are_shown_beside_the_driver_time(tmp_path, capsys):

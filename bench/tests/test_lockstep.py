@@ -162,6 +162,21 @@ def test_warmup_table_takes_out_planning_passes_and_barriers_before_pricing_a_ca
     assert "| torchmem#0 | 3 | 1,600 | 500 | 1 |" in table
 
 
+def test_warmup_table_bounds_a_barrier_s_drain_by_the_step_s_lag(tmp_path):
+    """Note [Barrier cost]: where the run recorded when the host had queued each step (enqueue_s),
+    a barrier drains at most the step's lag behind it; on a host-bound step (lag 2 ms of 100) that,
+    not a third of the step, is taken out before pricing the calls."""
+    steps = [0.2, 0.1, 0.5] + [0.05] + [0.1, 0.05] * 2  # as above: quiet from step 3
+    plan = [{"num_plan_passes": 0, "plan_pass_us": 0}] * 3 + [{}, {"num_plan_passes": 1, "plan_pass_us": 300_000}]
+    plan += [{}] * 5
+    lags = [0.002 if i % 2 == 0 else 0.001 for i in range(len(steps))]  # shape 0: 2 ms, shape 1: 1 ms
+    torchmem = dict(result("torchmem", 1, steps, "torchmem#0"), shapes=2, budget=1.05,
+                    driver_calls_per_step=[1000, 0, 500, 0, 0, 0, 0, 0], barriers_per_step=[1, 0, 0, 0, 0, 0, 0, 0],
+                    plan_per_step=plan, enqueue_s=[step - lag for step, lag in zip(steps, lags)])
+    # per call: (550 - 300 - 2) ms / 1,500 calls = 165.3 us (a third of the step would leave 144.4)
+    assert "| torchmem#0 | 3 | 1,500 | - | 1 | 1: 300 | 550 | - | 165.3 |" in "\n".join(tables(tmp_path, [torchmem]))
+
+
 def test_main_tags_each_result_with_its_group(tmp_path, monkeypatch):
     """main() end to end with a stand-in for gpu_workloads.py that writes a result line."""
     stand_in = tmp_path / "stand_in.py"

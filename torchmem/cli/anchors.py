@@ -41,17 +41,25 @@ def step_timing(anchor_rows):
 # (device_sync_us); the replay's step figures add BARRIER_DRAIN_STEPS of the
 # workload's measured step per wait. Why a third: a least-squares fit of the
 # H200's warm-up steps under a budget gives about a third of a step per wait.
-# The model leaves out the planning pass (host time, reported apart:
-# Note [Planning pass cost]). Driver calls themselves neither wait for the
-# device nor slow its kernels (bench/vmm_busy_probe.py), so what they and the
-# barriers add is host time: the step's time where the step is host-bound,
-# and an upper bound where the GPU is the bottleneck and hides it (a barrier
-# drains only what the host queued ahead of it; long accumulation steps are
-# the case). BENCHMARKS.md, The replay's time model against the GPU.
+# A wait drains only what the host queued ahead of it, so where a run measured
+# the step's lag (the time from the host's last launch to the step's end:
+# lockstep's enqueue_s), the drain per wait is at most that lag: a host-bound
+# step, whose GPU keeps up with each launch, loses almost nothing to a wait
+# however long the step (long gradient accumulation is the case). The model
+# leaves out the planning pass (host time, reported apart: Note [Planning pass
+# cost]). Driver calls themselves neither wait for the device nor slow its
+# kernels (bench/vmm_busy_probe.py), so what they and the barriers add is host
+# time: the step's time where the step is host-bound, and an upper bound where
+# the GPU is the bottleneck and hides it. BENCHMARKS.md, The replay's time
+# model against the GPU.
 BARRIER_DRAIN_STEPS = 1 / 3
 
 
-def step_cost_us(driver_us, barriers, step_ms):
+def step_cost_us(driver_us, barriers, step_ms, lag_ms=None):
     """Modeled host time of the driver calls plus the pipeline drained by `barriers` device waits
-    (Note [Barrier cost]), in microseconds."""
-    return driver_us + barriers * BARRIER_DRAIN_STEPS * step_ms * 1000
+    (Note [Barrier cost]), in microseconds. `lag_ms`, where measured: the step's GPU work still
+    queued when the host had launched it all, which bounds each wait's drain."""
+    drain_ms = BARRIER_DRAIN_STEPS * step_ms
+    if lag_ms is not None:
+        drain_ms = min(drain_ms, max(0.0, lag_ms))
+    return driver_us + barriers * drain_ms * 1000
