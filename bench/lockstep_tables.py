@@ -318,8 +318,9 @@ def warmup_table(rows, prices=None):
     the same process), less the group's drift (group_drift_ms: what the same steps took over their
     quiet ones in the group's processes that made no driver call). "Per call" is what is left of
     that time once the passes and each barrier's drain (a third of a step, at most the step's lag
-    where enqueue_s was recorded: Note [Barrier cost]) are taken out, divided by the calls: the in-situ cost of a driver call that the replay's time model has
-    to match. `prices`: the calls' prices (torchmem._C.sim_costs() keys), e.g. a GPU probe's
+    where enqueue_s was recorded: Note [Barrier cost]) are taken out, divided by the calls: the
+    in-situ cost of a driver call that the replay's time model has to match. `prices`: the calls'
+    prices (torchmem._C.sim_costs() keys), e.g. a GPU probe's
     (torchmem.analysis.call_costs.costs_from_probe); by default the simulator's."""
     from torchmem._loader import _C  # the simulator's call prices (imports torch: here only)
     from torchmem.cli.anchors import step_cost_us  # the replay's own barrier price
