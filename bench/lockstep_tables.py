@@ -390,12 +390,12 @@ def shape_medians(row, quiet):
 def shape_lags(row, quiet):
     """shape -> the median, over its quiet steps, of the step's time after the host had queued it
     (step_s - enqueue_s): what a device wait can drain (Note [Barrier cost]); None where the run
-    did not record enqueue_s."""
+    did not record enqueue_s (or, as for shape_medians, its quiet steps hold no whole cycle)."""
     steps, enqueue = row["step_s"], row.get("enqueue_s") or []
     if len(enqueue) != len(steps):
         return None
-    lags = [step - queued for step, queued in zip(steps, enqueue)]
-    return {k: statistics.median(v) for k, v in quiet_by_shape(lags, quiet, max(1, row.get("shapes") or 1)).items()}
+    lags = shape_medians(dict(row, step_s=[step - queued for step, queued in zip(steps, enqueue)]), quiet)
+    return lags and lags[1]
 
 
 def added_ms(row, quiet, warm):
