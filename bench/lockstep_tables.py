@@ -318,8 +318,9 @@ def warmup_table(rows, prices=None):
     the same process), less the group's drift (group_drift_ms: what the same steps took over their
     quiet ones in the group's processes that made no driver call). "Per call" is what is left of
     that time once the passes and each barrier's drain (a third of a step, at most the step's lag
-    where enqueue_s was recorded: Note [Barrier cost]) are taken out, divided by the calls: the in-situ cost of a driver call that the replay's time model has
-    to match. `prices`: the calls' prices (torchmem._C.sim_costs() keys), e.g. a GPU probe's
+    where enqueue_s was recorded: Note [Barrier cost]) are taken out, divided by the calls: the
+    in-situ cost of a driver call that the replay's time model has to match. `prices`: the calls'
+    prices (torchmem._C.sim_costs() keys), e.g. a GPU probe's
     (torchmem.analysis.call_costs.costs_from_probe); by default the simulator's."""
     from torchmem._loader import _C  # the simulator's call prices (imports torch: here only)
     from torchmem.cli.anchors import step_cost_us  # the replay's own barrier price
@@ -389,12 +390,12 @@ def shape_medians(row, quiet):
 def shape_lags(row, quiet):
     """shape -> the median, over its quiet steps, of the step's time after the host had queued it
     (step_s - enqueue_s): what a device wait can drain (Note [Barrier cost]); None where the run
-    did not record enqueue_s."""
+    did not record enqueue_s (or, as for shape_medians, its quiet steps hold no whole cycle)."""
     steps, enqueue = row["step_s"], row.get("enqueue_s") or []
     if len(enqueue) != len(steps):
         return None
-    lags = [step - queued for step, queued in zip(steps, enqueue)]
-    return {k: statistics.median(v) for k, v in quiet_by_shape(lags, quiet, max(1, row.get("shapes") or 1)).items()}
+    lags = shape_medians(dict(row, step_s=[step - queued for step, queued in zip(steps, enqueue)]), quiet)
+    return lags and lags[1]
 
 
 def added_ms(row, quiet, warm):
