@@ -262,7 +262,7 @@ struct TraceEntry {
   std::uint64_t sequence; // position in the pool's operation order
 };
 
-enum class BlockState : int { kAllocated = 0, kPendingFree = 1, kInactive = 2 };
+enum class BlockState : std::uint8_t { kAllocated = 0, kPendingFree = 1, kInactive = 2 };
 
 struct BlockInfo {
   Addr addr;

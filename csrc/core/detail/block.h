@@ -42,6 +42,11 @@ struct alignas(64) Block {
   StreamId free_stream = 0;
   std::uint64_t free_seq = 0;
   BlockState state = BlockState::kInactive;
+  // Free blocks: the slot (Pool::Impl::slots) of the stream current where it
+  // was freed, when that was not the stream that freed it (Note [Freed under
+  // another stream] in pool.h); 0, the never-used slot: none. A slot, not a
+  // StreamId, so that it fits the first line, which merge and split read.
+  std::uint16_t reader_slot = 0;
   // The block's name in the step plan (Note [Step plan]), or ~0 for none.
   std::uint32_t plan_item = ~std::uint32_t{0};
   // Live blocks: what allocate() was told.
@@ -50,9 +55,6 @@ struct alignas(64) Block {
   std::uint64_t context = 0;
   std::vector<StreamId> uses;   // record_stream() streams other than `stream`
   Segment* segment = nullptr;   // cuda_malloc mode: the segment it lies in
-  // Free blocks: the stream current where it was freed, when that was not the
-  // stream that freed it (Note [Freed under another stream] in pool.h).
-  StreamId free_reader = kNoStream;
 
   bool is_free() const { return state == BlockState::kInactive; }
   Addr end() const { return addr + size; }
@@ -73,7 +75,7 @@ class BlockArena {
     b->state = BlockState::kInactive;
     b->free_seq = 0;
     b->free_stream = 0;
-    b->free_reader = kNoStream;
+    b->reader_slot = 0;
     b->plan_item = ~std::uint32_t{0};
     b->requested = 0;
     b->prev = b->next = nullptr;

@@ -37,16 +37,26 @@ void Pool::Impl::merge_tags(Block& into, const Block& other) {
   if (into.free_seq == 0 || behind_barrier(into.free_seq)) {
     into.free_stream = other.free_stream;
     into.free_seq = other.free_seq;
-    into.free_reader = other.free_reader;
+    into.reader_slot = other.reader_slot;
     return;
   }
   // A reader's slot carries the free's sequence (release_block), so the mixed
   // tag's walk over every stream covers it.
-  if (into.free_stream != other.free_stream || into.free_reader != other.free_reader) {
+  if (into.free_stream != other.free_stream || into.reader_slot != other.reader_slot) {
     into.free_stream = detail::kMixedStreams;
-    into.free_reader = kNoStream;
+    into.reader_slot = 0;
   }
   into.free_seq = std::max(into.free_seq, other.free_seq);
+}
+
+void Pool::Impl::tag_reader(Block& b, StreamId reader) {
+  const std::uint32_t r = slot_for(reader);
+  slots[r].last_free_seq = seq;
+  if (r <= 0xFFFF) {
+    b.reader_slot = static_cast<std::uint16_t>(r);
+  } else {
+    b.free_stream = detail::kMixedStreams;  // past 65,535 streams: the mixed tag's walk covers the reader
+  }
 }
 
 Block* Pool::Impl::release_block(Block* b, StreamId free_stream, StreamId reader) {
@@ -54,7 +64,6 @@ Block* Pool::Impl::release_block(Block* b, StreamId free_stream, StreamId reader
   const int kind = heap.small ? 0 : 1;
   const std::uint32_t slot = slot_for(free_stream);
   slots[slot].last_free_seq = seq;
-  if (__builtin_expect(reader != kNoStream, 0)) slots[slot_for(reader)].last_free_seq = seq;  // Note [Freed under another stream]
   if (__builtin_expect(b->plan_item != detail::StepPlan::kNoItem, 0)) {  // Note [Step plan]: its name is free again
     detail::HostClock clock(time_host_ops, stats_.host_plan_ns);  // Note [Host time]
     plan.on_free(b->plan_item);
@@ -67,7 +76,8 @@ Block* Pool::Impl::release_block(Block* b, StreamId free_stream, StreamId reader
   if (!b->uses.empty()) b->uses.clear();
   b->free_stream = free_stream;
   b->free_seq = seq;
-  b->free_reader = reader;
+  b->reader_slot = 0;
+  if (__builtin_expect(reader != kNoStream, 0)) tag_reader(*b, reader);  // Note [Freed under another stream]
 
   // The merged block takes over the index entry of the first free neighbour
   // (FreeIndex::replace), so a merge costs at most one entry update and one

@@ -154,7 +154,7 @@ struct Pool::Impl {
     upper->heap = f->heap;
     upper->segment = f->segment;
     upper->free_stream = f->free_stream;
-    upper->free_reader = f->free_reader;
+    upper->reader_slot = f->reader_slot;
     upper->free_seq = f->free_seq;
     upper->prev = f;
     upper->next = f->next;
@@ -169,6 +169,9 @@ struct Pool::Impl {
   // `reader` (kNoStream: none) is Note [Freed under another stream]'s stream.
   detail::Block* release_block(detail::Block* b, StreamId free_stream, StreamId reader = kNoStream);
   void merge_tags(detail::Block& into, const detail::Block& other);
+  // Note [Freed under another stream]: `b`, just freed, takes `reader` as its
+  // reader (out of line: the free's fast path has none).
+  [[gnu::noinline]] void tag_reader(detail::Block& b, StreamId reader);
   bool poll_deferred(bool wait);  // true if some deferred free completed
 
   // ---- detail/placement.cpp -------------------------------------------------

@@ -58,8 +58,8 @@ bool Pool::Impl::reusable_ordered(const Block& f, StreamId stream) {
   if (reusable(f, stream)) return true;
   if (f.free_stream != detail::kMixedStreams) {
     // Note [Freed under another stream]: a third stream waits for the reader too.
-    const bool reader_ordered = f.free_reader == kNoStream || f.free_reader == stream ||
-                                order_after(stream, f.free_reader, f.free_seq);
+    const bool reader_ordered = f.reader_slot == 0 || slots[f.reader_slot].stream == stream ||
+                                order_after(stream, slots[f.reader_slot].stream, f.free_seq);
     return reader_ordered && order_after(stream, f.free_stream, f.free_seq);
   }
   for (std::size_t s = 1; s < slots.size(); ++s) {  // slot 0: memory never used
