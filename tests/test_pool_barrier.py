@@ -259,3 +259,77 @@ def test_two_streams_share_one_cache_with_no_limit(seed):
     assert shared.ooms == 0 and shared.device_barriers == 0
     assert shared.ratio <= native.ratio * 1.01
     assert shared.peak_reserved <= apart.peak_reserved
+
+
+def scope(sim):
+    """A MemPool scope or a capture (torch.compile's cudagraph trees warm up in one):
+    the backend refuses device barriers and stream waits."""
+    sim.allow_device_sync(False)
+    sim.allow_stream_order(False)
+
+
+def test_a_reader_joins_a_merge_of_the_same_stream_and_its_stream_reuses_it_in_a_scope():
+    """Note [Freed under another stream]: cudagraph trees free a warm-up's outputs under the
+    default stream, its other blocks on the tree's own stream. Merged, the two neighbours
+    are one stream's frees with one reader: the tree's stream takes them at once, with no
+    wait and no barrier, which a scope refuses (the merged block was tagged as freed by
+    several streams, and the warm-up ran out of memory with the device empty)."""
+    sim = _C.SimBackend(capacity=64 * MiB, event_delay=1000)
+    pool = _C.Pool(sim, dict(debug_checks=True))
+    pool.create_private_pool(1)
+    tree = SIDE
+    a = pool.allocate(4 * MiB, stream=tree, pool=1)
+    b = pool.allocate(4 * MiB, stream=tree, pool=1)
+    pool.free(a, current_stream=DEFAULT)  # read under the default stream
+    pool.free(b)
+    scope(sim)
+    assert pool.allocate(8 * MiB, stream=tree, pool=1) == a
+    assert pool.stats()["num_ooms"] == 0
+    pool.free(a, current_stream=DEFAULT)
+    # a third stream would wait for the tree's stream and the reader; the scope refuses
+    # waits, so it takes the unmapped memory past a
+    assert pool.allocate(8 * MiB, stream=THIRD, pool=1) >= a + 8 * MiB
+    assert pool.stats()["num_ooms"] == 0 and sim.counters()["stream_wait_calls"] == 0
+    pool.check_invariants()
+
+
+@pytest.mark.parametrize("private", [False, True])
+def test_in_a_scope_a_request_fenced_off_every_cached_block_takes_the_unmapped_tail(private):
+    """Note [Unmapped tail]: with waits and barriers refused, memory another stream freed
+    cannot be handed over; the request takes unmapped memory past it (PyTorch's allocator
+    makes a new segment), not an out-of-memory error with the device empty."""
+    sim = _C.SimBackend(capacity=64 * MiB, event_delay=1000)
+    pool = _C.Pool(sim, dict(debug_checks=True))
+    pid = 1 if private else 0
+    if private:
+        pool.create_private_pool(pid)
+    a = pool.allocate(4 * MiB, stream=DEFAULT, pool=pid)
+    b = pool.allocate(1 * MiB, stream=DEFAULT, pool=pid)  # its granule also holds what follows it
+    pool.free(a)
+    pool.free(b)
+    scope(sim)
+    c = pool.allocate(4 * MiB, stream=SIDE, pool=pid)
+    assert c and c >= b + 2 * MiB  # past b's granule
+    assert pool.stats()["num_ooms"] == 0
+    pool.free(c)
+    sim.allow_device_sync(True)
+    sim.allow_stream_order(True)
+    assert pool.allocate(8 * MiB, stream=SIDE, pool=pid)
+    pool.check_invariants()
+
+
+def test_in_a_scope_many_streams_each_take_the_tail_without_running_out_of_range():
+    """Each stream's first request in a scope takes the unmapped tail past what the
+    others cached: the range is used granule by granule, so forty of them fit in a range
+    of twice the device (the pool's default)."""
+    sim = _C.SimBackend(capacity=256 * MiB, event_delay=1000)
+    pool = _C.Pool(sim, dict(debug_checks=True))
+    scope(sim)
+    taken = []
+    for s in range(10, 50):
+        taken.append(pool.allocate(4 * MiB, stream=s))
+        pool.free(taken[-1])
+    assert all(taken) and len(set(taken)) == 40
+    stats = pool.stats()
+    assert stats["num_ooms"] == 0 and stats["num_device_barriers"] == 0
+    pool.check_invariants()

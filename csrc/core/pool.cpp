@@ -303,11 +303,12 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
   if (!b) {
     // Step 4: wait for deferred frees and fences, then try again.
     bool waited = !deferred.empty() || slots.size() > 1;
+    bool barrier_refused = false;
     if (waited) {
       // Note [Cross-stream reuse]: what other streams freed becomes reusable
       // behind a barrier (refused during a capture: the fences still help).
       if (pool == 0) plan_note_pressure();
-      device_barrier();
+      barrier_refused = !device_barrier();
       poll_deferred(true);
       sync_all_fences();
       ++stats_.num_sync_all_streams;
@@ -325,6 +326,7 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
       plan_drop(/*rearm=*/true);
       b = attempt();
     }
+    if (!b && vmm && barrier_refused) b = take_unmapped_tail(*heap, rounded, stream);  // Note [Unmapped tail]
     if (!b) {
       plan.on_free(item);
       ++stats_.num_ooms;

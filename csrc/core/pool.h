@@ -85,7 +85,12 @@
 // read); any other stream only behind waits on S and on U (or a barrier). A
 // read on a stream that is neither the allocation stream nor current at the
 // free stays the program's to order (record_stream), as natively it is for
-// S's own reuse. A deferred free (record_stream) also waits for U.
+// S's own reuse. A deferred free (record_stream) also waits for U. Free
+// neighbours that S freed merge keeping S, and the reader if one of them had
+// one (two different readers: the mixed tag), so that S still reuses the
+// merged block at once where waits and barriers are refused: the warm-up of
+// torch.compile's cudagraph trees runs in a MemPool scope on a stream of its
+// own, and the default stream frees its outputs.
 //
 // Note [Device barrier]
 // Reuse follows the free's stream; unmapping must follow every stream. A
@@ -124,6 +129,9 @@
 //      30 s by one process of the H200 sharing scenario (bench/share_scenario.py);
 //   6. a step plan in force gives its arena's cache back (Note [Step plan
 //      arena]) and 3 is tried once more;
+//   6b. VMM, when 4's barrier was refused (a capture, a MemPool scope): the
+//      heap's unmapped tail, past every fenced fit (Note [Unmapped tail] in
+//      detail/stream_reuse.cpp);
 //   7. give up: num_ooms += 1, record an "oom" trace entry, return 0.
 // A request that cannot fit whatever steps 4 and 5 do (the live blocks plus
 // the request exceed the budget by more than the two granules it could share

@@ -40,9 +40,16 @@ void Pool::Impl::merge_tags(Block& into, const Block& other) {
     into.reader_slot = other.reader_slot;
     return;
   }
-  // A reader's slot carries the free's sequence (release_block), so the mixed
-  // tag's walk over every stream covers it.
-  if (into.free_stream != other.free_stream || into.reader_slot != other.reader_slot) {
+  // Note [Freed under another stream]: one stream's frees, at most one of them
+  // with a reader, keep that stream and reader (a third stream waits for both up
+  // to the later free), so the stream still reuses the merged block at once: in
+  // a capture or a MemPool scope, which refuse waits and barriers, nothing else
+  // could hand it over. Otherwise the mixed tag, whose walk over every stream
+  // covers a reader (its slot carries the free's sequence, release_block).
+  if (into.free_stream == other.free_stream &&
+      (into.reader_slot == other.reader_slot || into.reader_slot == 0 || other.reader_slot == 0)) {
+    into.reader_slot = into.reader_slot != 0 ? into.reader_slot : other.reader_slot;
+  } else {
     into.free_stream = detail::kMixedStreams;
     into.reader_slot = 0;
   }

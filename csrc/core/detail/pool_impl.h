@@ -350,6 +350,10 @@ struct Pool::Impl {
   detail::Block* find_fit_ordered(detail::Heap& heap, std::size_t size, StreamId stream);
   // Some fit among find_fit's candidates is fenced by other streams' frees.
   bool fenced_fit(detail::Heap& heap, std::size_t size, StreamId stream);
+  // Note [Unmapped tail]: a live block of `size` at the start of the VMM
+  // heap's unmapped tail, backed as allocate() backs any fit; null if the
+  // tail is too short or cannot be backed.
+  [[gnu::noinline]] detail::Block* take_unmapped_tail(detail::Heap& heap, std::size_t size, StreamId stream);
   // The best fit that other streams fence but whose memory is all mapped, taken
   // behind a wait on them (reusable_ordered); null if none among the first few.
   detail::Block* find_backed_fit_ordered(detail::Heap& heap, std::size_t size, StreamId stream);

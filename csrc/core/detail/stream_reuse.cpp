@@ -70,6 +70,51 @@ bool Pool::Impl::reusable_ordered(const Block& f, StreamId stream) {
   return true;
 }
 
+// Note [Unmapped tail]
+// No kernel can be using the part of a VMM heap's range past its last granule
+// that holds memory (or waits to be unmapped): it was never used, or its
+// memory was unmapped, which the pool does only behind a device barrier that
+// began after the last free there (Note [Device barrier]). So any stream may
+// take it with no wait, whatever the tags of the free block it lies in. The
+// OOM ladder's last step before giving up, when the device barrier was
+// refused (a capture, or a MemPool scope such as the warm-up of
+// torch.compile's cudagraph trees) and every cached fit is fenced by another
+// stream's frees: the request takes memory there, as PyTorch's allocator makes
+// a new segment, instead of running out of memory with the device empty. The
+// free block that runs to the end of the range holds that tail; it is split at
+// the tail's first granule, and its upper part tagged as never used.
+Block* Pool::Impl::take_unmapped_tail(Heap& heap, std::size_t size, StreamId stream) {
+  std::size_t first = heap.granules.size();
+  while (first > 0) {
+    const detail::Granule& g = heap.granules[first - 1];
+    if (g.backed() || g.stale || g.live) break;
+    --first;
+  }
+  const Addr line = heap.base + first * gran;
+  const Addr end = heap.base + heap.span;
+  if (line >= end || end - line < size) return nullptr;
+  const std::size_t missing = pin(heap, line, size);
+  if (missing && !acquire(heap, line, size, missing, size, stream)) {
+    unpin(heap, line, size, 0, 0, /*restore=*/true);
+    return nullptr;
+  }
+  // Split only now, so that a failure leaves the blocks as they were.
+  Block* tail = nullptr;
+  heap.free.for_each_descending([&](Block* c) {  // the tail is nearly always the largest
+    if (c->end() == end) tail = c;
+    return tail == nullptr;
+  });
+  if (!tail || tail->addr > line) {  // not seen: a block past the line would hold a backed granule
+    unpin(heap, line, size, 0, 0, /*restore=*/true);
+    return nullptr;
+  }
+  Block* fresh = split_free_at(tail, line);
+  fresh->free_stream = 0;
+  fresh->free_seq = 0;
+  fresh->reader_slot = 0;
+  return carve(fresh, size);
+}
+
 bool Pool::Impl::order_after(StreamId waiter, StreamId signaler, std::uint64_t free_seq) {
   auto it = std::find_if(stream_orders.begin(), stream_orders.end(),
                          [&](const StreamOrder& o) { return o.waiter == waiter && o.signaler == signaler; });
