@@ -167,7 +167,7 @@ def memory_figures(torch, allocator):
 
 
 STEP_COUNTER_KEYS = ("torchmem.num_plans", "torchmem.num_plan_hits", "torchmem.num_plan_misses", "torchmem.num_plan_drops",
-             "torchmem.num_plan_passes", "torchmem.plan_pass_us", "torchmem.num_plan_lookups", "torchmem.num_lazy_pins", "torchmem.num_reclaims",
+             "torchmem.num_plan_passes", "torchmem.plan_pass_us", "torchmem.num_plan_lookups", "torchmem.num_lazy_pins", "torchmem.num_growths", "torchmem.num_reclaims",
              "num_ooms",
              "num_alloc_retries",
              # the driver calls by kind: what a step's calls cost depends on the mix (an unmap waits

@@ -347,6 +347,9 @@ def warmup_table(rows, prices=None):
         # The backend's calls by kind per step, where the run recorded them (older runs did not).
         by_kind = bool(plans) and all("unmap_calls" in p for p in plans)
         unmaps = f"{sum(p['unmap_calls'] for p in plans):,}" if by_kind else "-"
+        # Growths (num_growths, Note [Map groups]): the bursts the calls came in, where recorded.
+        growths = (f" in {sum(p['num_growths'] for p in plans):,} growths"
+                   if plans and all("num_growths" in p for p in plans) else "")
         if by_kind:  # the backend's count, the one the model prices (older runs' counts left out alias unmaps)
             calls = [sum(p.get(f"{kind}_calls", 0) for kind in CALL_PRICES) for p in plans]
         pass_ms = sum(p.get("plan_pass_us", 0) for p in plans) / 1e3
@@ -372,7 +375,7 @@ def warmup_table(rows, prices=None):
                 error = f"{model_ms / net_ms - 1:+.0%}"
         process = (row.get("lockstep") or {}).get("process", "")
         lines.append(f"| {row['workload']} | {budget_label(row['budget'])} | {row['allocator']} | {process} | "
-                     f"{quiet} | {sum(calls):,} | {unmaps} | {sum(waits)} | {passes}: {pass_ms:.0f} | {gross_ms:.0f} | "
+                     f"{quiet} | {sum(calls):,}{growths} | {unmaps} | {sum(waits)} | {passes}: {pass_ms:.0f} | {gross_ms:.0f} | "
                      f"{'-' if drift_ms is None else f'{drift_ms:.0f}'} | {per_call} | {model} | {error} |")
     return "\n".join(lines)
 

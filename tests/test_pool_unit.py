@@ -438,6 +438,21 @@ def test_stats_have_every_key():
     assert "map_calls" in s["backend"]
 
 
+def test_growths_count_the_bursts_of_driver_calls():
+    # num_growths (Note [Map groups]): one per mapping of new memory, however many granules it
+    # maps; a request the cache serves makes none.
+    _, pool = make()
+    a = pool.allocate(8 * MiB)                 # one growth of 4 granules
+    b = pool.allocate(3 * MiB)                 # another, of 2
+    s = pool.stats()
+    assert (s["num_growths"], s["num_device_alloc"], s["backend"]["map_calls"]) == (2, 6, 6)
+    pool.free(a)
+    pool.free(pool.allocate(8 * MiB))          # from the cache
+    assert pool.stats()["num_growths"] == 2
+    pool.free(b)
+    pool.check_invariants()
+
+
 def test_peak_and_accumulated_resets():
     _, pool = make()
     a = pool.allocate(8 * MiB)

@@ -644,3 +644,17 @@ def test_expandable_calls_are_counted_by_page_not_by_mapped_range():
              "reserved_bytes.small_pool.allocated": 5 * (2 << 20), "reserved_bytes.small_pool.freed": 0,
              "num_device_alloc": 2}  # two mapped ranges, eight pages
     assert gpu_workloads.expandable_page_calls(stats) == 2 * (3 + 1 + 5)
+
+
+def test_warmup_table_says_how_many_growths_the_calls_came_in(tmp_path):
+    """num_growths (Note [Map groups]): where the run recorded it, the warm-up's driver calls are
+    shown with the bursts they came in; older runs, without it, show the calls alone."""
+    steps = [0.12, 0.08, 0.12, 0.10, 0.08, 0.12, 0.08]
+    plan = [{"num_plan_passes": 0, "plan_pass_us": 0, "create_calls": 50, "map_calls": 50,
+             "unmap_calls": 0, "release_calls": 0, "num_growths": 4}] + [{}] * 6
+    row = dict(result("torchmem", 1, steps, "torchmem#0"), shapes=1, budget=1.05,
+               driver_calls_per_step=[100] + [0] * 6, barriers_per_step=[0] * 7, plan_per_step=plan)
+    assert "| 1 | 100 in 4 growths | 0 | 0 |" in "\n".join(tables(tmp_path, [row]))
+    del plan[0]["num_growths"]
+    (tmp_path / "old").mkdir()
+    assert "| 1 | 100 | 0 | 0 |" in "\n".join(tables(tmp_path / "old", [dict(row, plan_per_step=plan)]))

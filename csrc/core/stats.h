@@ -83,6 +83,8 @@ enum StatKind : int { kStatAll = 0, kStatSmallPool = 1, kStatLargePool = 2, kSta
 //                         (Note [Naming on the host])
 //   num_lazy_pins         plan arenas found wholly mapped, which stopped counting per granule
 //                         (Note [Lazy pins])
+//   num_growths           mappings of new or moved memory, each one burst of driver calls
+//                         (Note [Map groups]); num_device_alloc counts their granules
 //   host_alloc_ns         host nanoseconds inside allocate, lock included (time_host_ops only)
 //   host_free_ns          the same for deallocate
 //   host_plan_ns          of host_alloc_ns and host_free_ns, the step plan's part (naming, placing)
@@ -107,6 +109,7 @@ enum StatKind : int { kStatAll = 0, kStatSmallPool = 1, kStatLargePool = 2, kSta
   X(num_backed_moves)        \
   X(num_plan_lookups)        \
   X(num_lazy_pins)           \
+  X(num_growths)             \
   X(host_alloc_ns)           \
   X(host_free_ns)            \
   X(host_plan_ns)

@@ -46,7 +46,7 @@ TORCH_COUNTERS = ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_
 # Counters only torchmem has (csrc/core/stats.h TORCHMEM_COUNTERS minus torch's).
 TORCHMEM_COUNTERS = ("num_reclaims", "num_deferred_frees", "num_cache_releases", "num_allocs", "num_frees",
                      "num_device_barriers", "num_plans", "num_plan_hits", "num_plan_misses", "num_plan_drops",
-                     "num_plan_passes", "plan_pass_us", "num_backed_moves", "num_plan_lookups", "num_lazy_pins", "host_alloc_ns", "host_free_ns",
+                     "num_plan_passes", "plan_pass_us", "num_backed_moves", "num_plan_lookups", "num_lazy_pins", "num_growths", "host_alloc_ns", "host_free_ns",
                      "host_plan_ns")
 
 

@@ -425,6 +425,7 @@ bool Pool::Impl::acquire(Heap& heap, Addr addr, std::size_t size, std::size_t mi
   // Map the holes of [addr, addr + size) in runs of consecutive granules.
   std::size_t next = 0;
   const std::uint32_t group = ++map_groups;  // Note [Map groups]
+  ++stats_.num_growths;
   for (const Hole& hole : unmapped_holes(heap, addr, size)) {
     clear_pending_places(heap, hole);
     const Addr at = heap.base + hole.first * gran;
@@ -555,6 +556,7 @@ void Pool::Impl::premap_reserve() {
   if (n == 0) return;
   vmm_ops->map(heap.base, handles.data(), n);
   const std::uint32_t group = ++map_groups;  // Note [Map groups]
+  ++stats_.num_growths;
   for (std::size_t i = 0; i < n; ++i) {
     heap.granules[i].handle = handles[i];
     heap.granules[i].group = group;

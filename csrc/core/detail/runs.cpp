@@ -157,6 +157,7 @@ bool Pool::Impl::grow_by_runs(Heap& heap, const std::vector<Hole>& block_holes, 
     }
   }
   const std::uint32_t group = ++map_groups;  // Note [Map groups]
+  ++stats_.num_growths;
   for (const Grown& h : holes) {
     const std::size_t first = h.hole.first, count = h.hole.count;
     clear_pending_places(heap, h.hole);
