@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 
-from support import REPO, last_json, run_python
+from support import REPO, last_json, run_both, run_python
 
 pytestmark = pytest.mark.gpu
 
@@ -174,3 +174,35 @@ def test_a_block_dropped_on_a_reader_stream_waits_for_that_reader():
     assert figures["sums"] == [float(16 << 20)] * 3
     # the handover took place (else the test shows nothing) behind device-side waits alone
     assert any(figures["reused"]) and figures["waits"] >= 2 and figures["barriers"] == 0
+
+
+def test_a_mempool_scope_reuses_what_the_default_stream_dropped_and_grows_for_a_third_stream():
+    """Note [Freed under another stream], Note [Unmapped tail]: the warm-up of torch.compile's
+    cudagraph trees in small. A MemPool scope (which refuses stream waits and device barriers)
+    on a side stream; one of its blocks is dropped under the default stream, its neighbour on
+    the side stream. The side stream takes the merged block back at once, and a third
+    stream's request in the scope gets new memory, under torchmem as natively; before, both
+    ran out of memory with the device empty."""
+    native, mine = run_both("""
+        MiB = 1 << 20
+        pool = torch.cuda.MemPool()
+        side, third = torch.cuda.Stream(), torch.cuda.Stream()
+        with torch.cuda.stream(side), torch.cuda.use_mem_pool(pool):
+            a = torch.ones(MiB, device="cuda")  # 4 MiB each
+            b = torch.ones(MiB, device="cuda")
+        a_ptr = a.data_ptr()
+        torch.cuda.synchronize()
+        del a  # dropped under the default stream: it is a reader of the block
+        with torch.cuda.stream(side), torch.cuda.use_mem_pool(pool):
+            del b  # dropped on its own stream: merges with a's block
+            c = torch.zeros(2 * MiB, device="cuda")
+            with torch.cuda.stream(third):
+                d = torch.zeros(2 * MiB, device="cuda")
+        torch.cuda.synchronize()
+        stats = torch.cuda.memory_stats()
+        print(json.dumps({"c_is_a": c.data_ptr() == a_ptr, "sums": [float(c.sum()), float(d.sum())],
+                          "ooms": stats.get("num_ooms", 0)}))
+    """)
+    for result in (native, mine):
+        assert result["sums"] == [0.0, 0.0] and result["ooms"] == 0, result
+    assert mine["c_is_a"], mine  # the side stream's own memory, with no wait and no barrier
