@@ -237,8 +237,14 @@ std::string oom_message(DeviceState& state, std::size_t size, const MemInfo& mem
   }
   msg += "Of the allocated memory " + format_size(live) + " is allocated by PyTorch, and " + format_size(cached) +
          " is reserved by PyTorch but unallocated. torchmem (" + state.backend->name() +
-         " backend): largest free block " + format_size(stats.largest_free_block) +
-         ". Try a smaller batch or sequence length, let torchmem.BatchSizeController pick the largest "
+         " backend): largest free block " + format_size(stats.largest_free_block) + ". ";
+  if (state.active_captures.load(std::memory_order_acquire) > 0) {
+    // Note [Unmapped tail]: waits and barriers are refused there, so memory
+    // other streams cached could not be handed over.
+    msg += "A CUDA graph capture or MemPool scope is in progress on this device: memory other streams "
+           "freed cannot be reused before it ends. ";
+  }
+  msg += "Try a smaller batch or sequence length, let torchmem.BatchSizeController pick the largest "
          "batch that fits, or raise the budget (torchmem.install(limit=...) or "
          "torch.cuda.set_per_process_memory_fraction).";
   return msg;

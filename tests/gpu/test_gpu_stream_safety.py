@@ -199,10 +199,17 @@ def test_a_mempool_scope_reuses_what_the_default_stream_dropped_and_grows_for_a_
             with torch.cuda.stream(third):
                 d = torch.zeros(2 * MiB, device="cuda")
         torch.cuda.synchronize()
-        stats = torch.cuda.memory_stats()
+        ooms = torch.cuda.memory_stats().get("num_ooms", 0)
+        with torch.cuda.stream(side), torch.cuda.use_mem_pool(pool):
+            try:  # more than the device: the message says the scope limits reuse
+                torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+                message = ""
+            except torch.OutOfMemoryError as e:
+                message = str(e)
         print(json.dumps({"c_is_a": c.data_ptr() == a_ptr, "sums": [float(c.sum()), float(d.sum())],
-                          "ooms": stats.get("num_ooms", 0)}))
+                          "ooms": ooms, "names_the_scope": "MemPool scope" in message}))
     """)
     for result in (native, mine):
         assert result["sums"] == [0.0, 0.0] and result["ooms"] == 0, result
     assert mine["c_is_a"], mine  # the side stream's own memory, with no wait and no barrier
+    assert mine["names_the_scope"], mine
