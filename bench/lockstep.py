@@ -199,33 +199,43 @@ def run_group(args, seed, budget=None, fraction=None, budget_bytes=None):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["table"]:
-        # table FILE... [--costs PROBE.json [--costs-run LIVE,MIB]]: the warm-up table's model at that GPU's
-        # own call prices
+        # table FILE... [--costs PROBE.json [--costs-run LIVE,MIB] [--costs-cold LIVE,MIB]]: the warm-up
+        # table's model at that GPU's own call prices
         table = argparse.ArgumentParser(prog="lockstep.py table")
         table.add_argument("files", nargs="+")
         table.add_argument("--costs", default=None, help="bench/gpu_probe.py's JSON from the GPU the rows ran on")
         table.add_argument("--costs-run", default=None, metavar="LIVE,MIB",
                            help="with --costs: the probe's run timed with LIVE granules mapped and MIB of host "
                                 "memory walked before each call (gpu_probe.py --live-granules, --evict-mib)")
+        table.add_argument("--costs-cold", default=None, metavar="LIVE,MIB",
+                           help="with --costs: price the first call of each kind in a growth at the probe's run "
+                                "in those conditions (host caches evicted: e.g. 5000,64), the rest as --costs-run; "
+                                "runs that recorded num_growths only")
         opts = table.parse_args(argv[1:])
-        if opts.costs_run is not None and not opts.costs:
-            table.error("--costs-run picks a run of the probe: give the probe with --costs PROBE.json")
-        try:
-            live, mib = (int(part) for part in (opts.costs_run or "0,0").split(","))
-        except ValueError:
-            table.error(f"--costs-run {opts.costs_run!r}: give two whole numbers, LIVE,MIB (e.g. 5000,64)")
-        prices = None
+
+        def conditions(option, text):
+            if text is not None and not opts.costs:
+                table.error(f"{option} picks a run of the probe: give the probe with --costs PROBE.json")
+            try:
+                live, mib = (int(part) for part in (text or "0,0").split(","))
+            except ValueError:
+                table.error(f"{option} {text!r}: give two whole numbers, LIVE,MIB (e.g. 5000,64)")
+            return live, mib << 20
+
+        run, cold_run = conditions("--costs-run", opts.costs_run), conditions("--costs-cold", opts.costs_cold)
+        prices = cold = None
         if opts.costs:  # read once, and refused here, before any table is printed
             from torchmem.analysis.call_costs import costs_from_probe
             try:
-                prices = costs_from_probe(opts.costs, live, mib << 20)
+                prices = costs_from_probe(opts.costs, *run)
+                cold = costs_from_probe(opts.costs, *cold_run) if opts.costs_cold is not None else None
             except ValueError as e:
                 table.error(str(e))
         rows = []
         for path in opts.files:
             with open(path) as f:
                 rows += [json.loads(line) for line in f if line.strip()]
-        print_tables(rows, prices)
+        print_tables(rows, prices, cold)
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workload", required=True)

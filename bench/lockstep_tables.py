@@ -311,7 +311,7 @@ def host_band(row):
     return f"{speed * 1e6:.2f}" if speed else "-"
 
 
-def warmup_table(rows, prices=None):
+def warmup_table(rows, prices=None, cold=None):
     """Where a group at a budget spent its warm-up: the timed steps before it went quiet, their
     driver calls, device barriers and planning passes (Note [Planning pass cost]), and the time they
     took over the same shape once quiet (per step: minus the median of that shape's quiet steps in
@@ -321,7 +321,9 @@ def warmup_table(rows, prices=None):
     where enqueue_s was recorded: Note [Barrier cost]) are taken out, divided by the calls: the
     in-situ cost of a driver call that the replay's time model has to match. `prices`: the calls'
     prices (torchmem._C.sim_costs() keys), e.g. a GPU probe's
-    (torchmem.analysis.call_costs.costs_from_probe); by default the simulator's."""
+    (torchmem.analysis.call_costs.costs_from_probe); by default the simulator's. `cold`: the same
+    probe's prices with host caches evicted; where the run recorded its growths, each burst's first
+    calls are priced at them (cold_burst_us)."""
     from torchmem._loader import _C  # the simulator's call prices (imports torch: here only)
     from torchmem.cli.anchors import step_cost_us  # the replay's own barrier price
 
@@ -366,6 +368,8 @@ def warmup_table(rows, prices=None):
         model, error = "-", "-"
         if by_kind:
             model_ms = sum(call_cost_us(p, prices) for p in plans) / 1e3 + pass_ms + drain_ms
+            if cold:
+                model_ms += sum(cold_burst_us(p, waits[i], prices, cold) for i, p in enumerate(plans)) / 1e3
             model = f"{model_ms:.0f}"
             if abs(model_ms - net_ms) <= noise_ms:
                 error = f"within noise (±{noise_ms:.0f} ms)"
@@ -459,6 +463,21 @@ def call_cost_us(step, prices):
     """The replay's time model of one step's driver calls (the backend's counts by kind): each at its
     price in `prices` (torchmem._C.sim_costs() keys: the simulator's, or a GPU probe's)."""
     return sum(step.get(f"{kind}_calls", 0) * sum(prices[key] for key in keys) for kind, keys in CALL_PRICES.items())
+
+
+def cold_burst_us(step, barriers, prices, cold):
+    """What a step's driver calls cost over their warm prices when the first call of each kind in a
+    burst finds the host's caches evicted (Note [Probe conditions]: framework work between two
+    growths evicts them; the calls of one growth follow each other). Bursts: the step's growths
+    (num_growths, Note [Map groups]) for creates and maps, its growths and barriers for unmaps and
+    releases (pending places go after a barrier); at most one cold call per call. 0 where the step's
+    growths were not recorded."""
+    if "num_growths" not in step:
+        return 0.0
+    bursts = {"create": step["num_growths"], "map": step["num_growths"],
+              "unmap": step["num_growths"] + barriers, "release": step["num_growths"] + barriers}
+    return sum(min(step.get(f"{kind}_calls", 0), bursts.get(kind, 0)) *
+               sum(cold[key] - prices[key] for key in keys) for kind, keys in CALL_PRICES.items())
 
 
 def batch_scale(label):
@@ -582,7 +601,7 @@ def card_full_note(rows):
             "(fewer processes: --per-allocator 1, --reference none; or a larger card)\n")
 
 
-def print_tables(rows, prices=None):
+def print_tables(rows, prices=None, cold=None):
     note = card_full_note(rows)
     if note:
         print(note)
@@ -595,7 +614,7 @@ def print_tables(rows, prices=None):
         print()
         print(pooled_table(rows))
         print()
-        print(warmup_table(rows, prices))
+        print(warmup_table(rows, prices, cold))
         if any(row.get("samples_per_step") is not None for row in budget_rows(rows)):
             print()
             print(per_sample_table(rows))

@@ -658,3 +658,34 @@ def test_warmup_table_says_how_many_growths_the_calls_came_in(tmp_path):
     del plan[0]["num_growths"]
     (tmp_path / "old").mkdir()
     assert "| 1 | 100 | 0 | 0 |" in "\n".join(tables(tmp_path / "old", [dict(row, plan_per_step=plan)]))
+
+
+def test_costs_cold_prices_each_growth_s_first_calls_at_the_evicted_run(tmp_path):
+    """--costs-cold LIVE,MIB (lockstep_tables.cold_burst_us): where a run recorded its growths, the
+    first create and map of each growth (and the first unmap and release of each growth or barrier)
+    cost the probe's evicted prices, the rest its idle ones; runs without growths are priced as
+    before, and the option needs the probe."""
+    steps = [0.5, 0.1, 0.1, 0.1]  # quiet from step 1, one shape: 400 ms added
+    plan = [{"num_plan_passes": 0, "plan_pass_us": 0, "create_calls": 100, "map_calls": 10_000,
+             "unmap_calls": 0, "release_calls": 0, "num_growths": 100}] + [{}] * 3
+    row = dict(result("torchmem", 1, steps, "torchmem#0"), shapes=1, budget=1.05,
+               driver_calls_per_step=[10_100, 0, 0, 0], barriers_per_step=[0] * 4, plan_per_step=plan)
+    idle = {"granules_per_map": 1, "cuMemAddressReserve_us": 20, "cuMemCreate_us_per_granule": 10,
+            "map_and_set_access_us_per_call": 10, "cuMemUnmap_us_per_call": 10, "cuMemRelease_us_per_granule": 10,
+            "event_record_us": 1, "event_query_us": 1, "stream_wait_us": 1, "cudaMalloc_20MiB_us": 50,
+            "cudaFree_20MiB_us": 50}
+    evicted = dict(idle, cuMemCreate_us_per_granule=510, map_and_set_access_us_per_call=510, evict_bytes=64 << 20)
+    (tmp_path / "probe.json").write_text(json.dumps({"runs": [idle, evicted]}))
+    probe = ["--costs", str(tmp_path / "probe.json")]
+    # idle: 10,100 calls at 10 us = 101 ms; cold: + 100 creates and 100 maps at 500 us more = +100 ms
+    for name, rows, extra, model in (("idle", [row], [], "| 101 | -75% |"),
+                                     ("cold", [row], ["--costs-cold", "0,64"], "| 201 | -50% |")):
+        (tmp_path / name).mkdir()
+        assert model in "\n".join(tables(tmp_path / name, rows, *probe, *extra)), name
+    del plan[0]["num_growths"]  # an older run: the growths unknown, no cold calls
+    (tmp_path / "old").mkdir()
+    assert "| 101 | -75% |" in "\n".join(tables(tmp_path / "old", [row], *probe, "--costs-cold", "0,64"))
+    (tmp_path / "rows.jsonl").write_text(json.dumps(row) + "\n")
+    alone = subprocess.run([sys.executable, SCRIPT, "table", str(tmp_path / "rows.jsonl"), "--costs-cold", "0,64"],
+                           capture_output=True, text=True)
+    assert alone.returncode == 2 and not alone.stdout and "--costs PROBE.json" in alone.stderr
