@@ -92,6 +92,24 @@ def tables(tmp_path, rows, *options):
     return proc.stdout.splitlines()
 
 
+# One granule per call, every driver call 10 us (bench/gpu_probe.py's JSON run keys).
+PROBE_RUN = {"granules_per_map": 1, "cuMemAddressReserve_us": 20, "cuMemCreate_us_per_granule": 10,
+             "map_and_set_access_us_per_call": 10, "cuMemUnmap_us_per_call": 10, "cuMemRelease_us_per_granule": 10,
+             "event_record_us": 1, "event_query_us": 1, "stream_wait_us": 1, "cudaMalloc_20MiB_us": 50,
+             "cudaFree_20MiB_us": 50}
+
+
+def warm_up_row(steps, **counts):
+    """torchmem at 1.05x, one shape, whose first step made the driver calls in `counts` (the
+    backend's counts by kind, and any other per-step counter) and every later step none."""
+    plan = [dict({"num_plan_passes": 0, "plan_pass_us": 0, "create_calls": 0, "map_calls": 0,
+                  "unmap_calls": 0, "release_calls": 0}, **counts)] + [{}] * (len(steps) - 1)
+    calls = sum(v for k, v in counts.items() if k.endswith("_calls"))
+    return dict(result("torchmem", 1, steps, "torchmem#0"), shapes=1, budget=1.05,
+                driver_calls_per_step=[calls] + [0] * (len(steps) - 1), barriers_per_step=[0] * len(steps),
+                plan_per_step=plan)
+
+
 def test_paired_steps_divides_medians_of_the_same_step_within_a_group(tmp_path):
     rows = [result("native", 1, [1.0, 2.0], "native#0"), result("native", 1, [3.0, 2.0], "native#1"),
             result("torchmem", 1, [1.0, 1.0], "torchmem#0"), result("torchmem", 1, [3.0, 3.0], "torchmem#1"),
@@ -306,10 +324,7 @@ def test_warmup_table_reads_the_model_against_the_steps_spread(tmp_path):
     table = "\n".join(tables(tmp_path / "over", [dict(row, plan_per_step=plan)]))
     assert "ms (added within ±39 ms) |" in table and "| 30 | - | - |" in table
     # --costs: the same maps at a probed GPU's price (bench/gpu_probe.py's JSON): 10,000 at 10 us = 100 ms
-    probe = {"runs": [{"granules_per_map": 1, "cuMemAddressReserve_us": 20, "cuMemCreate_us_per_granule": 10,
-                       "map_and_set_access_us_per_call": 10, "cuMemUnmap_us_per_call": 10,
-                       "cuMemRelease_us_per_granule": 10, "event_record_us": 1, "event_query_us": 1,
-                       "stream_wait_us": 1, "cudaMalloc_20MiB_us": 50, "cudaFree_20MiB_us": 50}]}
+    probe = {"runs": [PROBE_RUN]}
     (tmp_path / "probe.json").write_text(json.dumps(probe))
     (tmp_path / "probed").mkdir()
     table = "\n".join(tables(tmp_path / "probed", [dict(row, plan_per_step=plan)], "--costs",
@@ -321,15 +336,8 @@ def test_costs_run_prices_the_warm_up_at_the_probe_s_run_in_those_conditions(tmp
     """--costs-run LIVE,MIB picks the probe's run timed with that many granules mapped and that much
     host memory walked (gpu_probe.py --live-granules, --evict-mib); one the probe lacks, or a run
     asked for with no probe, is refused before any table is printed."""
-    steps = [0.5, 0.1, 0.1, 0.1]  # quiet from step 1, one shape
-    plan = [{"num_plan_passes": 0, "plan_pass_us": 0, "create_calls": 0, "map_calls": 10_000,
-             "unmap_calls": 0, "release_calls": 0}] + [{}] * 3
-    row = dict(result("torchmem", 1, steps, "torchmem#0"), shapes=1, budget=1.05,
-               driver_calls_per_step=[10_000, 0, 0, 0], barriers_per_step=[0] * 4, plan_per_step=plan)
-    run = {"granules_per_map": 1, "cuMemAddressReserve_us": 20, "cuMemCreate_us_per_granule": 10,
-           "map_and_set_access_us_per_call": 10, "cuMemUnmap_us_per_call": 10, "cuMemRelease_us_per_granule": 10,
-           "event_record_us": 1, "event_query_us": 1, "stream_wait_us": 1, "cudaMalloc_20MiB_us": 50,
-           "cudaFree_20MiB_us": 50}
+    row = warm_up_row([0.5, 0.1, 0.1, 0.1], map_calls=10_000)  # quiet from step 1
+    run = PROBE_RUN
     loaded = dict(run, map_and_set_access_us_per_call=30, live_granules=5000, evict_bytes=64 << 20)
     (tmp_path / "probe.json").write_text(json.dumps({"runs": [run, loaded]}))
     for name, extra, model in (("plain", [], "| 400 | - | 40.0 | 100 | -75% |"),
@@ -665,15 +673,10 @@ def test_costs_cold_prices_each_growth_s_first_calls_at_the_evicted_run(tmp_path
     first create and map of each growth (and the first unmap and release of each growth or barrier)
     cost the probe's evicted prices, the rest its idle ones; runs without growths are priced as
     before, and the option needs the probe."""
-    steps = [0.5, 0.1, 0.1, 0.1]  # quiet from step 1, one shape: 400 ms added
-    plan = [{"num_plan_passes": 0, "plan_pass_us": 0, "create_calls": 100, "map_calls": 10_000,
-             "unmap_calls": 0, "release_calls": 0, "num_growths": 100}] + [{}] * 3
-    row = dict(result("torchmem", 1, steps, "torchmem#0"), shapes=1, budget=1.05,
-               driver_calls_per_step=[10_100, 0, 0, 0], barriers_per_step=[0] * 4, plan_per_step=plan)
-    idle = {"granules_per_map": 1, "cuMemAddressReserve_us": 20, "cuMemCreate_us_per_granule": 10,
-            "map_and_set_access_us_per_call": 10, "cuMemUnmap_us_per_call": 10, "cuMemRelease_us_per_granule": 10,
-            "event_record_us": 1, "event_query_us": 1, "stream_wait_us": 1, "cudaMalloc_20MiB_us": 50,
-            "cudaFree_20MiB_us": 50}
+    # quiet from step 1: 400 ms added
+    row = warm_up_row([0.5, 0.1, 0.1, 0.1], create_calls=100, map_calls=10_000, num_growths=100)
+    plan = row["plan_per_step"]
+    idle = PROBE_RUN
     evicted = dict(idle, cuMemCreate_us_per_granule=510, map_and_set_access_us_per_call=510, evict_bytes=64 << 20)
     (tmp_path / "probe.json").write_text(json.dumps({"runs": [idle, evicted]}))
     probe = ["--costs", str(tmp_path / "probe.json")]
