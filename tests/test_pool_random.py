@@ -14,7 +14,7 @@ from torchmem._loader import _C
 
 MiB = 1 << 20
 
-# (seed, operations, options): 1.55 million operations in all, ~5 s on 2 cores. Every case
+# (seed, operations, options): 1.76 million operations in all, ~5 s on 2 cores. Every case
 # also frees some blocks while another stream reads them and is current (declared_readers,
 # Note [Freed under another stream]): memory handed to a third stream under such a read with
 # no wait fails the run; with three streams (seeds 3, 6, 7) a pool that ignored the reader
@@ -30,6 +30,14 @@ CASES = [
     (6, 200_000, {"stitch_above": 0.95, "capacity": 256 * MiB, "event_delay": 2, "streams": 3}),
     # Runs under a limit (Note [Runs under a limit]): runs below half the budget, granules above.
     (7, 150_000, {"limit": 256 * MiB, "run_below_limit": 0.5, "event_delay": 2, "streams": 3}),
+    # Captures and MemPool scopes (Note [Unmapped tail]): barriers and stream waits refused for
+    # stretches of ~200 operations, under a budget, with lagging fences and three streams; a
+    # fenced request takes the heap's unmapped tail, which must never be memory a kernel reads.
+    (8, 150_000, {"scopes": 200, "limit": 256 * MiB, "event_delay": 3, "streams": 3}),
+    # Short scopes, slow fences, four streams: a block goes from stream to stream behind
+    # waits while a reader still runs, which the sim follows transitively (an event covers
+    # what its stream waited for); the direct-only check failed this seed at op 1,214.
+    (112, 60_000, {"scopes": 50, "event_delay": 10, "streams": 4}),
 ]
 
 
@@ -45,6 +53,8 @@ def test_random_ops(seed, ops, options):
         assert summary["reclaims"] > 0  # the workload is tight enough to stitch
     # Stitching keeps held memory close to the live high-water mark.
     assert summary["peak_held"] <= (options or {}).get("capacity", 512 * MiB)
+    if (options or {}).get("scopes"):
+        assert summary["scope_allocs"] > ops // 10  # the scopes held a share of the workload
 
 
 def test_random_ops_reports_bad_options():

@@ -321,8 +321,13 @@ bool SimBackend::order_streams(StreamId waiter, StreamId signaler) {
   ++counters_.event_record_calls;
   ++counters_.stream_wait_calls;
   modeled_us_ += config_.costs.stream_wait_us;
+  // An event recorded on `signaler` now completes after everything `signaler`
+  // was itself made to wait for, so the order is transitive.
   for (auto& [id, kernel] : kernels_) {
-    if (kernel.stream == signaler) kernel.ordered_for.push_back(waiter);
+    std::vector<StreamId>& waiters = kernel.ordered_for;
+    const bool covered = kernel.stream == signaler ||
+                         std::find(waiters.begin(), waiters.end(), signaler) != waiters.end();
+    if (covered && std::find(waiters.begin(), waiters.end(), waiter) == waiters.end()) waiters.push_back(waiter);
   }
   return true;
 }

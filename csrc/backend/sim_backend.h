@@ -187,7 +187,7 @@ class SimBackend final : public Backend, public VmmPrimitives, public SegmentPri
     std::size_t size = 0;
     std::uint64_t polls_left = 0;
     StreamId owner = kNoStream;          // launch_read_of(): the tensor's allocation stream
-    std::vector<StreamId> ordered_for;   // streams made to wait for it (order_streams)
+    std::vector<StreamId> ordered_for;   // streams made to wait for it, directly or through another (order_streams)
   };
   // One event poll's worth of time passes for every kernel in flight.
   void tick_kernels();

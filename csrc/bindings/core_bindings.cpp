@@ -288,6 +288,7 @@ void bind_core(py::module_& m) {
             else if (key == "run_below_limit") o.run_below_limit = item.second.cast<double>();
             else if (key == "foreign_readers") o.foreign_readers = item.second.cast<unsigned>();
             else if (key == "declared_readers") o.declared_readers = item.second.cast<unsigned>();
+            else if (key == "scopes") o.scopes = item.second.cast<unsigned>();
             else if (key == "alias_reclaim") o.alias_reclaim = item.second.cast<bool>();
             else if (key == "private_pools") o.private_pools = item.second.cast<bool>();
             else if (key == "max_live") o.max_live = item.second.cast<std::size_t>();
@@ -310,6 +311,7 @@ void bind_core(py::module_& m) {
         d["reclaims"] = s.reclaims;
         d["peak_live"] = s.peak_live;
         d["peak_held"] = s.peak_held;
+        d["scope_allocs"] = s.scope_allocs;
         return d;
       },
       py::arg("seed"), py::arg("ops"), py::arg("options") = py::none(),

@@ -46,6 +46,7 @@ class Runner {
       // Drain: everything freed, every private pool released (an in-use one
       // keeps its memory: Note [Private pools]), everything released.
       what_ = "drain";
+      set_scope(false);
       while (!order_.empty()) free_at(0);
       for (PoolId id : active_pools_) pool_.release_private_pool(id);
       active_pools_.clear();
@@ -114,7 +115,18 @@ class Runner {
 
   StreamId draw_stream() { return StreamId{0x1000} * below(std::max(1u, o_.streams)); }
 
+  // A capture or MemPool scope, as the sim sees it: barriers and waits refused.
+  void set_scope(bool open) {
+    in_scope_ = open;
+    sim_.allow_device_sync(!open);
+    sim_.allow_stream_order(!open);
+  }
+
   void one_op() {
+    if (o_.scopes && below(o_.scopes) == 0) {
+      what_ = "scope";
+      set_scope(!in_scope_);
+    }
     const std::uint64_t r = below(1000);
     if (order_.size() >= o_.max_live || (r >= 480 && r < 900)) {
       if (!order_.empty()) {
@@ -163,6 +175,7 @@ class Runner {
       return;
     }
     ++summary_.allocs;
+    if (in_scope_) ++summary_.scope_allocs;
     const std::size_t rounded = (size + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
     if (a % kMinBlockSize) return fail("address is not 512-aligned");
     auto next = live_.lower_bound(a);
@@ -285,6 +298,7 @@ class Runner {
   std::vector<PoolId> active_pools_;
   PoolId next_pool_ = 0;
   std::size_t step_ = 0;
+  bool in_scope_ = false;
   const char* what_ = "";
   std::string problem_;
   RandomOpsSummary summary_;

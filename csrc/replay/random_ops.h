@@ -33,6 +33,11 @@ struct RandomOpsOptions {
   // [Freed under another stream]); memory handed to a third stream under it
   // without a wait fails the run. 0 = never.
   unsigned declared_readers = 4;
+  // One op in `scopes` opens or closes a scope in which the sim refuses device
+  // barriers and stream waits, as a CUDA graph capture or a MemPool scope does
+  // (Note [Unmapped tail] in core/detail/stream_reuse.cpp); the checks above
+  // hold inside it as outside. 0 = never.
+  unsigned scopes = 0;
   bool alias_reclaim = true;            // PoolConfig.alias_reclaim
   bool private_pools = true;            // create/use/release private pools
   std::size_t max_live = 400;           // free when this many blocks are live
@@ -40,6 +45,7 @@ struct RandomOpsOptions {
 
 struct RandomOpsSummary {
   std::uint64_t ops = 0, allocs = 0, frees = 0, ooms = 0, checks = 0, reclaims = 0;
+  std::uint64_t scope_allocs = 0;  // allocations served inside a scope
   std::uint64_t peak_live = 0, peak_held = 0;
 };
 
