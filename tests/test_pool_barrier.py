@@ -333,3 +333,44 @@ def test_in_a_scope_many_streams_each_take_the_tail_without_running_out_of_range
     stats = pool.stats()
     assert stats["num_ooms"] == 0 and stats["num_device_barriers"] == 0
     pool.check_invariants()
+
+
+@pytest.mark.parametrize("limit", [None, 176 * MiB])  # 172 MiB held with no limit
+def test_cudagraph_tree_warm_ups_reuse_their_own_memory_in_a_scope(limit):
+    """torch.compile's cudagraph trees, step by step: each warm-up (and the recording) runs
+    in a MemPool scope on the tree's own stream, which refuses waits and barriers; its
+    intermediates die there, its outputs are read and dropped on the default stream after
+    the scope. The next scope's requests must find the tree's memory again, merged, with
+    no out-of-memory error and no more memory held from the second warm-up on; an unmap
+    under the default stream's reads would raise in the sim."""
+    sim = _C.SimBackend(capacity=512 * MiB, event_delay=3)
+    config = dict(debug_checks=True)
+    if limit:
+        config["limit_bytes"] = limit
+    pool = _C.Pool(sim, config)
+    tree, graph_pool = SIDE, 1
+    params = pool.allocate(48 * MiB, stream=DEFAULT)  # the model, eager
+    pool.create_private_pool(graph_pool)
+    workspace = None
+    held = []
+    for _ in range(4):
+        scope(sim)
+        if workspace is None:  # cuBLAS's workspace, made on the tree's stream at its first matmul
+            workspace = pool.allocate(32 * MiB, stream=tree, pool=graph_pool)
+        acts = [pool.allocate(s * MiB + 4096, stream=tree, pool=graph_pool) for s in (12, 4, 20, 8, 16, 6)]
+        for a in acts[1:5]:
+            pool.free(a)  # intermediates die on the tree's stream, inside the scope
+        outputs = [acts[0], acts[5]]
+        sim.allow_device_sync(True)
+        sim.allow_stream_order(True)
+        for out in outputs:  # the caller reads the outputs on the default stream, then drops them
+            sim.launch(DEFAULT, out, MiB, 10**6)
+            pool.free(out, current_stream=DEFAULT)
+        grad = pool.allocate(24 * MiB, stream=DEFAULT)  # eager work between the steps
+        pool.free(grad)
+        assert pool.stats()["num_ooms"] == 0
+        held.append(sim.device_used())
+        pool.check_invariants()
+    assert held[1] == held[2] == held[3], held
+    pool.free(workspace)
+    pool.free(params)
