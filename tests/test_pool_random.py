@@ -108,3 +108,19 @@ def test_short_sequences_match_the_model(steps, vmm, delay):
         pool.free(addr)
     pool.release_cached()
     assert sim.device_used() == 0
+
+
+def test_the_hand_run_sweep_runs_every_configuration(capsys):
+    """tools/random_ops_sweep.py, the deeper sweep run by hand before a reuse rule goes to a
+    GPU: one seed of every configuration, and its refusal of an empty sweep."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "tools" / "random_ops_sweep.py"
+    spec = importlib.util.spec_from_file_location("random_ops_sweep", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    assert sweep.main(["--seeds", "1", "--ops", "3000"]) == 0
+    assert f"{len(sweep.CONFIGS)} runs, {len(sweep.CONFIGS) * 3000:,} operations, 0 failed" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        sweep.main(["--seeds", "0"])
