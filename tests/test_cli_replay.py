@@ -368,3 +368,31 @@ def test_costs_that_are_not_a_probe_are_refused_naming_the_fix(short_trace, tmp_
     lacking.write_text(json.dumps({"runs": [{"granules_per_map": 1, "cuMemCreate_us_per_granule": 9.0}]}))
     assert main(["replay", short_trace, "--costs", str(lacking)]) == 2
     assert "lacks cuMemAddressReserve_us" in capsys.readouterr().err
+
+
+def test_repeat_last_step_shows_a_fixed_step_once_warm(capsys):
+    """--repeat-last-step N: a recording of a few fixed-shape steps (FSDP2, 4 steps) run N
+    steps longer, so its second half ("after warm-up") is a long run's steady state: under
+    a budget torchmem makes no driver call and takes no barrier there. The recorded
+    allocator never ran the added steps: its column is left out."""
+    assert main(["replay", "fsdp_train", "--limit", "1.06x", "--event-delay", "10", "--policy", "torchmem",
+                 "--repeat-last-step", "8"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split("  ")[0].strip(): line.split()[-1] for line in out.splitlines()[2:] if "  " in line}
+    assert rows["driver calls after warm-up"] == "0" and rows["device waits after warm-up"] == "0", out
+    assert rows["OOMs"] == "0" and "recorded" not in out.splitlines()[1]
+    from torchmem.analysis import patterns
+
+    recorded = trace_io.load(trace_io.bundled_trace("fsdp_train")).events
+    rows, period = patterns.repeat_last_step(recorded, 8)
+    assert f": {len(rows):,} events" in out.splitlines()[0] and len(rows) > 8 * period
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["gpt2", "--repeat-last-step", "2"], "does not repeat the one before it"),  # shapes that change
+    (["fsdp_train", "--repeat-last-step", "-1"], "must be >= 0"),
+])
+def test_repeat_last_step_refusals_name_the_problem(argv, words, capsys):
+    assert main(["replay"] + argv) == 2
+    err = capsys.readouterr().err
+    assert words in err and "replay wall time" not in err

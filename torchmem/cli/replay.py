@@ -8,18 +8,24 @@ as recorded (negative sizes, frees of addresses that are not live, ...) is refus
 with the first such entry named; --lenient skips them and says what it skipped.
 Under a budget the trace does not fit, the table says how many allocations
 failed and gives no ratio (peak figures then cover only what succeeded).
-Every option is checked before the first replay runs (--limit, --config and
---snapshot by the rules of torchmem/cli/options.py), so a typo costs no minute.
+--repeat-last-step N runs a trace whose last step repeats the one before it N
+steps longer, so that a recording of a few steps shows in its second half how a
+long run behaves once warm. Every option and every trace is checked before the
+first replay runs (--limit, --config and --snapshot by the rules of
+torchmem/cli/options.py), so a typo costs no minute.
 Without --json it prints one
 side-by-side table per trace (with the recording allocator's own figures where
 the trace has them); with --json, one JSON object per line per (trace, policy).
 Progress goes to stderr, so stdout stays clean for --json.
 """
 
+import dataclasses
 import json
 import os
 import pickle
 import sys
+
+import numpy as np
 
 from torchmem.analysis import trace as trace_io
 from torchmem.runtime.snapshot_format import to_torch_snapshot
@@ -68,6 +74,11 @@ def add_arguments(parser):
                              "many polls (default 0: events complete at once; ~10 matches an H200's lag)")
     parser.add_argument("--device", type=int, default=None,
                         help="which device's events to take from a snapshot pickle (default: the busiest)")
+    parser.add_argument("--repeat-last-step", type=int, default=0, metavar="N",
+                        help="run the trace N steps longer by repeating its last step, which must repeat the "
+                             "one before it (shapes that stay the same): a recording of a few steps then shows "
+                             "a long run's steady state in its second half (\"after warm-up\"); the recorded "
+                             "allocator's column is left out, as it never ran those steps")
     parser.add_argument("--costs", metavar="PROBE.json", default=None,
                         help="price the driver calls at a GPU's own figures: the JSON of `python bench/gpu_probe.py "
                              "--out PROBE.json` on that GPU (default: the simulator's, measured on an H200)")
@@ -297,6 +308,21 @@ def checked(trace, path, lenient):
     return trace.without(index for index, _, _ in problems)
 
 
+def repeated(trace, path, steps):
+    """The trace run `steps` steps longer, its last step appended again and again
+    (patterns.repeat_last_step: its alloc and free rows only, so no recorded segments);
+    refused, naming the fix, when the last step does not repeat the one before it."""
+    from torchmem.analysis import patterns
+
+    try:
+        rows, _period = patterns.repeat_last_step(trace.events, steps)
+    except ValueError:
+        raise CliError(f"--repeat-last-step {steps}: {path}: its last step does not repeat the one before it (its "
+                       f"shapes change), so there is no fixed step to repeat; leave the option out for this "
+                       f"trace") from None
+    return dataclasses.replace(trace, events=np.asarray(rows, dtype=np.int64), initial_reserved=0)
+
+
 def run(args):
     # loads the compiled module at import: the CLI builds every parser first, so a bad build still gets its one-line error
     from torchmem.analysis import replay as replay_api
@@ -318,6 +344,8 @@ def run(args):
     limit = budget(args, config, capacity)
     if args.event_delay < 0:
         raise CliError(f"--event-delay must be >= 0 polls, got {args.event_delay}")
+    if args.repeat_last_step < 0:
+        raise CliError(f"--repeat-last-step must be >= 0 steps (0: the trace as recorded), got {args.repeat_last_step}")
     if args.snapshot:
         check_snapshot_target(args.snapshot, args.policy, args.traces)
     costs = None
@@ -329,12 +357,15 @@ def run(args):
         except ValueError as e:
             raise CliError(f"--costs {args.costs}: {e}") from None
     paths = [resolve_trace(name) for name in args.traces]
+    # Loaded, checked and extended before the first replay, so that a trace refused costs no minute.
+    traces = [checked(trace_io.load(path, device=args.device), path, args.lenient) for path in paths]
+    if args.repeat_last_step:
+        traces = [repeated(trace, path, args.repeat_last_step) for trace, path in zip(traces, paths)]
 
     anchors = load_anchors()
     progress = Progress()
     first = True
-    for path in paths:
-        trace = checked(trace_io.load(path, device=args.device), path, args.lenient)
+    for path, trace in zip(paths, traces):
         peak_at, peak = trace_io.peak_requested_at(trace.events.tolist())  # one walk of the events for all below
         if (args.min_cap or args.min_device) and config.reserve >= peak:
             # The searches try budgets down to the trace's peak requested; none may sit under the reservation.
@@ -362,6 +393,8 @@ def run(args):
             if not first:
                 print()
             steps, step_ms = step_timing(anchors.get(trace.name, {}))
+            if steps:
+                steps += args.repeat_last_step
             print(format_table(path, results, requested=peak, steps=steps, step_ms=step_ms),
                   flush=True)
         first = False
