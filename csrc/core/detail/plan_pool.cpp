@@ -198,6 +198,7 @@ void Pool::Impl::plan_check_window() {
   // set or the cache is emptied.
   const bool no_limit = config.limit_bytes == 0;
   if (!no_limit && ++plan_failures < kMaxPlanFailures) {
+    plan.cycle_outgrew_window();
     plan_drop(/*rearm=*/true);
     return;
   }

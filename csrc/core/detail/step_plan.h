@@ -114,6 +114,9 @@ class StepPlan {
   void activate() { state_ = State::kActive; }
   // Back to recording, keeping names (a new window starts now).
   void rerecord();
+  // The plan in force missed part of the cycle: the next window spans at
+  // least what this one and the plan's time in force did (Note [Step plan]).
+  void cycle_outgrew_window() { min_window_ = std::max(min_window_, allocs_ - record_start_); }
 
   // Planned offset of `item` (kNoOffset if none).
   std::uint64_t offset_of(std::uint32_t item) const {
