@@ -312,7 +312,17 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
       poll_deferred(true);
       sync_all_fences();
       ++stats_.num_sync_all_streams;
-      b = attempt();
+      if (plan_arena && item != detail::StepPlan::kNoItem) {
+        // Note [Step plan arena]: a planned range that could not be backed
+        // before (the cache's fences pending) is tried again first.
+        b = plan_place(item, rounded, stream);
+        if (b) {
+          ++stats_.num_plan_hits;
+          --stats_.num_plan_misses;
+          --plan_window_misses;
+        }
+      }
+      if (!b) b = attempt();
     }
     if (!b && !vmm) {
       // Step 5 (cuda_malloc segments only): return every cached segment and retry.

@@ -98,8 +98,19 @@ Block* Pool::Impl::plan_allocate(std::size_t rounded, StreamId stream, std::uint
   stats_.num_plan_lookups += by_lookup;
   if (!plan.active()) return nullptr;
   ++plan_window_allocs;
+  Block* b = plan_place(*item, rounded, stream);
+  if (b) {
+    ++stats_.num_plan_hits;
+  } else {
+    ++stats_.num_plan_misses;
+    ++plan_window_misses;
+  }
+  return b;
+}
+
+Block* Pool::Impl::plan_place(std::uint32_t item, std::size_t rounded, StreamId stream) {
   Block* b = nullptr;
-  const std::uint64_t offset = plan.offset_of(*item);
+  const std::uint64_t offset = plan.offset_of(item);
   if (offset != StepPlan::kNoOffset && offset + rounded <= plan_arena->span) {
     const Addr at = plan_arena->base + offset;
     FreeByAddr& index = plan_arena->free_by_addr;
@@ -124,12 +135,6 @@ Block* Pool::Impl::plan_allocate(std::size_t rounded, StreamId stream, std::uint
         unpin(*plan_arena, at, rounded, 0, 0, /*restore=*/true);
       }
     }
-  }
-  if (b) {
-    ++stats_.num_plan_hits;
-  } else {
-    ++stats_.num_plan_misses;
-    ++plan_window_misses;
   }
   return b;
 }
