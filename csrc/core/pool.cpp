@@ -312,9 +312,11 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
       poll_deferred(true);
       sync_all_fences();
       ++stats_.num_sync_all_streams;
-      if (plan_arena && item != detail::StepPlan::kNoItem) {
-        // Note [Step plan arena]: a planned range that could not be backed
-        // before (the cache's fences pending) is tried again first.
+      b = attempt();
+      if (!b && plan_arena && item != detail::StepPlan::kNoItem) {
+        // Note [Step plan arena]: before the plan is given up for this
+        // request, its range, which the cache's pending fences may have kept
+        // from being backed, is tried again.
         b = plan_place(item, rounded, stream);
         if (b) {
           ++stats_.num_plan_hits;
@@ -322,7 +324,6 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
           --plan_window_misses;
         }
       }
-      if (!b) b = attempt();
     }
     if (!b && !vmm) {
       // Step 5 (cuda_malloc segments only): return every cached segment and retry.
