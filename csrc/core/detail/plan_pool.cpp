@@ -27,8 +27,10 @@
 //     is recorded at once; after three such drops in a row the plan stays off
 //     for a while; with no limit set, until a limit is set or the cache is
 //     emptied: nothing but a full device would reclaim the dropped arenas'
-//     cache), before an OOM is declared (its
-//     cache may back the request), and at empty_cache or a lower budget.
+//     cache), before an OOM is declared (its cache may back the request;
+//     a planned request first tries its range again behind the ladder's
+//     barrier, which the cache's pending fences may have kept it from being
+//     backed before), and at empty_cache or a lower budget.
 // A dropped arena thaws: its cached granules become reclaimable, its live
 // blocks are freed as usual, and the heap goes once it holds nothing.
 //
