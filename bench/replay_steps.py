@@ -29,7 +29,7 @@ from torchmem.analysis import trace as trace_io  # noqa: E402
 
 GiB = 1 << 30
 HOST_TIME_STEPS = 12  # --host-time: copies of the step the longer replay adds
-DRIVER_CALLS = ("create_calls", "map_calls", "unmap_calls", "release_calls")
+DRIVER_CALLS = replay.VMM_CALL_KINDS
 
 
 def step_costs(events, period, limit, config=None, event_delay=10):

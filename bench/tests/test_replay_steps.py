@@ -29,6 +29,19 @@ def test_quiet_from_is_the_first_step_of_a_free_run_to_the_end():
     assert replay_steps.quiet_from([(0, 0, 0)]) == 0
 
 
+def test_with_room_to_spare_every_repeated_step_is_quiet():
+    """FSDP2's recording run two steps longer at 1.10x its peak request: the pool holds its
+    layout with no plan, so the repeated steps make no call and take no barrier; the growth
+    came before them."""
+    rows, period = patterns.repeat_last_step(trace_io.load(trace_io.bundled_trace("fsdp_train")).events, 2)
+    events = np.asarray(rows, dtype=np.int64)
+    peak = replay.replay(events, event_delay=10).peak_requested
+    costs, last = replay_steps.step_costs(events, period, int(1.10 * peak))
+    quiet = replay_steps.quiet_from(costs)
+    assert quiet is not None and quiet <= len(costs) - 2 and last.ooms == 0
+    assert sum(c for c, _, _ in costs) > 0
+
+
 def test_the_table_for_a_bundled_trace(capsys):
     assert replay_steps.main(["fsdp_train", "--repeats", "2", "--budgets", "0"]) == 0
     out = capsys.readouterr().out
