@@ -27,8 +27,10 @@
 //     is recorded at once; after three such drops in a row the plan stays off
 //     for a while; with no limit set, until a limit is set or the cache is
 //     emptied: nothing but a full device would reclaim the dropped arenas'
-//     cache), before an OOM is declared (its
-//     cache may back the request), and at empty_cache or a lower budget.
+//     cache), before an OOM is declared (its cache may back the request;
+//     a planned request first tries its range again behind the ladder's
+//     barrier, which the cache's pending fences may have kept it from being
+//     backed before), and at empty_cache or a lower budget.
 // A dropped arena thaws: its cached granules become reclaimable, its live
 // blocks are freed as usual, and the heap goes once it holds nothing.
 //
@@ -98,8 +100,19 @@ Block* Pool::Impl::plan_allocate(std::size_t rounded, StreamId stream, std::uint
   stats_.num_plan_lookups += by_lookup;
   if (!plan.active()) return nullptr;
   ++plan_window_allocs;
+  Block* b = plan_place(*item, rounded, stream);
+  if (b) {
+    ++stats_.num_plan_hits;
+  } else {
+    ++stats_.num_plan_misses;
+    ++plan_window_misses;
+  }
+  return b;
+}
+
+Block* Pool::Impl::plan_place(std::uint32_t item, std::size_t rounded, StreamId stream) {
   Block* b = nullptr;
-  const std::uint64_t offset = plan.offset_of(*item);
+  const std::uint64_t offset = plan.offset_of(item);
   if (offset != StepPlan::kNoOffset && offset + rounded <= plan_arena->span) {
     const Addr at = plan_arena->base + offset;
     FreeByAddr& index = plan_arena->free_by_addr;
@@ -124,12 +137,6 @@ Block* Pool::Impl::plan_allocate(std::size_t rounded, StreamId stream, std::uint
         unpin(*plan_arena, at, rounded, 0, 0, /*restore=*/true);
       }
     }
-  }
-  if (b) {
-    ++stats_.num_plan_hits;
-  } else {
-    ++stats_.num_plan_misses;
-    ++plan_window_misses;
   }
   return b;
 }
@@ -198,6 +205,7 @@ void Pool::Impl::plan_check_window() {
   // set or the cache is emptied.
   const bool no_limit = config.limit_bytes == 0;
   if (!no_limit && ++plan_failures < kMaxPlanFailures) {
+    plan.cycle_outgrew_window();
     plan_drop(/*rearm=*/true);
     return;
   }

@@ -326,6 +326,9 @@ struct Pool::Impl {
   // force, places it where the plan says. Returns the block or null, and the
   // request's name in *item.
   detail::Block* plan_allocate(std::size_t rounded, StreamId stream, std::uint32_t* item);
+  // The block for a named request at its planned range, if that range is
+  // free and can be backed now; null otherwise (counts nothing).
+  detail::Block* plan_place(std::uint32_t item, std::size_t rounded, StreamId stream);
   // Ends the plan in force: its arena thaws (its cached granules become
   // reclaimable) and retires. rearm: record a new window at once.
   void plan_drop(bool rearm);

@@ -31,7 +31,10 @@
 // repeated, and at the cycle's low point: where the fewest named bytes are
 // live (between steps), so that the arena starts nearly empty. A window
 // recorded again (the plan was dropped, names kept) is at least as long as
-// the last one that closed. A workload whose shapes never repeat keeps finding new items; its
+// the last one that closed, and, when the plan was dropped because it
+// missed part of the cycle, as long as it was in force: the part it missed
+// came that late, so the cycle is at least that long (gradient
+// accumulation: a window of a few micro-steps, then the optimizer step). A workload whose shapes never repeat keeps finding new items; its
 // recording gives up at kMaxRecordAllocs and backs off.
 //
 // Planning: greedy by size. Items sorted by size, largest first, each placed
@@ -111,9 +114,15 @@ class StepPlan {
   // Computes offsets for every recorded item; returns the footprint in bytes
   // (rounded up to `align`). Stops recording.
   std::size_t plan(std::size_t align);
-  void activate() { state_ = State::kActive; }
+  void activate() {
+    state_ = State::kActive;
+    adopted_at_ = allocs_;
+  }
   // Back to recording, keeping names (a new window starts now).
   void rerecord();
+  // The plan in force missed part of the cycle: the next window is at least
+  // as long as the plan was in force (Note [Step plan]).
+  void cycle_outgrew_window() { min_window_ = std::max(min_window_, allocs_ - adopted_at_); }
 
   // Planned offset of `item` (kNoOffset if none).
   std::uint64_t offset_of(std::uint32_t item) const {
@@ -227,6 +236,7 @@ class StepPlan {
   // window that closed (a window recorded again is at least as long).
   std::size_t low_live_ = 0, high_live_ = 0;
   std::uint64_t min_window_ = kMinQuiet;
+  std::uint64_t adopted_at_ = 0;     // allocs_ when the plan came into force
 };
 
 }  // namespace torchmem::detail
