@@ -372,7 +372,9 @@ def warmup_table(rows, prices=None, cold=None):
                 model_ms += sum(cold_burst_us(p, waits[i], prices, cold) for i, p in enumerate(plans)) / 1e3
             model = f"{model_ms:.0f}"
             if abs(model_ms - net_ms) <= noise_ms:
-                error = f"within noise (±{noise_ms:.0f} ms)"
+                # The point error is worth stating where the added time itself stands out of the noise.
+                point = "" if inside_noise or net_ms <= 0 else f"{model_ms / net_ms - 1:+.0%}, "
+                error = f"{point}within noise (±{noise_ms:.0f} ms)"
             elif inside_noise or net_ms <= 0:
                 error = f"{model_ms - net_ms:+.0f} ms (added within ±{noise_ms:.0f} ms)"
             else:
