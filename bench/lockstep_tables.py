@@ -332,6 +332,7 @@ def warmup_table(rows, prices=None, cold=None):
              "planning passes: ms | time added, ms | of it the group's drift, ms | per call, us | model, ms | "
              "model error |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    modeled = {}  # (workload, budget, allocator) -> [(net ms, model ms, noise ms)] per process
     for row in budget_rows(rows):
         quiet = quiet_from(row)
         if row.get("oom_at_step") is not None or not quiet:
@@ -358,7 +359,8 @@ def warmup_table(rows, prices=None, cold=None):
         gross_ms = added_ms(row, quiet, warm)
         drift_ms, drift_noise_ms = group_drift_ms(row, rows, quiet)
         net_ms = gross_ms - (drift_ms or 0.0)
-        noise_ms = math.hypot(added_noise_ms(by_shape, quiet), drift_noise_ms)
+        own_noise_ms = added_noise_ms(by_shape, quiet)
+        noise_ms = math.hypot(own_noise_ms, drift_noise_ms)
         lag = shape_lags(row, quiet)
         drain_ms = sum(step_cost_us(0.0, waits[i], warm[i % shapes] * 1e3,
                                     None if lag is None else lag[i % shapes] * 1e3) for i in range(quiet)) / 1e3
@@ -366,24 +368,44 @@ def warmup_table(rows, prices=None, cold=None):
         per_call = (f"{(net_ms - pass_ms - drain_ms) * 1e3 / sum(calls):.1f}" if sum(calls) and not inside_noise
                     else "-")
         model, error = "-", "-"
+        key = (row["workload"], budget_label(row["budget"]), row["allocator"])
         if by_kind:
             model_ms = sum(call_cost_us(p, prices) for p in plans) / 1e3 + pass_ms + drain_ms
             if cold:
                 model_ms += sum(cold_burst_us(p, waits[i], prices, cold) for i, p in enumerate(plans)) / 1e3
             model = f"{model_ms:.0f}"
-            if abs(model_ms - net_ms) <= noise_ms:
-                # The point error is worth stating where the added time itself stands out of the noise.
-                point = "" if inside_noise or net_ms <= 0 else f"{model_ms / net_ms - 1:+.0%}, "
-                error = f"{point}within noise (±{noise_ms:.0f} ms)"
-            elif inside_noise or net_ms <= 0:
-                error = f"{model_ms - net_ms:+.0f} ms (added within ±{noise_ms:.0f} ms)"
-            else:
-                error = f"{model_ms / net_ms - 1:+.0%}"
+            error = model_error(model_ms, net_ms, noise_ms)
+            modeled.setdefault(key, []).append((net_ms, model_ms, own_noise_ms, drift_noise_ms))
         process = (row.get("lockstep") or {}).get("process", "")
-        lines.append(f"| {row['workload']} | {budget_label(row['budget'])} | {row['allocator']} | {process} | "
+        lines.append(f"| {' | '.join(key)} | {process} | "
                      f"{quiet} | {sum(calls):,}{growths} | {unmaps} | {sum(waits)} | {passes}: {pass_ms:.0f} | {gross_ms:.0f} | "
                      f"{'-' if drift_ms is None else f'{drift_ms:.0f}'} | {per_call} | {model} | {error} |")
+    # Twin processes of one group make the same calls and differ in what those added by more than the
+    # model's error; their mean divides each one's own spread by sqrt(n), not the group's drift, which
+    # they share.
+    for key, entries in modeled.items():
+        if len(entries) < 2:
+            continue
+        n = len(entries)
+        net_ms = sum(e[0] for e in entries) / n
+        model_ms = sum(e[1] for e in entries) / n
+        noise_ms = math.hypot(math.sqrt(sum(e[2] ** 2 for e in entries)) / n, sum(e[3] for e in entries) / n)
+        lines.append(f"| {' | '.join(key)} | mean of {n} | | | | | | {net_ms:.0f} (net of drift) | | | "
+                     f"{model_ms:.0f} | {model_error(model_ms, net_ms, noise_ms)} |")
     return "\n".join(lines)
+
+
+def model_error(model_ms, net_ms, noise_ms):
+    """The model against the time the warm-up added (net of the group's drift), read against that
+    time's noise: a percentage where the added time stands out of the noise (with "within noise"
+    where the model is inside it too), else the excess in ms."""
+    inside_noise = abs(net_ms) <= noise_ms
+    if abs(model_ms - net_ms) <= noise_ms:
+        point = "" if inside_noise or net_ms <= 0 else f"{model_ms / net_ms - 1:+.0%}, "
+        return f"{point}within noise (±{noise_ms:.0f} ms)"
+    if inside_noise or net_ms <= 0:
+        return f"{model_ms - net_ms:+.0f} ms (added within ±{noise_ms:.0f} ms)"
+    return f"{model_ms / net_ms - 1:+.0%}"
 
 
 def shape_medians(row, quiet):

@@ -700,3 +700,20 @@ def test_costs_cold_prices_each_growth_s_first_calls_at_the_evicted_run(tmp_path
     alone = subprocess.run([sys.executable, SCRIPT, "table", str(tmp_path / "rows.jsonl"), "--costs-cold", "0,64"],
                            capture_output=True, text=True)
     assert alone.returncode == 2 and not alone.stdout and "--costs PROBE.json" in alone.stderr
+
+
+def test_warmup_table_reads_twin_processes_on_their_mean(tmp_path):
+    """Two processes of one group with the same calls get a row for their mean: the added times
+    averaged, each one's own spread divided by sqrt(2), the model against that."""
+    quiet = [0.08, 0.12, 0.10, 0.08, 0.12, 0.08]  # median 0.09
+    rows = [dict(warm_up_row([0.60] + quiet, map_calls=40_000), lockstep={"group": "g", "process": "torchmem#0"}),
+            dict(warm_up_row([0.40] + quiet, map_calls=40_000), lockstep={"group": "g", "process": "torchmem#1"})]
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"runs": [PROBE_RUN]}))
+    table = "\n".join(tables(tmp_path, rows, "--costs", str(probe)))
+    # added 600 - 90 = 510 and 400 - 90 = 310 ms (each ±39 ms), their mean 410 ms within
+    # ±sqrt(2 x 39^2) / 2 = ±28 ms; 40,000 maps at 10 us = 400 ms: -2%
+    assert "| llama_ckpt | 1.05x | torchmem | mean of 2 | | | | | | 410 (net of drift) | | | 400 | -2%, within noise (±28 ms) |" in table, table
+    # One process alone: no mean row.
+    (tmp_path / "one").mkdir()
+    assert "mean of" not in "\n".join(tables(tmp_path / "one", rows[:1], "--costs", str(probe)))
