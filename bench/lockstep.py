@@ -214,13 +214,14 @@ def main(argv=None):
         opts = table.parse_args(argv[1:])
 
         def conditions(option, text):
+            from torchmem.analysis.call_costs import parse_conditions
+
             if text is not None and not opts.costs:
                 table.error(f"{option} picks a run of the probe: give the probe with --costs PROBE.json")
             try:
-                live, mib = (int(part) for part in (text or "0,0").split(","))
-            except ValueError:
-                table.error(f"{option} {text!r}: give two whole numbers, LIVE,MIB (e.g. 5000,64)")
-            return live, mib << 20
+                return parse_conditions(text or "0,0", option)
+            except ValueError as e:
+                table.error(str(e))
 
         run, cold_run = conditions("--costs-run", opts.costs_run), conditions("--costs-cold", opts.costs_cold)
         prices = cold = None

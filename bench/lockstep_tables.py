@@ -325,6 +325,7 @@ def warmup_table(rows, prices=None, cold=None):
     probe's prices with host caches evicted; where the run recorded its growths, each burst's first
     calls are priced at them (cold_burst_us)."""
     from torchmem._loader import _C  # the simulator's call prices (imports torch: here only)
+    from torchmem.analysis.call_costs import CALL_PRICES
     from torchmem.cli.anchors import step_cost_us  # the replay's own barrier price
 
     prices = prices or _C.sim_costs()
@@ -479,29 +480,24 @@ def added_noise_ms(by_shape, warmup_steps):
 
 # The backend's driver calls by kind (its "<kind>_calls" counters) and the simulator's prices each
 # is charged (torchmem._C.sim_costs() keys): a map is a map and its access call.
-CALL_PRICES = {"create": ("create_us",), "map": ("map_us", "set_access_us"), "unmap": ("unmap_us",),
-               "release": ("release_us",)}
-
-
 def call_cost_us(step, prices):
     """The replay's time model of one step's driver calls (the backend's counts by kind): each at its
     price in `prices` (torchmem._C.sim_costs() keys: the simulator's, or a GPU probe's)."""
+    from torchmem.analysis.call_costs import CALL_PRICES  # imports torch: here only
+
     return sum(step.get(f"{kind}_calls", 0) * sum(prices[key] for key in keys) for kind, keys in CALL_PRICES.items())
 
 
 def cold_burst_us(step, barriers, prices, cold):
     """What a step's driver calls cost over their warm prices when the first call of each kind in a
-    burst finds the host's caches evicted (Note [Probe conditions]: framework work between two
-    growths evicts them; the calls of one growth follow each other). Bursts: the step's growths
-    (num_growths, Note [Map groups]) for creates and maps, its growths and barriers for unmaps and
-    releases (pending places go after a barrier); at most one cold call per call. 0 where the step's
+    burst finds the host's caches evicted (Note [Call bursts] in csrc/replay/replay.h: the step's
+    growths, num_growths, recorded per step; call_costs.burst_premium_us). 0 where the step's
     growths were not recorded."""
+    from torchmem.analysis.call_costs import burst_premium_us  # imports torch: here only
+
     if "num_growths" not in step:
         return 0.0
-    bursts = {"create": step["num_growths"], "map": step["num_growths"],
-              "unmap": step["num_growths"] + barriers, "release": step["num_growths"] + barriers}
-    return sum(min(step.get(f"{kind}_calls", 0), bursts.get(kind, 0)) *
-               sum(cold[key] - prices[key] for key in keys) for kind, keys in CALL_PRICES.items())
+    return burst_premium_us(step, step["num_growths"], barriers, prices, cold)
 
 
 def batch_scale(label):

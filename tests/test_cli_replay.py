@@ -356,6 +356,39 @@ def test_costs_read_the_plain_run_unless_asked_for_a_probe_condition():
         costs_from_probe(probe, live_granules=5000)
 
 
+def test_costs_cold_price_each_bursts_first_calls_at_the_evicted_run(short_trace, tmp_path, capsys):
+    """--costs-cold LIVE,MIB (Note [Call bursts]): the same calls, and on top of --costs' prices,
+    for the first call of each kind in each growth, what the probe's evicted run charges over them;
+    asked for without a probe, or in another form, it is refused naming the fix."""
+    from torchmem.analysis.call_costs import CALL_PRICES, costs_from_probe
+
+    probe = _probe(1.0)
+    evicted = dict(_probe(3.0)["runs"][1], live_granules=5000, evict_bytes=64 << 20)
+    probe["runs"].append(evicted)
+    path = tmp_path / "probe.json"
+    path.write_text(json.dumps(probe))
+    records = {}
+    for cold in (False, True):
+        args = ["--costs", str(path)] + (["--costs-cold", "5000,64"] if cold else [])
+        assert main(["replay", short_trace, "--json", "--policy", "torchmem", "--limit", "1.06x"] + args) == 0
+        records[cold] = json.loads(capsys.readouterr().out)
+    warm, cold = records[False], records[True]
+    assert cold["backend_calls"] == warm["backend_calls"] and cold["growths"] == warm["growths"] > 0
+    # each kind: min(its calls, its bursts) calls at 3x instead of 1x the price
+    prices = costs_from_probe(probe)
+    bursts = {"create": warm["growths"], "map": warm["growths"], "unmap": warm["growths"] + warm["device_barriers"],
+              "release": warm["growths"] + warm["device_barriers"]}
+    premium = sum(min(warm["backend_calls"][f"{kind}_calls"], bursts[kind]) * 2 * sum(prices[k] for k in keys)
+                  for kind, keys in CALL_PRICES.items())
+    assert premium > 0
+    assert cold["modeled_backend_us"] == pytest.approx(warm["modeled_backend_us"] + premium, rel=1e-6)
+    assert cold["steady_backend_us"] >= warm["steady_backend_us"]
+    assert main(["replay", short_trace, "--costs-cold", "5000,64"]) == 2
+    assert "--costs PROBE.json" in capsys.readouterr().err
+    assert main(["replay", short_trace, "--costs", str(path), "--costs-cold", "5000"]) == 2
+    assert "--costs-cold '5000': give LIVE,MIB" in capsys.readouterr().err
+
+
 def test_costs_that_are_not_a_probe_are_refused_naming_the_fix(short_trace, tmp_path, capsys):
     assert main(["replay", short_trace, "--costs", str(tmp_path / "none.json")]) == 2
     assert "--costs" in capsys.readouterr().err

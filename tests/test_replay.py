@@ -74,6 +74,26 @@ def test_backend_calls_are_counted_and_costed(shared_results, name):
                                                       + 100.0 * native.backend_calls["segment_free_calls"])
 
 
+@pytest.mark.parametrize("policy", ["torchmem", "expandable", "native"])
+def test_growths_and_the_second_halfs_calls_by_kind_match_a_run_stopped_halfway(policy):
+    """Note [Call bursts]: the growths (torchmem's num_growths, the expandable model's mappings of
+    contiguous pages, none for cudaMalloc) and the second half's calls by kind are what the same
+    replay stopped before its halfway event had not yet made."""
+    trace = trace_io.load(trace_io.bundled_trace("gpt2"))
+    peak = replay_api.replay(trace, "torchmem").peak_requested
+    limit = int(peak * 1.05)
+    full = replay_api.replay(trace, policy, limit=limit, event_delay=10)
+    half = replay_api.replay(trace, policy, limit=limit, event_delay=10, stop_at=len(trace.events) // 2 - 1)
+    assert full.steady_growths == full.growths - half.growths
+    assert full.steady_backend_calls == {k: v - half.backend_calls.get(k, 0) for k, v in full.backend_calls.items()
+                                         if k in full.steady_backend_calls}
+    if policy == "native":
+        assert full.growths == 0
+    else:
+        # a growth maps at least one handle (or page), and every mapping belongs to one
+        assert 0 < full.growths <= full.backend_calls["map_calls"]
+
+
 def events(*rows):
     return np.array(rows, dtype=np.int64).reshape(-1, 4)
 

@@ -142,6 +142,9 @@ py::dict result_to_dict(const ReplayResult& r, ReplayPolicy policy) {
   d["modeled_backend_us"] = r.modeled_backend_us;
   d["steady_backend_us"] = r.steady_backend_us;
   d["steady_driver_calls"] = r.steady_driver_calls;
+  d["growths"] = r.growths;
+  d["steady_growths"] = r.steady_growths;
+  d["steady_backend_calls"] = backend_counters_to_dict(r.steady_backend_calls);
   return d;
 }
 

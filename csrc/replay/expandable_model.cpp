@@ -191,6 +191,7 @@ Addr ExpandableModel::allocate(std::size_t size, StreamId stream) {
     s.stats.reserved_bytes += bytes;
     s.stats.peak_reserved_bytes = std::max(s.stats.peak_reserved_bytes, s.stats.reserved_bytes);
     s.stats.pages_mapped += bytes / page;
+    ++s.stats.map_bursts;
     s.stats.modeled_us += static_cast<double>(bytes / page) * config_.map_page_us;
     return b;
   };

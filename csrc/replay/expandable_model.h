@@ -54,6 +54,7 @@ struct ExpandableStats {
   std::size_t peak_requested_bytes = 0;
   std::uint64_t pages_mapped = 0;
   std::uint64_t pages_unmapped = 0;
+  std::uint64_t map_bursts = 0;  // mappings of one or more contiguous pages (a growth)
   std::uint64_t num_alloc_retries = 0;
   std::uint64_t num_ooms = 0;
   double modeled_us = 0.0;

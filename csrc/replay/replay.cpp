@@ -74,6 +74,14 @@ struct NativeTarget {
   std::uint64_t driver_calls() const { return model.stats().num_device_alloc + model.stats().num_device_free; }
   // Releasing cached segments to retry synchronizes the device (cudaFree).
   std::uint64_t barriers() const { return model.stats().num_alloc_retries; }
+  // cudaMalloc and cudaFree: each its own call, no burst (ReplayResult::growths).
+  std::uint64_t growths() const { return 0; }
+  BackendCounters calls() const {
+    BackendCounters c;
+    c.segment_alloc_calls = model.stats().num_device_alloc;
+    c.segment_free_calls = model.stats().num_device_free;
+    return c;
+  }
 };
 
 struct ExpandableTarget {
@@ -84,6 +92,13 @@ struct ExpandableTarget {
   double modeled_us() const { return model.stats().modeled_us; }
   std::uint64_t driver_calls() const { return 2 * (model.stats().pages_mapped + model.stats().pages_unmapped); }
   std::uint64_t barriers() const { return model.stats().num_alloc_retries; }
+  std::uint64_t growths() const { return model.stats().map_bursts; }
+  BackendCounters calls() const {
+    BackendCounters c;
+    c.create_calls = c.map_calls = model.stats().pages_mapped;
+    c.unmap_calls = c.release_calls = model.stats().pages_unmapped;
+    return c;
+  }
 };
 
 struct PoolTarget {
@@ -99,7 +114,17 @@ struct PoolTarget {
            c.segment_free_calls + c.device_sync_calls;
   }
   std::uint64_t barriers() const { return backend.counters().device_sync_calls; }
+  std::uint64_t growths() const { return pool.stats().num_growths; }
+  BackendCounters calls() const { return backend.counters(); }
 };
+
+BackendCounters minus(const BackendCounters& a, const BackendCounters& b) {
+  BackendCounters d;
+#define TORCHMEM_SUBTRACT_BACKEND_COUNTER(name) d.name = a.name - b.name;
+  TORCHMEM_BACKEND_COUNTERS(TORCHMEM_SUBTRACT_BACKEND_COUNTER)
+#undef TORCHMEM_SUBTRACT_BACKEND_COUNTER
+  return d;
+}
 
 struct LiveBlock {
   Addr target_addr;  // 0: the alloc failed (an OOM); its free is skipped
@@ -143,12 +168,15 @@ void replay_events(Target target, const TraceEvent* events, std::size_t count, c
   // Note [Steady state]: the second half of the walk, after warm-up.
   const std::size_t half = end / 2;
   double half_us = 0.0;
-  std::uint64_t half_calls = 0, half_barriers = 0;
+  std::uint64_t half_calls = 0, half_barriers = 0, half_growths = 0;
+  BackendCounters half_by_kind;
   for (std::size_t i = 0; i < end; ++i) {
     if (i == half) {
       half_us = target.modeled_us();
       half_calls = target.driver_calls();
       half_barriers = target.barriers();
+      half_growths = target.growths();
+      half_by_kind = target.calls();
     }
     const TraceEvent& e = events[i];
     if (e.action == 0) {
@@ -195,6 +223,9 @@ void replay_events(Target target, const TraceEvent* events, std::size_t count, c
   result.steady_backend_us = target.modeled_us() - half_us;
   result.steady_driver_calls = target.driver_calls() - half_calls;
   result.steady_barriers = target.barriers() - half_barriers;
+  result.growths = target.growths();
+  result.steady_growths = result.growths - half_growths;
+  result.steady_backend_calls = minus(target.calls(), half_by_kind);
   if (options.progress) options.progress(end, end);
 }
 

@@ -121,6 +121,15 @@ struct ReplayResult {
   // map, unmap, device barriers (torchmem); cudaMalloc/cudaFree (native).
   double steady_backend_us = 0.0;
   std::uint64_t steady_driver_calls = 0;
+  // Note [Call bursts] Growths: mappings of new or moved memory, each a burst
+  // of driver calls that follow one another (torchmem: num_growths, Note [Map
+  // groups]; expandable: each mapping of contiguous pages; native: none, a
+  // cudaMalloc is one call). The first call of each kind in a burst finds the
+  // host's caches evicted by the framework's work since the last one, so a
+  // time model prices it higher (torchmem/analysis/call_costs.py). With the
+  // second half's calls by kind, for the same model after warm-up.
+  std::uint64_t growths = 0, steady_growths = 0;
+  BackendCounters steady_backend_calls;
 };
 
 // Owns one target, so a caller can look at it after run() (e.g. a snapshot

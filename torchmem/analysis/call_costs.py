@@ -6,6 +6,14 @@ this project measured, a create and a map cost about twice as much. `python -m t
 replay --costs probe.json` and `bench/lockstep.py table --costs probe.json` take the
 machine's own prices from `bench/gpu_probe.py --out probe.json`, so the model answers for
 the machine the step times come from.
+
+Calls come in bursts: one growth (Note [Call bursts], csrc/replay/replay.h) makes its
+creates and maps one after another, and the framework's work between two growths evicts
+the host's caches, so a burst's first call of each kind costs what the probe measures with
+its caches evicted, the rest what it measures idle (`--costs-cold LIVE,MIB`: the evicted
+run's conditions). Idle prices alone leave out what the evictions cost; evicted prices for
+every call count them on calls that find the caches warm (BENCHMARKS.md, The replay's time
+model against the GPU).
 """
 
 import json
@@ -60,3 +68,31 @@ def costs_from_probe(probe, live_granules=0, evict_bytes=0):
     costs.update({ours: float(run[theirs]) for ours, theirs in PROBE_KEYS.items()})
     costs["map_us"] = 0.0  # in set_access_us: the probe times the two together
     return costs
+
+
+# The driver calls by kind ("<kind>_calls" counts) and the cost-table keys each is charged.
+CALL_PRICES = {"create": ("create_us",), "map": ("map_us", "set_access_us"), "unmap": ("unmap_us",),
+               "release": ("release_us",)}
+
+
+def burst_premium_us(calls, growths, barriers, prices, cold):
+    """What `calls` (a dict of "<kind>_calls" counts) cost over their `prices` when the first call
+    of each kind in a burst is priced at `cold` (both cost tables, sim_costs() keys). Bursts: the
+    growths for creates and maps, the growths and device barriers for unmaps and releases (the
+    places a barrier frees are unmapped after it); at most one cold call per call."""
+    bursts = {"create": growths, "map": growths, "unmap": growths + barriers, "release": growths + barriers}
+    return sum(min(calls.get(f"{kind}_calls", 0), bursts[kind]) * sum(cold[key] - prices[key] for key in keys)
+               for kind, keys in CALL_PRICES.items())
+
+
+def parse_conditions(text, option):
+    """"LIVE,MIB" -> (live granules, bytes walked): a probe run's conditions (gpu_probe.py
+    --live-granules, --evict-mib). Raises ValueError naming `option` and the form it takes."""
+    try:
+        live, mib = (int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"{option} {text!r}: give LIVE,MIB, the probe run's --live-granules and --evict-mib "
+                         "(e.g. 5000,64)") from None
+    if live < 0 or mib < 0:
+        raise ValueError(f"{option} {text!r}: LIVE and MIB are counts, 0 or more")
+    return live, mib << 20

@@ -79,6 +79,11 @@ class ReplayResult:
     # The second half of the walk only, after warm-up (Note [Steady state], csrc/replay/replay.h)
     steady_backend_us: float = 0.0
     steady_driver_calls: int = 0
+    # Growths: bursts of driver calls (Note [Call bursts], csrc/replay/replay.h), in all and in the
+    # second half, and the second half's calls by kind: what call_costs.burst_premium_us prices.
+    growths: int = 0
+    steady_growths: int = 0
+    steady_backend_calls: dict = None
     # From the event where the trace's live requested bytes peak (calls_after): set by
     # `replay --limit`, None elsewhere.
     after_peak_driver_calls: int = None
@@ -137,7 +142,7 @@ def _progress_adapter(progress, label):
 
 def replay(source, policy="torchmem", *, limit=0, config=None, capacity=DEFAULT_CAPACITY, min_cap=False,
            min_device=False, stop_at=-1, progress=None, device=None, native_config=None, costs=None, name=None,
-           event_delay=0, evict_bytes=0):
+           event_delay=0, evict_bytes=0, cold_costs=None):
     """Replays a trace (a path, a Trace, or an (N, 4) int64 events array) under `policy`
     ("torchmem" or "native") and returns a ReplayResult.
 
@@ -149,6 +154,10 @@ def replay(source, policy="torchmem", *, limit=0, config=None, capacity=DEFAULT_
     ``progress(stage, done, total)``: called now and then while it runs;
     ``native_config``: {"max_split_size": bytes} for the native model;
     ``costs``: per-call microseconds overriding the simulated backend's table;
+    ``cold_costs``: the same table with the host's caches evicted (a probe's
+    evicted run, call_costs.costs_from_probe): the first call of each kind in a
+    burst is priced at it, the rest at ``costs`` (Note [Call bursts] in
+    csrc/replay/replay.h), in modeled_backend_us and steady_backend_us;
     ``event_delay``: how many polls a simulated stream event stays pending, to
     model a GPU running behind the host (0 = events complete at once);
     ``evict_bytes``: a scratch walk of that many bytes after every alloc and free,
@@ -167,6 +176,14 @@ def replay(source, policy="torchmem", *, limit=0, config=None, capacity=DEFAULT_
                     native_config=native_config, costs=costs, event_delay=int(event_delay),
                     evict_bytes=int(evict_bytes))
     result = _result_from(raw, label, policy, trace, budget)
+    if cold_costs is not None:
+        from torchmem.analysis.call_costs import burst_premium_us
+
+        prices = costs or dict(_core.sim_costs())
+        result.modeled_backend_us += burst_premium_us(result.backend_calls, result.growths, result.device_barriers,
+                                                      prices, cold_costs)
+        result.steady_backend_us += burst_premium_us(result.steady_backend_calls, result.steady_growths,
+                                                     result.steady_barriers, prices, cold_costs)
     if min_cap:
         found = find_min_cap(trace, policy, config=config, capacity=capacity, progress=progress,
                              native_config=native_config, costs=costs, event_delay=event_delay)
@@ -238,6 +255,9 @@ def _result_from(raw, label, policy, trace, limit):
         limit=int(limit or 0),
         steady_backend_us=raw["steady_backend_us"],
         steady_driver_calls=raw["steady_driver_calls"],
+        growths=raw["growths"],
+        steady_growths=raw["steady_growths"],
+        steady_backend_calls=dict(raw["steady_backend_calls"]),
         recorded_peak_reserved=trace.recorded_peak_reserved(),
     )
 

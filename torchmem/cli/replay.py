@@ -82,6 +82,11 @@ def add_arguments(parser):
     parser.add_argument("--costs", metavar="PROBE.json", default=None,
                         help="price the driver calls at a GPU's own figures: the JSON of `python bench/gpu_probe.py "
                              "--out PROBE.json` on that GPU (default: the simulator's, measured on an H200)")
+    parser.add_argument("--costs-cold", metavar="LIVE,MIB", default=None,
+                        help="with --costs: price the first call of each kind in a burst (a growth: Note [Call "
+                             "bursts]) at the probe's run with LIVE granules mapped and MIB of host memory walked "
+                             "before each call (gpu_probe.py --live-granules, --evict-mib; e.g. 5000,64), the rest "
+                             "at its idle run: the model that matched the GPU's warm-ups")
 
 
 class Progress:
@@ -348,12 +353,19 @@ def run(args):
         raise CliError(f"--repeat-last-step must be >= 0 steps (0: the trace as recorded), got {args.repeat_last_step}")
     if args.snapshot:
         check_snapshot_target(args.snapshot, args.policy, args.traces)
-    costs = None
+    costs = cold_costs = None
+    if args.costs_cold is not None and args.costs is None:
+        raise CliError("--costs-cold picks a run of a GPU probe: give the probe with --costs PROBE.json")
     if args.costs is not None:
-        from torchmem.analysis.call_costs import costs_from_probe
+        from torchmem.analysis.call_costs import costs_from_probe, parse_conditions
 
         try:
+            cold_run = None if args.costs_cold is None else parse_conditions(args.costs_cold, "--costs-cold")
+        except ValueError as e:
+            raise CliError(str(e)) from None
+        try:
             costs = costs_from_probe(args.costs)
+            cold_costs = None if cold_run is None else costs_from_probe(args.costs, *cold_run)
         except ValueError as e:
             raise CliError(f"--costs {args.costs}: {e}") from None
     paths = [resolve_trace(name) for name in args.traces]
@@ -381,7 +393,7 @@ def run(args):
         for policy in policies:
             result = replay_api.replay(trace, policy, limit=trace_limit, config=config, capacity=capacity,
                                        min_cap=args.min_cap, min_device=args.min_device, progress=show, name=path,
-                                       event_delay=args.event_delay, costs=costs)
+                                       event_delay=args.event_delay, costs=costs, cold_costs=cold_costs)
             results.append(result)
         if trace_limit:
             count_after_peak(trace, peak_at, results, trace_limit, config, capacity, args.event_delay)
