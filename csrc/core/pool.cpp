@@ -313,17 +313,7 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
       sync_all_fences();
       ++stats_.num_sync_all_streams;
       b = attempt();
-      if (!b && plan_arena && item != detail::StepPlan::kNoItem) {
-        // Note [Step plan arena]: before the plan is given up for this
-        // request, its range, which the cache's pending fences may have kept
-        // from being backed, is tried again.
-        b = plan_place(item, rounded, stream);
-        if (b) {
-          ++stats_.num_plan_hits;
-          --stats_.num_plan_misses;
-          --plan_window_misses;
-        }
-      }
+      if (!b && plan_arena) b = plan_place_after_barrier(item, rounded, stream);
     }
     if (!b && !vmm) {
       // Step 5 (cuda_malloc segments only): return every cached segment and retry.

@@ -141,6 +141,17 @@ Block* Pool::Impl::plan_place(std::uint32_t item, std::size_t rounded, StreamId 
   return b;
 }
 
+Block* Pool::Impl::plan_place_after_barrier(std::uint32_t item, std::size_t rounded, StreamId stream) {
+  if (item == StepPlan::kNoItem) return nullptr;
+  Block* b = plan_place(item, rounded, stream);
+  if (b) {
+    ++stats_.num_plan_hits;
+    --stats_.num_plan_misses;
+    --plan_window_misses;
+  }
+  return b;
+}
+
 void Pool::Impl::plan_adopt() {
   if (pressure == pressure_at_arm) {  // the online layout held through a whole window
     plan_reset();

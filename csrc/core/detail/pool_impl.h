@@ -329,6 +329,11 @@ struct Pool::Impl {
   // The block for a named request at its planned range, if that range is
   // free and can be backed now; null otherwise (counts nothing).
   detail::Block* plan_place(std::uint32_t item, std::size_t rounded, StreamId stream);
+  // The OOM ladder, behind its barrier, before the plan is given up: the
+  // planned range of a request that missed it, tried again (the cache's
+  // pending fences may have kept it from being backed); a hit now counts as
+  // one instead of the miss.
+  detail::Block* plan_place_after_barrier(std::uint32_t item, std::size_t rounded, StreamId stream);
   // Ends the plan in force: its arena thaws (its cached granules become
   // reclaimable) and retires. rearm: record a new window at once.
   void plan_drop(bool rearm);
