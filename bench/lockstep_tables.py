@@ -325,7 +325,7 @@ def warmup_table(rows, prices=None, cold=None):
     probe's prices with host caches evicted; where the run recorded its growths, each burst's first
     calls are priced at them (cold_burst_us)."""
     from torchmem._loader import _C  # the simulator's call prices (imports torch: here only)
-    from torchmem.analysis.call_costs import CALL_PRICES
+    from torchmem.analysis.call_costs import CALL_PRICES, call_cost_us
     from torchmem.cli.anchors import step_cost_us  # the replay's own barrier price
 
     prices = prices or _C.sim_costs()
@@ -476,16 +476,6 @@ def added_noise_ms(by_shape, warmup_steps):
     variance = sum(statistics.variance(by_shape[i % shapes]) if len(by_shape[i % shapes]) > 1 else 0.0
                    for i in range(warmup_steps))
     return 2 * math.sqrt(variance) * 1e3
-
-
-# The backend's driver calls by kind (its "<kind>_calls" counters) and the simulator's prices each
-# is charged (torchmem._C.sim_costs() keys): a map is a map and its access call.
-def call_cost_us(step, prices):
-    """The replay's time model of one step's driver calls (the backend's counts by kind): each at its
-    price in `prices` (torchmem._C.sim_costs() keys: the simulator's, or a GPU probe's)."""
-    from torchmem.analysis.call_costs import CALL_PRICES  # imports torch: here only
-
-    return sum(step.get(f"{kind}_calls", 0) * sum(prices[key] for key in keys) for kind, keys in CALL_PRICES.items())
 
 
 def cold_burst_us(step, barriers, prices, cold):

@@ -64,14 +64,14 @@ Replayer::~Replayer() {
 
 namespace {
 
-// The two targets behind one small interface, resolved at compile time.
+// The three targets (the native and expandable models, the pool) behind one
+// small interface, resolved at compile time.
 struct NativeTarget {
   NativeModel& model;
   Addr allocate(std::size_t size, StreamId stream) { return model.allocate(size, stream); }
   void free(Addr addr) { model.deallocate(addr); }
   std::size_t held() const { return model.stats().reserved_bytes; }
   double modeled_us() const { return model.stats().modeled_us; }
-  std::uint64_t driver_calls() const { return model.stats().num_device_alloc + model.stats().num_device_free; }
   // Releasing cached segments to retry synchronizes the device (cudaFree).
   std::uint64_t barriers() const { return model.stats().num_alloc_retries; }
   // cudaMalloc and cudaFree: each its own call, no burst (ReplayResult::growths).
@@ -90,7 +90,6 @@ struct ExpandableTarget {
   void free(Addr addr) { model.deallocate(addr); }
   std::size_t held() const { return model.stats().reserved_bytes; }
   double modeled_us() const { return model.stats().modeled_us; }
-  std::uint64_t driver_calls() const { return 2 * (model.stats().pages_mapped + model.stats().pages_unmapped); }
   std::uint64_t barriers() const { return model.stats().num_alloc_retries; }
   std::uint64_t growths() const { return model.stats().map_bursts; }
   BackendCounters calls() const {
@@ -108,15 +107,17 @@ struct PoolTarget {
   void free(Addr addr) { pool.deallocate(addr); }
   std::size_t held() const { return backend.device_used(); }
   double modeled_us() const { return backend.modeled_us(); }
-  std::uint64_t driver_calls() const {
-    const BackendCounters& c = backend.counters();
-    return c.create_calls + c.release_calls + c.map_calls + c.unmap_calls + c.segment_alloc_calls +
-           c.segment_free_calls + c.device_sync_calls;
-  }
   std::uint64_t barriers() const { return backend.counters().device_sync_calls; }
   std::uint64_t growths() const { return pool.stats().num_growths; }
   BackendCounters calls() const { return backend.counters(); }
 };
+
+// Note [Steady state]'s driver calls: create, release, map, unmap, a segment's
+// cudaMalloc and cudaFree, device barriers.
+std::uint64_t driver_calls(const BackendCounters& c) {
+  return c.create_calls + c.release_calls + c.map_calls + c.unmap_calls + c.segment_alloc_calls +
+         c.segment_free_calls + c.device_sync_calls;
+}
 
 BackendCounters minus(const BackendCounters& a, const BackendCounters& b) {
   BackendCounters d;
@@ -168,12 +169,11 @@ void replay_events(Target target, const TraceEvent* events, std::size_t count, c
   // Note [Steady state]: the second half of the walk, after warm-up.
   const std::size_t half = end / 2;
   double half_us = 0.0;
-  std::uint64_t half_calls = 0, half_barriers = 0, half_growths = 0;
+  std::uint64_t half_barriers = 0, half_growths = 0;
   BackendCounters half_by_kind;
   for (std::size_t i = 0; i < end; ++i) {
     if (i == half) {
       half_us = target.modeled_us();
-      half_calls = target.driver_calls();
       half_barriers = target.barriers();
       half_growths = target.growths();
       half_by_kind = target.calls();
@@ -220,12 +220,14 @@ void replay_events(Target target, const TraceEvent* events, std::size_t count, c
   // A volatile store is observable, so the scratch walk that feeds it cannot be optimized away.
   [[maybe_unused]] volatile unsigned char evict_sink = evict_sum;
   result.final_reserved = target.held();
-  result.steady_backend_us = target.modeled_us() - half_us;
-  result.steady_driver_calls = target.driver_calls() - half_calls;
+  result.backend_calls = target.calls();
+  result.modeled_backend_us = target.modeled_us();
+  result.steady_backend_us = result.modeled_backend_us - half_us;
+  result.steady_backend_calls = minus(result.backend_calls, half_by_kind);
+  result.steady_driver_calls = driver_calls(result.steady_backend_calls);
   result.steady_barriers = target.barriers() - half_barriers;
   result.growths = target.growths();
   result.steady_growths = result.growths - half_growths;
-  result.steady_backend_calls = minus(target.calls(), half_by_kind);
   if (options.progress) options.progress(end, end);
 }
 
@@ -240,17 +242,11 @@ ReplayResult Replayer::run(const TraceEvent* events, std::size_t count) {
     const NativeStats& stats = native_->stats();
     result.ooms = stats.num_ooms;
     result.alloc_retries = result.device_barriers = stats.num_alloc_retries;
-    result.backend_calls.segment_alloc_calls = stats.num_device_alloc;
-    result.backend_calls.segment_free_calls = stats.num_device_free;
-    result.modeled_backend_us = stats.modeled_us;
   } else if (expandable_) {
     replay_events(ExpandableTarget{*expandable_}, events, count, options_, result);
     const ExpandableStats& stats = expandable_->stats();
     result.ooms = stats.num_ooms;
     result.alloc_retries = result.device_barriers = stats.num_alloc_retries;
-    result.backend_calls.create_calls = result.backend_calls.map_calls = stats.pages_mapped;
-    result.backend_calls.unmap_calls = result.backend_calls.release_calls = stats.pages_unmapped;
-    result.modeled_backend_us = stats.modeled_us;
   } else {
     replay_events(PoolTarget{*pool_, *backend_}, events, count, options_, result);
     const PoolStats stats = pool_->stats();
@@ -267,8 +263,6 @@ ReplayResult Replayer::run(const TraceEvent* events, std::size_t count) {
     result.host_alloc_ns = stats.host_alloc_ns;
     result.host_free_ns = stats.host_free_ns;
     result.host_plan_ns = stats.host_plan_ns;
-    result.backend_calls = backend_->counters();
-    result.modeled_backend_us = backend_->modeled_us();
   }
   return result;
 }

@@ -75,6 +75,12 @@ CALL_PRICES = {"create": ("create_us",), "map": ("map_us", "set_access_us"), "un
                "release": ("release_us",)}
 
 
+def call_cost_us(calls, prices):
+    """What `calls` (a dict of "<kind>_calls" counts) cost, each at its price in `prices`
+    (sim_costs() keys: the simulator's, or a GPU probe's): the replay's model of driver time."""
+    return sum(calls.get(f"{kind}_calls", 0) * sum(prices[key] for key in keys) for kind, keys in CALL_PRICES.items())
+
+
 def burst_premium_us(calls, growths, barriers, prices, cold):
     """What `calls` (a dict of "<kind>_calls" counts) cost over their `prices` when the first call
     of each kind in a burst is priced at `cold` (both cost tables, sim_costs() keys). Bursts: the
