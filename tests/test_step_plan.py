@@ -103,6 +103,18 @@ def test_a_side_stream_takes_no_barrier_once_warm(budget):
     assert (calls, barriers) == (0, 0)
 
 
+def test_a_plan_whose_windows_need_a_barrier_is_learnt_again():
+    """Note [Step plan arena]: a plan in force takes no device barrier. Sixteen micro-steps with a
+    side stream at 1.02x min-cap once settled into a plan that missed two requests a step, each
+    served online behind the OOM ladder's barrier: too few misses to drop it, so a barrier every
+    step for good. A window that needed a barrier does not hold; the plan learnt again is quiet."""
+    events = np.asarray(patterns.training_steps(20, layers=12, seed=2, side_stream=7, micro_steps=16), dtype=np.int64)
+    limit = int(min_cap(events) * 1.02)
+    half, whole = run(events, limit, stop_at=len(events) // 2 - 1), run(events, limit)
+    assert whole["ooms"] == 0
+    assert (driver_calls(whole) - driver_calls(half), whole["device_barriers"] - half["device_barriers"]) == (0, 0)
+
+
 def test_shapes_that_change_are_served_and_planned_again():
     """A new model mid-run: the plan in force misses and is dropped; the new steps are
     served, and once they repeat they cost nothing again. A budget the online layout

@@ -23,7 +23,10 @@
 //     shape, a range still taken) is served online, as before;
 //   - dropped when more than 1 in 50 requests of a window (after the first
 //     window since adoption, the warm-up) missed and the
-//     pool stitched or waited in that window (the step changed: a new window
+//     pool stitched or waited in that window, or when the window needed the
+//     OOM ladder's device barrier at all (a plan in force takes none: a few
+//     misses a step served online behind a barrier would otherwise hold for
+//     good) (the step changed: a new window
 //     is recorded at once; after three such drops in a row the plan stays off
 //     for a while; with no limit set, until a limit is set or the cache is
 //     emptied: nothing but a full device would reclaim the dropped arenas'
@@ -188,6 +191,7 @@ void Pool::Impl::plan_adopt() {
   plan_window = std::max<std::uint64_t>(window, StepPlan::kMinQuiet);
   plan_window_allocs = plan_window_misses = 0;
   plan_window_pressure = pressure;
+  plan_window_barriers = stats_.num_sync_all_streams;
   plan_settling = true;
   ++stats_.num_plans;
 }
@@ -201,11 +205,15 @@ void Pool::Impl::plan_check_window() {
   // The first window after adoption is the plan's warm-up: blocks placed online
   // before it still hold planned ranges until they are freed, so its requests
   // miss and stitch by design; only the windows after it say whether the plan holds.
-  const bool held = plan_settling || plan_window_misses * kMissDivisor <= plan_window_allocs ||
+  // A plan in force takes no device barrier (the OOM ladder's): one whose window needed one does
+  // not hold, however few its misses.
+  const bool barrier = stats_.num_sync_all_streams != plan_window_barriers;
+  const bool held = plan_settling || (plan_window_misses * kMissDivisor <= plan_window_allocs && !barrier) ||
                     pressure == plan_window_pressure;
   plan_settling = false;
   plan_window_allocs = plan_window_misses = 0;
   plan_window_pressure = pressure;
+  plan_window_barriers = stats_.num_sync_all_streams;
   if (held) {
     plan_failures = 0;
     return;

@@ -489,6 +489,7 @@ struct Pool::Impl {
   std::uint64_t plan_window_allocs = 0;       // allocations of the plan in force's current window
   std::uint64_t plan_window_misses = 0;
   std::uint64_t plan_window_pressure = 0;     // `pressure` when the window began
+  std::uint64_t plan_window_barriers = 0;     // stats_.num_sync_all_streams then
   std::uint32_t plan_failures = 0;            // plans dropped since the last one that held
   bool plan_settling = false;                 // the window since adoption is not judged
   std::uint64_t plan_quiet_until = 0;         // num_allocs before which the plan stays off
