@@ -24,9 +24,9 @@
 //   - dropped when more than 1 in 50 requests of a window (after the first
 //     window since adoption, the warm-up) missed and the
 //     pool stitched or waited in that window, or when the window needed the
-//     OOM ladder's device barrier at all (a plan in force takes none: a few
-//     misses a step served online behind a barrier would otherwise hold for
-//     good) (the step changed: a new window
+//     OOM ladder's device barrier at all, since a plan in force takes none and
+//     a few misses a step served online behind a barrier would otherwise hold
+//     for good (the step changed: a new window
 //     is recorded at once; after three such drops in a row the plan stays off
 //     for a while; with no limit set, until a limit is set or the cache is
 //     emptied: nothing but a full device would reclaim the dropped arenas'
