@@ -40,7 +40,8 @@
 #                  ROUND_KERNEL_TIME): LOCKSTEP_PER processes per allocator (default 2), alive together, taking
 #                  turns step by step, one group per seed in LOCKSTEP_SEEDS (default "1 2"); lockstep.jsonl;
 #                  LOCKSTEP_BUDGETS="1.05 1.10": each seed again under those multiples of its peak request,
-#                  beside native with no budget (LOCKSTEP_REFERENCE=none leaves it out; LOCKSTEP_PEAK=BYTES: the
+#                  beside native with no budget (LOCKSTEP_REFERENCE=none leaves it out; LOCKSTEP_PEAK=BYTES, or
+#                  "llama_ckpt=BYTES fsdp_accum=BYTES" per workload (one without a word runs its own unconstrained group): the
 #                  peak request known from an earlier run, no unconstrained group); T_LOCKSTEP: seconds per
 #                  workload (default 420; long runs that resolve the pooled table's 3% line need more)
 #                  ROUND_ALLOCATORS may name NAME@S: NAME at S x each drawn batch ("native native@0.75 torchmem"
@@ -257,22 +258,33 @@ job_rounds() {
   echo "rounds: $(wc -l < "$R") results"
 }
 
+lockstep_peak() {  # LOCKSTEP_PEAK for workload $1: BYTES for every workload, or words W=BYTES
+  local p
+  for p in ${LOCKSTEP_PEAK:-}; do
+    case $p in
+      *=*) [ "${p%%=*}" = "$1" ] && { echo "${p#*=}"; return; } ;;
+      *) echo "$p"; return ;;
+    esac
+  done
+}
+
 job_lockstep() {  # the steps of every allocator side by side in time (bench/lockstep.py says why)
-  local w
+  local w peak
   for w in ${ROUND_WORKLOADS:-gpt2 llama_ckpt kv_generate vision}; do
     [ "$(left)" -lt 60 ] && { echo "lockstep: no time left for $w"; continue; }
+    peak=$(lockstep_peak "$w")
     pinned timeout "$(bounded ${T_LOCKSTEP:-420})" python3 bench/lockstep.py --workload "$w" \
       --allocators ${ROUND_ALLOCATORS:-native expandable torchmem} --per-allocator "${LOCKSTEP_PER:-2}" \
       --steps "${ROUND_STEPS:-14}" --shapes "${ROUND_SHAPES:-4}" --seeds ${LOCKSTEP_SEEDS:-1 2} \
       $( [ "${ROUND_KERNEL_TIME:-0}" = 1 ] && echo --kernel-time ) \
       ${LOCKSTEP_BUDGETS:+--budgets $LOCKSTEP_BUDGETS} ${LOCKSTEP_REFERENCE:+--reference $LOCKSTEP_REFERENCE} \
-      ${LOCKSTEP_PEAK:+--peak-request $LOCKSTEP_PEAK} \
+      ${peak:+--peak-request $peak} \
       --out "$OUT/lockstep.jsonl" >> "$OUT/lockstep.log" 2>&1 || echo "lockstep $w rc=$?"
     pack
   done
   # with the probe job's figures from this call, the warm-up table prices calls at this GPU's own costs
   [ -s "$OUT/lockstep.jsonl" ] && python3 bench/lockstep.py table "$OUT/lockstep.jsonl" \
-    $( [ -s "$OUT/probe.json" ] && echo --costs "$OUT/probe.json" )
+    $( [ -s "$OUT/probe.json" ] && echo --costs "$OUT/probe.json" ${LOCKSTEP_COSTS_COLD:+--costs-cold $LOCKSTEP_COSTS_COLD} )
 }
 
 job_peer() {
