@@ -212,10 +212,9 @@ def main(argv=None):
                                 "in those conditions (host caches evicted: e.g. 5000,64), the rest as --costs-run; "
                                 "runs that recorded num_growths only")
         opts = table.parse_args(argv[1:])
+        from torchmem.analysis.call_costs import costs_from_probe, parse_conditions
 
         def conditions(option, text):
-            from torchmem.analysis.call_costs import parse_conditions
-
             if text is not None and not opts.costs:
                 table.error(f"{option} picks a run of the probe: give the probe with --costs PROBE.json")
             try:
@@ -226,7 +225,6 @@ def main(argv=None):
         run, cold_run = conditions("--costs-run", opts.costs_run), conditions("--costs-cold", opts.costs_cold)
         prices = cold = None
         if opts.costs:  # read once, and refused here, before any table is printed
-            from torchmem.analysis.call_costs import costs_from_probe
             try:
                 prices = costs_from_probe(opts.costs, *run)
                 cold = costs_from_probe(opts.costs, *cold_run) if opts.costs_cold is not None else None

@@ -333,7 +333,7 @@ def warmup_table(rows, prices=None, cold=None):
              "planning passes: ms | time added, ms | of it the group's drift, ms | per call, us | model, ms | "
              "model error |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    modeled = {}  # (workload, budget, allocator) -> [(net ms, model ms, noise ms)] per process
+    modeled = {}  # (workload, budget, allocator) -> [(net ms, model ms, own noise ms, drift noise ms)] per process
     for row in budget_rows(rows):
         quiet = quiet_from(row)
         if row.get("oom_at_step") is not None or not quiet:

@@ -4,6 +4,7 @@ on both shared traces, and the driver's rules on small hand-made traces."""
 import numpy as np
 import pytest
 
+from torchmem.analysis import patterns
 from torchmem.analysis import replay as replay_api
 from torchmem.analysis import trace as trace_io
 from torchmem._loader import _C
@@ -93,6 +94,17 @@ def test_growths_and_the_second_halfs_calls_by_kind_match_a_run_stopped_halfway(
         # a growth maps at least one handle (or page), and every mapping belongs to one
         assert 0 < full.growths <= full.backend_calls["map_calls"]
 
+
+
+def test_cold_costs_may_price_part_of_the_table():
+    """`costs` and `cold_costs` override part of the simulator's table: a burst's first create is
+    priced at the cold create price, every other call at the warm table, with no missing key."""
+    ev = np.asarray(patterns.training_steps(6, layers=4, seed=0, micro_steps=2), dtype=np.int64)
+    warm = replay_api.replay(ev, costs={"create_us": 50.0})
+    cold = replay_api.replay(ev, costs={"create_us": 50.0}, cold_costs={"create_us": 500.0})
+    bursts = min(warm.backend_calls["create_calls"], warm.growths)
+    assert bursts > 0
+    assert cold.modeled_backend_us == pytest.approx(warm.modeled_backend_us + bursts * 450.0)
 
 def events(*rows):
     return np.array(rows, dtype=np.int64).reshape(-1, 4)

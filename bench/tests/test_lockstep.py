@@ -5,11 +5,10 @@ tables (bench/lockstep_tables.py) divide the right steps."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import types
-
-import re
 
 import pytest
 

@@ -179,11 +179,13 @@ def replay(source, policy="torchmem", *, limit=0, config=None, capacity=DEFAULT_
     if cold_costs is not None:
         from torchmem.analysis.call_costs import burst_premium_us
 
-        prices = costs or dict(_core.sim_costs())
+        # Both tables whole: `costs` and `cold_costs` may override part of the simulator's.
+        prices = {**_core.sim_costs(), **(costs or {})}
+        cold = {**prices, **cold_costs}
         result.modeled_backend_us += burst_premium_us(result.backend_calls, result.growths, result.device_barriers,
-                                                      prices, cold_costs)
+                                                      prices, cold)
         result.steady_backend_us += burst_premium_us(result.steady_backend_calls, result.steady_growths,
-                                                     result.steady_barriers, prices, cold_costs)
+                                                     result.steady_barriers, prices, cold)
     if min_cap:
         found = find_min_cap(trace, policy, config=config, capacity=capacity, progress=progress,
                              native_config=native_config, costs=costs, event_delay=event_delay)
