@@ -29,10 +29,6 @@ from torchmem.analysis import patterns, replay  # noqa: E402
 LAG = 10  # polls a simulated event stays pending: the GPU runs behind the host
 
 
-def vmm_calls(calls):
-    return sum(calls[k] for k in replay.VMM_CALL_KINDS)
-
-
 def sweep(steps, seeds, micro_steps=(1, 2, 4, 8, 16), factors=(1.02, 1.05, 1.10)):
     totals = dict(runs=0, calls=0, barriers=0, late_calls=0, not_quiet=0, ooms=0)
     print("| micro-steps | side stream | seed | x min-cap | calls | barriers | second half: calls | barriers |")
@@ -46,8 +42,8 @@ def sweep(steps, seeds, micro_steps=(1, 2, 4, 8, 16), factors=(1.02, 1.05, 1.10)
                 for factor in factors:
                     # The second half: the replay's own steady counts (Note [Steady state]).
                     result = replay.replay(events, limit=int(cap * factor), event_delay=LAG)
-                    calls, barriers, ooms = vmm_calls(result.backend_calls), result.device_barriers, result.ooms
-                    late, late_barriers = vmm_calls(result.steady_backend_calls), result.steady_barriers
+                    calls, barriers, ooms = replay.vmm_calls(result.backend_calls), result.device_barriers, result.ooms
+                    late, late_barriers = replay.vmm_calls(result.steady_backend_calls), result.steady_barriers
                     totals["runs"] += 1
                     totals["calls"] += calls
                     totals["barriers"] += barriers

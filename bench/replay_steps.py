@@ -29,7 +29,6 @@ from torchmem.analysis import trace as trace_io  # noqa: E402
 
 GiB = 1 << 30
 HOST_TIME_STEPS = 12  # --host-time: copies of the step the longer replay adds
-DRIVER_CALLS = replay.VMM_CALL_KINDS
 
 
 def step_costs(events, period, limit, config=None, event_delay=10):
@@ -40,7 +39,7 @@ def step_costs(events, period, limit, config=None, event_delay=10):
         stop = len(events) - (steps - step) * period - 1
         result = replay.replay(events, limit=limit, config=config, stop_at=stop, event_delay=event_delay)
         calls = result.backend_calls
-        now = (sum(calls[k] for k in DRIVER_CALLS), result.device_barriers, calls["stream_wait_calls"])
+        now = (replay.vmm_calls(calls), result.device_barriers, calls["stream_wait_calls"])
         rows.append(tuple(a - b for a, b in zip(now, previous)))
         previous = now
     return rows, result

@@ -95,7 +95,6 @@ def test_growths_and_the_second_halfs_calls_by_kind_match_a_run_stopped_halfway(
         assert 0 < full.growths <= full.backend_calls["map_calls"]
 
 
-
 def test_cold_costs_may_price_part_of_the_table():
     """`costs` and `cold_costs` override part of the simulator's table: a burst's first create is
     priced at the cold create price, every other call at the warm table, with no missing key."""
@@ -105,6 +104,7 @@ def test_cold_costs_may_price_part_of_the_table():
     bursts = min(warm.backend_calls["create_calls"], warm.growths)
     assert bursts > 0
     assert cold.modeled_backend_us == pytest.approx(warm.modeled_backend_us + bursts * 450.0)
+
 
 def events(*rows):
     return np.array(rows, dtype=np.int64).reshape(-1, 4)

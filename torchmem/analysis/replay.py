@@ -208,6 +208,11 @@ VMM_CALL_KINDS = ("create_calls", "map_calls", "unmap_calls", "release_calls")
 DRIVER_CALL_KINDS = VMM_CALL_KINDS + ("segment_alloc_calls", "segment_free_calls")
 
 
+def vmm_calls(calls):
+    """The VMM driver calls among `calls` (a replay's backend_calls or steady_backend_calls)."""
+    return sum(calls[kind] for kind in VMM_CALL_KINDS)
+
+
 def calls_after(source, at, policy="torchmem", *, limit=0, config=None, capacity=DEFAULT_CAPACITY, event_delay=0,
                 whole=None):
     """(driver calls by kind after event `at`, device barriers after it, OOMs over the whole
