@@ -33,9 +33,26 @@
 //     cache), before an OOM is declared (its cache may back the request;
 //     a planned request first tries its range again behind the ladder's
 //     barrier, which the cache's pending fences may have kept it from being
-//     backed before), and at empty_cache or a lower budget.
+//     backed before, then the arena lends its free granules for one more try:
+//     Note [Lent arena cache]), and at empty_cache or a lower budget.
 // A dropped arena thaws: its cached granules become reclaimable, its live
 // blocks are freed as usual, and the heap goes once it holds nothing.
+//
+// Note [Lent arena cache]
+// Right after adoption the arena backs each planned range the first time it
+// is used, while blocks placed online before the plan still hold their
+// memory until the step frees them: for a step or so both layouts are
+// backed. Under a tight budget their sum can pass it, and the OOM ladder
+// finds the online heaps empty while the arena caches granules for ranges
+// the step has not reached yet. Dropping the plan there gives its cache back
+// but also the plan: the next one is learnt over a window, meets the same
+// overlap, and is dropped again, each time with barriers and thousands of
+// calls. So before the plan is given up, the ladder lends the arena's free
+// granules: the arena thaws for one more try (the planned range first, then
+// the online heaps), and freezes again. The ranges whose granules were lent
+// are backed again when their requests come, by then from the memory the
+// online layout frees. A plan that keeps needing the ladder is still
+// learnt again: its window took a barrier (above).
 //
 // Note [Arena free set]
 // No request searches an arena by size: a planned one goes to its offset,
@@ -153,6 +170,14 @@ Block* Pool::Impl::plan_place_after_barrier(std::uint32_t item, std::size_t roun
     --plan_window_misses;
   }
   return b;
+}
+
+void Pool::Impl::plan_lend_cache(bool lend) {
+  if (lend) {
+    thaw(*plan_arena);  // lists its free granules; its lazy pins are counted again
+  } else {
+    refreeze(*plan_arena);  // the lazy pins start again at the next window check
+  }
 }
 
 void Pool::Impl::plan_adopt() {
