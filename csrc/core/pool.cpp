@@ -321,7 +321,7 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
       release_cached();
       b = attempt();
     }
-    if (!b && plan_arena) {
+    if (!b && plan_arena && plan_may_lend(item)) {
       // Note [Lent arena cache]: its free granules first, the plan kept.
       plan_lend_cache(true);
       b = plan_place_after_barrier(item, rounded, stream);

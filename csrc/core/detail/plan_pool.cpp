@@ -33,7 +33,8 @@
 //     cache), before an OOM is declared (its cache may back the request;
 //     a planned request first tries its range again behind the ladder's
 //     barrier, which the cache's pending fences may have kept it from being
-//     backed before, then the arena lends its free granules for one more try:
+//     backed before, then, for a plan and request Note [When the arena lends]
+//     names, the arena lends its free granules for one more try:
 //     Note [Lent arena cache]), and at empty_cache or a lower budget.
 // A dropped arena thaws: its cached granules become reclaimable, its live
 // blocks are freed as usual, and the heap goes once it holds nothing.
@@ -52,7 +53,31 @@
 // the online heaps), and freezes again. The ranges whose granules were lent
 // are backed again when their requests come, by then from the memory the
 // online layout frees. A plan that keeps needing the ladder is still
-// learnt again: its window took a barrier (above).
+// learnt again: its window took a barrier (above). Only some plans and
+// requests are lent to: Note [When the arena lends].
+//
+// Note [When the arena lends]
+// The ladder lends the arena's cache only while all of these hold, and
+// otherwise gives the plan up at once, as it did before lending:
+//   - the plan is in its first window since adoption (plan_settling): the
+//     overlap of the two layouts lasts until the blocks placed online before
+//     adoption are freed, which a repeating step does within that window;
+//     later, a plan that needs the ladder does not fit its step;
+//   - the request has a place in the plan (an offset): the overlap shows as
+//     a planned range the budget cannot back yet. A request the plan never
+//     saw says the window missed part of the cycle, and that plan is better
+//     learnt again now than kept through ladder barriers until a window
+//     check ends it;
+//   - no plan failed a window check since the last one that held
+//     (plan_failures == 0): after such a failure the pool is still finding
+//     the cycle's length (the window was stretched to the part the last plan
+//     missed, a guess), and a plan that then needs the ladder is more often
+//     short of the cycle again than caught in the overlap; given up at the
+//     first ladder barrier, the next window starts that much sooner.
+// Lending to every plan kept plans learnt over too short a window through
+// dozens of ladder barriers (gradient accumulation under FSDP warmed up
+// steps later); under these conditions the plans that lend are the ones
+// whose only trouble is the overlap at adoption.
 //
 // Note [Arena free set]
 // No request searches an arena by size: a planned one goes to its offset,
@@ -178,6 +203,11 @@ void Pool::Impl::plan_lend_cache(bool lend) {
   } else {
     refreeze(*plan_arena);  // the lazy pins start again at the next window check
   }
+}
+
+bool Pool::Impl::plan_may_lend(std::uint32_t item) const {
+  // Note [When the arena lends]
+  return plan_settling && plan_failures == 0 && plan.offset_of(item) != StepPlan::kNoOffset;
 }
 
 void Pool::Impl::plan_adopt() {

@@ -340,6 +340,9 @@ struct Pool::Impl {
   // reclaimable for one more try of the OOM ladder; lend=false freezes the
   // arena again.
   void plan_lend_cache(bool lend);
+  // Note [When the arena lends]: whether the ladder lends the arena's cache
+  // for this request (`item`: its name) before it gives the plan up.
+  bool plan_may_lend(std::uint32_t item) const;
   // Ends the plan in force: its arena thaws (its cached granules become
   // reclaimable) and retires. rearm: record a new window at once.
   void plan_drop(bool rearm);
