@@ -381,6 +381,18 @@ def test_real_fsdp_with_gradient_accumulation_settles(budget):
     assert (calls, barriers) == (0, 0)
 
 
+def test_names_that_turn_over_every_two_steps_are_planned_as_one():
+    """Note [Names that turn over]: in fsdp_accum a 512 KiB tensor lives one step and two
+    requests, so its copies take sub-slots 0 and 1 in turn. At 1.06x a whole-step plan saw
+    one name only live at its window's start and the other only at its end; the first name's
+    next copy took a range planned for a 250 MiB request and the OOM ladder gave the plan up
+    two steps later (not quiet before step 10 of 16). Planned as one, the plan holds."""
+    events, period = real_fsdp_steps(13, "fsdp_accum")
+    calls, barriers, _, after = last_steps_of_real_trace(events, period, 1.06, steps=9)
+    assert after["ooms"] == 0
+    assert (calls, barriers) == (0, 0)
+
+
 def test_with_no_limit_a_failed_plan_is_not_learnt_again_until_empty_cache():
     """Note [Step plan arena]: a dropped arena's cache is stitched away only when memory is
     short, which with no limit means a full device. A plan learnt again after every drop
