@@ -62,7 +62,7 @@
 // count as live since before the cycle and get no place). Planned so, the
 // tail's name gets a range that is free only in the window's first requests,
 // and its next copy, a cycle later, lives there for a whole cycle on top of
-// ranges planned for others (a 250 MiB range so held sent the plan to the
+// ranges planned for others (a large range so held sends the plan to the
 // OOM ladder). So the items of one place in the step (signature and the
 // signature before) that turn over at the window's ends are planned as one:
 // a tail and the heads made while it was still live each take the union of
