@@ -321,6 +321,13 @@ Addr Pool::Impl::allocate(std::size_t size, StreamId stream, PoolId pool, std::u
       release_cached();
       b = attempt();
     }
+    if (!b && plan_arena && plan_may_lend(item)) {
+      // Note [Lent arena cache]: its free granules first, the plan kept.
+      plan_lend_cache(true);
+      b = plan_place_after_barrier(item, rounded, stream);
+      if (!b) b = attempt();
+      plan_lend_cache(false);
+    }
     if (!b && plan_arena) {
       // A plan in force keeps its arena's cache to itself: let it go first
       // (Note [Step plan arena]).

@@ -89,6 +89,13 @@ void Pool::Impl::thaw(Heap& heap) {
   }
 }
 
+void Pool::Impl::refreeze(Heap& heap) {
+  heap.frozen = true;
+  for (std::size_t i = 0; i < heap.granules.size(); ++i) {
+    if (heap.granules[i].on_list) list_remove(GranuleRef{heap.id, static_cast<std::uint32_t>(i)});
+  }
+}
+
 void Pool::Impl::list_remove(GranuleRef ref) {
   Granule& g = granule(ref);
   StreamSlot& s = slots[g.slot];

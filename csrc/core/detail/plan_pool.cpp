@@ -33,9 +33,51 @@
 //     cache), before an OOM is declared (its cache may back the request;
 //     a planned request first tries its range again behind the ladder's
 //     barrier, which the cache's pending fences may have kept it from being
-//     backed before), and at empty_cache or a lower budget.
+//     backed before, then, for a plan and request Note [When the arena lends]
+//     names, the arena lends its free granules for one more try:
+//     Note [Lent arena cache]), and at empty_cache or a lower budget.
 // A dropped arena thaws: its cached granules become reclaimable, its live
 // blocks are freed as usual, and the heap goes once it holds nothing.
+//
+// Note [Lent arena cache]
+// Right after adoption the arena backs each planned range the first time it
+// is used, while blocks placed online before the plan still hold their
+// memory until the step frees them: for a step or so both layouts are
+// backed. Under a tight budget their sum can pass it, and the OOM ladder
+// finds the online heaps empty while the arena caches granules for ranges
+// the step has not reached yet. Dropping the plan there gives its cache back
+// but also the plan: the next one is learnt over a window, meets the same
+// overlap, and is dropped again, each time with barriers and thousands of
+// calls. So before the plan is given up, the ladder lends the arena's free
+// granules: the arena thaws for one more try (the planned range first, then
+// the online heaps), and freezes again. The ranges whose granules were lent
+// are backed again when their requests come, by then from the memory the
+// online layout frees. A plan that keeps needing the ladder is still
+// learnt again: its window took a barrier (above). Only some plans and
+// requests are lent to: Note [When the arena lends].
+//
+// Note [When the arena lends]
+// The ladder lends the arena's cache only while all of these hold, and
+// otherwise gives the plan up at once, as it did before lending:
+//   - the plan is in its first window since adoption (plan_settling): the
+//     overlap of the two layouts lasts until the blocks placed online before
+//     adoption are freed, which a repeating step does within that window;
+//     later, a plan that needs the ladder does not fit its step;
+//   - the request has a place in the plan (an offset): the overlap shows as
+//     a planned range the budget cannot back yet. A request the plan never
+//     saw says the window missed part of the cycle, and that plan is better
+//     learnt again now than kept through ladder barriers until a window
+//     check ends it;
+//   - no plan failed a window check since the last one that held
+//     (plan_failures == 0): after such a failure the pool is still finding
+//     the cycle's length (the window was stretched to the part the last plan
+//     missed, a guess), and a plan that then needs the ladder is more often
+//     short of the cycle again than caught in the overlap; given up at the
+//     first ladder barrier, the next window starts that much sooner.
+// Lending to every plan kept plans learnt over too short a window through
+// dozens of ladder barriers (gradient accumulation under FSDP warmed up
+// steps later); under these conditions the plans that lend are the ones
+// whose only trouble is the overlap at adoption.
 //
 // Note [Arena free set]
 // No request searches an arena by size: a planned one goes to its offset,
@@ -153,6 +195,19 @@ Block* Pool::Impl::plan_place_after_barrier(std::uint32_t item, std::size_t roun
     --plan_window_misses;
   }
   return b;
+}
+
+void Pool::Impl::plan_lend_cache(bool lend) {
+  if (lend) {
+    thaw(*plan_arena);  // lists its free granules; its lazy pins are counted again
+  } else {
+    refreeze(*plan_arena);  // the lazy pins start again at the next window check
+  }
+}
+
+bool Pool::Impl::plan_may_lend(std::uint32_t item) const {
+  // Note [When the arena lends]
+  return plan_settling && plan_failures == 0 && plan.offset_of(item) != StepPlan::kNoOffset;
 }
 
 void Pool::Impl::plan_adopt() {

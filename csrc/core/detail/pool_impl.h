@@ -235,6 +235,8 @@ struct Pool::Impl {
   // A frozen heap (private pool, plan arena) lets go: its cached granules
   // become reclaimable like any others.
   void thaw(detail::Heap& heap);
+  // Freezes a thawed heap again: its free granules leave the reclaimable lists.
+  void refreeze(detail::Heap& heap);
   // Note [Lazy pins] (plan_pool.cpp): a plan's arena wholly mapped up to its
   // footprint stops counting per granule, and counts again when it thaws.
   void start_lazy_pins(detail::Heap& heap, std::size_t footprint);
@@ -334,6 +336,13 @@ struct Pool::Impl {
   // pending fences may have kept it from being backed); a hit now counts as
   // one instead of the miss.
   detail::Block* plan_place_after_barrier(std::uint32_t item, std::size_t rounded, StreamId stream);
+  // Note [Lent arena cache]: lend=true makes the arena's free granules
+  // reclaimable for one more try of the OOM ladder; lend=false freezes the
+  // arena again.
+  void plan_lend_cache(bool lend);
+  // Note [When the arena lends]: whether the ladder lends the arena's cache
+  // for this request (`item`: its name) before it gives the plan up.
+  bool plan_may_lend(std::uint32_t item) const;
   // Ends the plan in force: its arena thaws (its cached granules become
   // reclaimable) and retires. rearm: record a new window at once.
   void plan_drop(bool rearm);

@@ -16,6 +16,7 @@ void StepPlan::arm() {
     record_start_ = last_new_ = allocs_;
     last_new_clock_ = clock_;
     low_live_ = high_live_ = named_live_bytes_;
+    record_clock_ = kNever;
     return;
   }
   rerecord();
@@ -34,6 +35,7 @@ void StepPlan::reset() {
   cursor_ = kNever;
   named_live_bytes_ = planned_live_bytes_ = low_live_ = high_live_ = 0;
   clock_ = allocs_ = record_start_ = last_new_ = 0;
+  record_clock_ = kNever;
   min_window_ = kMinQuiet;
 }
 
@@ -42,6 +44,7 @@ void StepPlan::rerecord() {
   record_start_ = last_new_ = allocs_;
   last_new_clock_ = clock_;
   low_live_ = high_live_ = named_live_bytes_;
+  record_clock_ = clock_;
   for (std::size_t i = 0; i < items_.size(); ++i) {
     intervals_[i].clear();
     // A block live now counts as live from the window's start.
@@ -233,6 +236,57 @@ std::uint64_t StepPlan::place(const std::vector<std::uint32_t>& order, std::vect
   return top;
 }
 
+void StepPlan::join_names_that_turn_over() {
+  // Note [Names that turn over]
+  if (record_clock_ == kNever) return;  // a first window opens with no lifetimes
+  // Per place in the step (signature, signature before): the items seen live
+  // only at the window's start (tails) and those live at its end but not
+  // made before it (heads).
+  struct Group {
+    std::vector<std::uint32_t> tails, heads;
+  };
+  std::unordered_map<std::uint64_t, Group> groups;
+  for (const auto& [key, idx] : item_index_) {
+    const std::vector<Interval>& lives = intervals_[idx];
+    if (lives.empty()) continue;
+    // A tail lives only at the window's start; a head is still live at its end.
+    const bool tail = lives.size() == 1 && lives.front().start == record_clock_ && lives.front().end != kOpen;
+    const bool head = lives.back().end == kOpen && lives.back().start != record_clock_;
+    if (!tail && !head) continue;
+    Group& g = groups[std::uint64_t{key.sig} << 32 | key.before];
+    (tail ? g.tails : g.heads).push_back(idx);
+  }
+  std::vector<Interval> all;
+  std::vector<std::uint32_t> pair;
+  for (auto& [place, g] : groups) {
+    for (std::uint32_t t : g.tails) {
+      // The heads made while this tail was still live: its name's successors.
+      const std::uint64_t tail_end = intervals_[t].front().end;
+      pair.assign(1, t);
+      for (std::uint32_t h : g.heads) {
+        if (intervals_[h].back().start < tail_end) pair.push_back(h);
+      }
+      if (pair.size() == 1) continue;
+      all.clear();
+      for (std::uint32_t idx : pair) {
+        std::vector<Interval>& lives = intervals_[idx];
+        if (lives.back().end == kOpen) lives.back().end = clock_;  // a head ends now, whenever it began
+        all.insert(all.end(), lives.begin(), lives.end());
+      }
+      std::sort(all.begin(), all.end(), [](const Interval& a, const Interval& b) { return a.start < b.start; });
+      std::vector<Interval> joined;
+      for (const Interval& x : all) {
+        if (!joined.empty() && x.start <= joined.back().end) {
+          joined.back().end = std::max(joined.back().end, x.end);
+        } else {
+          joined.push_back(x);
+        }
+      }
+      for (std::uint32_t idx : pair) intervals_[idx] = joined;
+    }
+  }
+}
+
 bool StepPlan::overlap(const std::vector<Interval>& a, const std::vector<Interval>& b) {
   // Both lists are in time order and each item's intervals are disjoint.
   std::size_t i = 0, j = 0;
@@ -251,6 +305,7 @@ bool StepPlan::overlap(const std::vector<Interval>& a, const std::vector<Interva
 
 std::size_t StepPlan::plan(std::size_t align) {
   min_window_ = std::max(min_window_, allocs_ - record_start_);
+  join_names_that_turn_over();  // before a head made early counts as not the step's
   // Intervals still open end now (Note [Step plan]).
   std::vector<std::uint32_t> members;
   planned_live_bytes_ = 0;

@@ -51,6 +51,25 @@
 // The plan is a hint, never a promise: the pool places a planned item at its
 // offset only if that range is free, and otherwise serves it as before.
 //
+// Note [Names that turn over]
+// A tensor that lives a little longer than the cycle (made in one step, freed
+// just after the next step made its successor) finds its last copy still live
+// when it is made, so its copies take sub-slots 0 and 1 in turn, and its two
+// names repeat every two cycles, not every cycle. A window of one cycle,
+// recorded again after a drop, sees one of them only live at its start, freed
+// soon after (a tail), and the other made near the start and live at the
+// window's end (a head; made before the window's last new item, it would
+// count as live since before the cycle and get no place). Planned so, the
+// tail's name gets a range that is free only in the window's first requests,
+// and its next copy, a cycle later, lives there for a whole cycle on top of
+// ranges planned for others (a large range so held sends the plan to the
+// OOM ladder). So the items of one place in the step (signature and the
+// signature before) that turn over at the window's ends are planned as one:
+// a tail and the heads made while it was still live each take the union of
+// their lifetimes, which is what either name holds in some cycle. Names
+// that repeat every cycle are live at both ends (or at neither) and are left
+// as they are; a first window opens with no lifetimes and has no tails.
+//
 // Note [Naming on the host]
 // Naming runs on every request of a step under a plan, between two stretches
 // of the framework's own host work that push the pool's data out of the CPU
@@ -214,6 +233,10 @@ class StepPlan {
   // between the placed items it overlaps in time, else above them); fills
   // (*offsets)[item] and returns the region's top.
   std::uint64_t place(const std::vector<std::uint32_t>& order, std::vector<std::uint64_t>* offsets) const;
+  // Note [Names that turn over]: items of one place in the step whose names
+  // the window saw live only at its start, or only at its end, share their
+  // lifetimes.
+  void join_names_that_turn_over();
 
   State state_ = State::kOff;
   std::uint32_t generation_ = 0;
@@ -228,6 +251,7 @@ class StepPlan {
   std::uint64_t clock_ = 0;          // ticks at every recorded alloc and free
   std::uint64_t allocs_ = 0;         // named allocations
   std::uint64_t record_start_ = 0;   // allocs_ when the window opened
+  std::uint64_t record_clock_ = kNever;  // clock_ of the lifetimes a window recorded again opens with
   std::uint64_t last_new_ = 0;       // allocs_ when the last new item appeared
   std::uint64_t last_new_clock_ = 0; // clock_ then
   std::size_t named_live_bytes_ = 0;
