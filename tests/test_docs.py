@@ -4,6 +4,7 @@ separator row and the header's number of cells in each row. A table that loses i
 renders as a wall of pipes, and a heading renamed in BENCHMARKS.md silently breaks the README's
 links to its figures."""
 
+import functools
 import glob
 import os
 import re
@@ -35,6 +36,7 @@ def slug(heading):
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+@functools.lru_cache(maxsize=None)  # a manual links to itself a hundred times over: read it once
 def anchors(path):
     found, seen = set(), {}
     for _, line in prose_lines(path):
@@ -45,7 +47,7 @@ def anchors(path):
             seen[base] = count + 1
             found.add(base if count == 0 else f"{base}-{count}")  # GitHub numbers repeated headings
         found.update(EXPLICIT_ANCHOR.findall(line))
-    return found
+    return frozenset(found)
 
 
 def cells(row):
